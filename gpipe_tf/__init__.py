@@ -1,0 +1,7 @@
+"""gpipe_tf: GPipe pipeline-parallel training for TensorFlow 2, in Lingvo's style.
+
+Importing the package does not import TensorFlow; import the submodules you
+need (``gpipe_tf.layers``, ``gpipe_tf.pipeline``, ``gpipe_tf.trainer``).
+"""
+
+__version__ = '0.1.0'

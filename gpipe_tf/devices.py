@@ -1,0 +1,65 @@
+"""Finding accelerators, and splitting a CPU into logical devices that stand in for them."""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+
+class DeviceConfigError(RuntimeError):
+  """Logical devices were requested after TensorFlow had already started."""
+
+
+def SplitCpu(num_devices: int, intra_op_threads: int | None = None,
+             inter_op_threads: int | None = None) -> list[str]:
+  """Splits the physical CPU into `num_devices` logical CPU devices.
+
+  Emulates `num_devices` accelerators on a CPU host: every logical device is a
+  placement label over one shared thread pool and allocator, so each is given
+  its share of the cores (intra-op threads = cores // num_devices) and enough
+  inter-op threads to run all of them at once (TF-NOTES).
+
+  Must run before TensorFlow executes any op. Calling it again with the same
+  number of devices is a no-op.
+
+  Returns:
+    The logical device names, e.g. ['/device:CPU:0', '/device:CPU:1'].
+
+  Raises:
+    DeviceConfigError: TensorFlow already initialised with another layout.
+  """
+  if num_devices < 1:
+    raise ValueError(f'num_devices must be >= 1, got {num_devices}.')
+  cpus = tf.config.list_physical_devices('CPU')
+  existing = tf.config.get_logical_device_configuration(cpus[0])
+  if existing is not None and len(existing) == num_devices:
+    return LogicalCpus()
+  cores = os.cpu_count() or 1
+  try:
+    if num_devices > 1:
+      tf.config.set_logical_device_configuration(
+          cpus[0], [tf.config.LogicalDeviceConfiguration()] * num_devices)
+    tf.config.threading.set_intra_op_parallelism_threads(
+        intra_op_threads or max(1, cores // num_devices))
+    tf.config.threading.set_inter_op_parallelism_threads(
+        inter_op_threads or max(2, num_devices))
+  except RuntimeError as e:
+    raise DeviceConfigError(
+        f'Cannot split the CPU into {num_devices} devices after TensorFlow has '
+        'started; call gpipe_tf.devices.SplitCpu (or pass the trainer flag) '
+        f'before running any op. ({e})') from e
+  return LogicalCpus()
+
+
+def LogicalCpus() -> list[str]:
+  return [d.name for d in tf.config.list_logical_devices('CPU')]
+
+
+def DefaultDevices() -> list[str]:
+  """All GPUs, else all TPU cores, else all logical CPU devices."""
+  for kind in ('GPU', 'TPU', 'CPU'):
+    found = [d.name for d in tf.config.list_logical_devices(kind)]
+    if found:
+      return found
+  raise DeviceConfigError('TensorFlow sees no device at all.')

@@ -1,0 +1,225 @@
+"""Core layers: activations, fully connected, dropout, and the sequential container."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from gpipe_tf import hyperparams
+from gpipe_tf.layers import base_layer
+from gpipe_tf.layers import random_seeds
+
+LayerMeta = base_layer.LayerMeta
+
+_ACTIVATIONS = {
+    'NONE': tf.identity,
+    'RELU': tf.nn.relu,
+    'RELU6': tf.nn.relu6,
+    'TANH': tf.tanh,
+    'SIGMOID': tf.sigmoid,
+    'GELU': lambda x: tf.nn.gelu(x, approximate=True),
+    'SWISH': tf.nn.silu,
+}
+# Rough forward cost of each activation per element, for FPropMeta.
+_ACTIVATION_FLOPS = {'NONE': 0, 'RELU': 1, 'RELU6': 2, 'TANH': 4,
+                     'SIGMOID': 4, 'GELU': 8, 'SWISH': 5}
+
+
+def Activation(name: str):
+  """The activation function called `name` (Lingvo's names: 'RELU', ...)."""
+  try:
+    return _ACTIVATIONS[name]
+  except KeyError:
+    raise ValueError(f'Unknown activation {name!r}; use one of '
+                     f'{sorted(_ACTIVATIONS)}.') from None
+
+
+def AsTuple(outputs: Any) -> tuple:
+  """Layer outputs as a tuple: a layer returning a tuple has several outputs."""
+  return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def FromTuple(outputs: tuple) -> Any:
+  return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _Unpack(shapes: tuple) -> tuple:
+  return tuple(tuple(s) for s in shapes)
+
+
+class ActivationLayer(base_layer.BaseLayer):
+  """Applies an elementwise activation."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('activation', 'RELU', 'Activation name: ' + ', '.join(
+        sorted(_ACTIVATIONS)) + '.')
+    return p
+
+  def __init__(self, params, parent_path=None):
+    super().__init__(params, parent_path)
+    self._fn = Activation(self.p.activation)
+
+  def FProp(self, x, training=False):
+    return self._fn(x)
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    Activation(p.activation)
+    return LayerMeta(_ACTIVATION_FLOPS[p.activation] *
+                     base_layer.NumElements(shape), (tuple(shape),), 0)
+
+
+class FCLayer(base_layer.BaseLayer):
+  """Fully connected layer: activation(x @ w + b) on the last dimension."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 0, 'Size of the last input dimension.')
+    p.Define('output_dim', 0, 'Size of the output.')
+    p.Define('activation', 'RELU', 'Activation name: ' + ', '.join(
+        sorted(_ACTIVATIONS)) + '.')
+    p.Define('has_bias', True, 'Whether to add a bias.')
+    p.Define('bias_init', 0.0, 'Constant initial value of the bias.')
+    return p
+
+  def __init__(self, params, parent_path=None):
+    super().__init__(params, parent_path)
+    p = self.p
+    if p.input_dim <= 0 or p.output_dim <= 0:
+      raise ValueError(f"FCLayer '{self.path}' needs positive input_dim and "
+                       f'output_dim, got {p.input_dim} and {p.output_dim}.')
+    self._fn = Activation(p.activation)
+    self.CreateVariable('w', [p.input_dim, p.output_dim])
+    if p.has_bias:
+      from gpipe_tf.layers import initializers  # pylint: disable=g-import-not-at-top
+      self.CreateVariable('b', [p.output_dim],
+                          init=initializers.Constant(p.bias_init))
+
+  def FProp(self, x, training=False):
+    self.CheckLastDim(x, self.p.input_dim)
+    y = tf.tensordot(x, self.w, axes=1) if x.shape.rank != 2 else tf.matmul(
+        x, self.w)
+    if self.p.has_bias:
+      y += self.b
+    return self._fn(y)
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    base_layer.CheckMetaLastDim(p, shape, p.input_dim)
+    out = tuple(shape[:-1]) + (p.output_dim,)
+    rows = base_layer.NumElements(shape[:-1])
+    n_out = rows * p.output_dim
+    flops = 2 * rows * p.input_dim * p.output_dim
+    flops += n_out * (int(p.has_bias) + _ACTIVATION_FLOPS[p.activation])
+    return LayerMeta(flops, (out,),
+                     p.input_dim * p.output_dim + p.has_bias * p.output_dim)
+
+
+class DropoutLayer(base_layer.BaseLayer):
+  """Dropout with stateless masks seeded per (step, micro-batch, layer).
+
+  The mask comes from ``random_seeds.LayerSeed``: inside a step-seed scope (the
+  trainer's and the pipeline's) it is a pure function of that scope's seed and
+  this layer's seed, so a recomputed forward reproduces it exactly.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('keep_prob', 1.0, 'Probability of keeping each element.')
+    p.Define('noise_shape_broadcast_dims', None,
+             'Optional list of dims where the mask is broadcast (size 1).')
+    return p
+
+  def __init__(self, params, parent_path=None):
+    super().__init__(params, parent_path)
+    if not 0.0 < self.p.keep_prob <= 1.0:
+      raise ValueError(f"DropoutLayer '{self.path}': keep_prob must be in "
+                       f'(0, 1], got {self.p.keep_prob}.')
+
+  def FProp(self, x, training=False):
+    if not training or self.p.keep_prob == 1.0:
+      return x
+    noise_shape = None
+    if self.p.noise_shape_broadcast_dims:
+      noise_shape = tf.unstack(tf.shape(x))
+      for d in self.p.noise_shape_broadcast_dims:
+        noise_shape[d] = 1
+      noise_shape = tf.stack(noise_shape)
+    seed = random_seeds.LayerSeed(self.layer_seed)
+    return tf.nn.experimental.stateless_dropout(
+        x, rate=1.0 - self.p.keep_prob, seed=seed, noise_shape=noise_shape)
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    return LayerMeta(2 * base_layer.NumElements(shape), (tuple(shape),), 0)
+
+
+class SequentialLayer(base_layer.BaseLayer):
+  """Runs child layers in order; the outputs of one are the inputs of the next.
+
+  A child returning a tuple passes its elements as separate inputs to the next
+  child. This is the unpipelined reference that PipeliningLayer must match.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('layers', [], 'List of layer Params, run in order.')
+    return p
+
+  def __init__(self, params, parent_path=None):
+    super().__init__(params, parent_path)
+    if not self.p.layers:
+      raise ValueError(f"SequentialLayer '{self.path}' has no layers.")
+    self.CreateChildren('layers', self.p.layers)
+
+  def FProp(self, *inputs, training=False):
+    return RunSequence(self.layers, inputs, training)
+
+  @classmethod
+  def FPropMeta(cls, p, *shapes):
+    total = MetaOfSequence(p.layers, shapes)
+    return LayerMeta(sum(m.flops for m in total), total[-1].out_shapes,
+                     sum(m.num_params for m in total))
+
+
+def RunSequence(layers, inputs: tuple, training: bool) -> Any:
+  """Runs `layers` in order on `inputs`; names both layers on a shape mismatch."""
+  xs = tuple(inputs)
+  for i, layer in enumerate(layers):
+    try:
+      xs = AsTuple(layer.FProp(*xs, training=training))
+    except base_layer.LayerInputError as e:
+      if i == 0:
+        raise
+      shapes = [getattr(x, 'shape', None) for x in xs]
+      shapes = [s.as_list() if isinstance(s, tf.TensorShape) else s
+                for s in shapes]
+      raise base_layer.ShapeMismatchError(
+          f"layer '{layers[i - 1].path}' produced {FromTuple(tuple(shapes))} "
+          f"but layer '{layer.path}' cannot take it: {e}") from e
+  return FromTuple(xs)
+
+
+def MetaOfSequence(layer_params: list, shapes: tuple) -> list:
+  """FPropMeta of each layer of a sequence, chaining output shapes."""
+  metas = []
+  shapes = tuple(tuple(s) for s in shapes)
+  for i, lp in enumerate(layer_params):
+    try:
+      meta = lp.cls.FPropMeta(lp, *shapes)
+    except base_layer.LayerInputError as e:
+      if i == 0:
+        raise
+      raise base_layer.ShapeMismatchError(
+          f"layer '{layer_params[i - 1].name}' produces "
+          f"{[list(s) for s in shapes]} but layer '{lp.name}' cannot take it: "
+          f'{e}') from e
+    metas.append(meta)
+    shapes = _Unpack(meta.out_shapes)
+  return metas

@@ -1,0 +1,65 @@
+"""Explicit seeds for stateless randomness, so a recomputed forward redraws the same masks.
+
+A layer that needs randomness in its forward pass (dropout) asks for
+``LayerSeed(layer_seed)``. The seed it gets is derived from the *step seed* in
+scope: the trainer opens a scope per training step, and the pipeline opens one
+per micro-batch (folding the micro-batch index into the step seed). The
+recomputation in the backward pass re-enters the very same scope with the very
+same seed tensor, so every dropout mask is reproduced exactly.
+
+Outside any scope a fresh random seed is drawn on every call (the behaviour of
+ordinary stateful dropout); such a forward must not be recomputed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import zlib
+from typing import Iterator
+
+import tensorflow as tf
+
+_STEP_SEED: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_step_seed', default=None)
+
+
+@contextlib.contextmanager
+def StepSeedScope(seed: tf.Tensor) -> Iterator[tf.Tensor]:
+  """Makes `seed` (an int64 tensor of shape [2]) the step seed in this scope."""
+  seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
+  token = _STEP_SEED.set(seed)
+  try:
+    yield seed
+  finally:
+    _STEP_SEED.reset(token)
+
+
+def CurrentStepSeed() -> tf.Tensor | None:
+  """The step seed in scope, or None."""
+  return _STEP_SEED.get()
+
+
+def NewStepSeed() -> tf.Tensor:
+  """Draws a fresh step seed (stateful: a different value on every call)."""
+  return tf.random.uniform([2], minval=0, maxval=2**31 - 1, dtype=tf.int64)
+
+
+def FoldIn(seed: tf.Tensor, data: int) -> tf.Tensor:
+  """A new seed derived from `seed` and the integer `data`."""
+  return tf.cast(
+      tf.random.experimental.stateless_fold_in(seed, int(data) % 2**31),
+      tf.int64)
+
+
+def NameSeed(name: str) -> int:
+  """A stable 31-bit integer from a layer path (the default layer seed)."""
+  return zlib.crc32(name.encode('utf-8')) % 2**31
+
+
+def LayerSeed(layer_seed: int) -> tf.Tensor:
+  """The stateless seed a layer uses for this forward pass."""
+  step = CurrentStepSeed()
+  if step is None:
+    step = NewStepSeed()
+  return FoldIn(step, layer_seed)

@@ -1,0 +1,180 @@
+"""PipeliningLayer: placement of every cell's ops, memory saved by remat, balance and errors."""
+
+import collections
+import re
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
+
+from gpipe_tf.layers import core
+from gpipe_tf.layers import ShapeMismatchError
+from gpipe_tf.pipeline import MicroBatchError
+from gpipe_tf.pipeline import PartitionError
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import cost as cost_lib
+
+# Nodes the runtime adds when it partitions a graph across devices: transfers
+# are named after the op whose output they carry, and live on the other side.
+_TRANSFER_OPS = {'_Send', '_Recv', '_HostSend', '_HostRecv', '_Arg',
+                 '_Retval', 'NoOp'}
+
+
+def _Fc(i, din=16, dout=16, act='RELU'):
+  return core.FCLayer.Params().Set(name=f'fc{i}', input_dim=din,
+                                   output_dim=dout, activation=act)
+
+
+def _Pipe(layers, **kw):
+  return PipeliningLayer.Params().Set(name='net', layers=layers,
+                                      **kw).Instantiate()
+
+
+def _TrainStep(model, x):
+
+  @tf.function
+  def _Step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model.FProp(x, training=True)))
+    return loss, tape.gradient(loss, model.trainable_variables)
+
+  return _Step
+
+
+class PlacementTest(tf.test.TestCase):
+
+  def testEveryCellRanOnItsDevice(self):
+    """Reads the partition graphs the runtime executed: cell k ran on device k."""
+    pipe = _Pipe([_Fc(i) for i in range(8)], num_partitions=4,
+                 num_micro_batches=2, remat='except_last')
+    self.assertEqual(pipe.balance, [2, 2, 2, 2])
+    self.assertEqual(pipe.devices, test_utils.devices.LogicalCpus()[:4])
+    for k, dev in enumerate(pipe.devices):
+      for v in pipe.layers[2 * k].trainable_variables:
+        self.assertEqual(tf.DeviceSpec.from_string(v.device).device_index, k)
+    step = _TrainStep(pipe, tf.ones([8, 16]))
+    ctx = context.context()
+    ctx.enable_graph_collection()
+    try:
+      step()
+      metadata = ctx.export_run_metadata()
+    finally:
+      ctx.disable_graph_collection()
+    seen = collections.Counter()
+    for fn_graph in metadata.function_graphs:
+      for graph in fn_graph.partition_graphs:
+        for node in graph.node:
+          match = re.search(r'cell(\d+)_(fwd|bwd)_mb(\d+)', node.name)
+          if not match or node.op in _TRANSFER_OPS:
+            continue
+          if re.search(r'/_\d+$', node.name):  # Runtime-inserted copies.
+            continue
+          cell, phase = int(match.group(1)), match.group(2)
+          where = tf.DeviceSpec.from_string(node.device).device_index
+          self.assertEqual(
+              where, cell, f'{node.name} ({node.op}) of cell {cell} ran on '
+              f'{node.device}')
+          if 'MatMul' in node.op:
+            seen[(cell, phase)] += 1
+    # Both the forward and the backward matmuls of every cell were seen.
+    for k in range(4):
+      self.assertGreater(seen[(k, 'fwd')], 0, k)
+      self.assertGreater(seen[(k, 'bwd')], 0, k)
+
+
+class MemoryTest(tf.test.TestCase):
+
+  def _PeakBytes(self, **kw):
+    pipe = _Pipe([_Fc(i, 64, 64) for i in range(16)], num_partitions=2, **kw)
+    step = _TrainStep(pipe, tf.random.stateless_normal([2048, 64], [1, 1]))
+    step()  # Trace and warm up.
+    tf.config.experimental.reset_memory_stats('CPU:0')
+    before = tf.config.experimental.get_memory_info('CPU:0')['current']
+    step()[0].numpy()
+    return tf.config.experimental.get_memory_info('CPU:0')['peak'] - before
+
+  def testRematLowersPeakMemory(self):
+    never = self._PeakBytes(num_micro_batches=1, remat='never')
+    always = self._PeakBytes(num_micro_batches=8, remat='always')
+    # 16 activations of 2048x64 floats (8 MiB) live without remat; with remat
+    # only the boundaries and one micro-batch of one cell at a time.
+    self.assertGreater(never, 8 * 2**20)
+    self.assertLess(always, 0.5 * never)
+
+
+class BalanceAndErrorsTest(tf.test.TestCase):
+
+  def testFlopsBalanceFollowsCost(self):
+    layers = [_Fc(0, 16, 256), _Fc(1, 256, 16)] + [_Fc(i) for i in range(2, 8)]
+    pipe = _Pipe(layers, num_partitions=2)
+    self.assertEqual(pipe.balance, [1, 7])
+
+  def testParamsAndProfileCosts(self):
+    layers = [_Fc(0, 16, 256), _Fc(1, 256, 16)] + [_Fc(i) for i in range(2, 8)]
+    self.assertEqual(_Pipe(layers, num_partitions=2, cost='params').balance,
+                     [1, 7])
+    costs = cost_lib.LayerCosts(layers, 'profile', None, profile_batch_size=4)
+    self.assertLen(costs, 8)
+    self.assertTrue(all(c > 0 for c in costs))
+    pipe = _Pipe(layers, num_partitions=2, cost='profile')
+    self.assertEqual(sum(pipe.balance), 8)
+    self.assertLen(pipe.balance, 2)
+
+  def testExplicitBalance(self):
+    pipe = _Pipe([_Fc(i) for i in range(5)], balance=[1, 4])
+    self.assertEqual(pipe.balance, [1, 4])
+    self.assertLen(pipe.devices, 2)
+
+  def testFewerLayersThanCells(self):
+    with self.assertRaisesRegex(PartitionError, r'num_partitions <= 3'):
+      _Pipe([_Fc(i) for i in range(3)], num_partitions=4)
+
+  def testMoreCellsThanDevices(self):
+    with self.assertRaisesRegex(PartitionError, r'only 4 device'):
+      _Pipe([_Fc(i) for i in range(8)], num_partitions=5)
+
+  def testBalanceNotSummingToLayers(self):
+    with self.assertRaisesRegex(PartitionError, r'sums to 4 .* 5 layers'):
+      _Pipe([_Fc(i) for i in range(5)], balance=[2, 2])
+
+  def testUnknownRemat(self):
+    with self.assertRaisesRegex(ValueError, r'unknown remat'):
+      _Pipe([_Fc(i) for i in range(2)], remat='sometimes')
+
+  def testBatchSmallerThanMicroBatches(self):
+    pipe = _Pipe([_Fc(i) for i in range(2)], num_micro_batches=4)
+    with self.assertRaisesRegex(MicroBatchError, r'num_micro_batches <= 3'):
+      pipe.FProp(tf.ones([3, 16]))
+
+  def testShapeMismatchNamesBothLayers(self):
+    with self.assertRaisesRegex(ShapeMismatchError, r"'fc0'.*'fc1'"):
+      _Pipe([_Fc(0, 16, 8), _Fc(1, 16, 16)], num_partitions=2)
+
+  def testCustomLayerNeedsInputShapes(self):
+    layers = [core.ActivationLayer.Params().Set(name='act'), _Fc(1)]
+    with self.assertRaisesRegex(cost_lib.CostEstimateError, 'input_shapes'):
+      _Pipe(layers, num_partitions=2)
+    pipe = _Pipe(layers, num_partitions=2, input_shapes=[(None, 16)])
+    self.assertEqual(pipe.balance, [1, 1])
+
+
+class CheckpointInterchangeTest(tf.test.TestCase):
+
+  def testSequentialCheckpointLoadsIntoAnyPipeline(self):
+    layers = [_Fc(i) for i in range(6)]
+    seq = core.SequentialLayer.Params().Set(name='net',
+                                            layers=layers).Instantiate()
+    for v in seq.trainable_variables:
+      v.assign(v + 1.0)
+    path = tf.train.Checkpoint(model=seq).save(self.get_temp_dir() + '/ck')
+    pipe = _Pipe(layers, num_partitions=3, num_micro_batches=2)
+    tf.train.Checkpoint(model=pipe).restore(path).assert_consumed()
+    x = tf.ones([4, 16])
+    self.assertAllClose(seq.FProp(x), pipe.FProp(x))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,26 @@
+"""Installs gpipe_tf: GPipe pipeline-parallel training for TensorFlow 2."""
+
+import setuptools
+
+setuptools.setup(
+    name='gpipe_tf',
+    version='0.1.0',
+    description=('GPipe (micro-batch pipeline parallelism) for TensorFlow 2, '
+                 'with Lingvo-style Params, layers and experiments.'),
+    packages=setuptools.find_packages(include=['gpipe_tf', 'gpipe_tf.*',
+                                               'params', 'params.*']),
+    python_requires='>=3.10',
+    install_requires=[
+        'tensorflow>=2.16',
+        'tensorboard>=2.16',  # tf.summary needs it since TF 2.21.
+        'tensorflow-datasets>=4.9',
+        'importlib_resources',  # Missing dependency of tensorflow-datasets.
+        'absl-py',
+        'numpy',
+        'scikit-learn',  # The bundled handwritten digits (offline data).
+    ],
+    extras_require={
+        'test': ['pytest>=7'],
+        'tools': ['matplotlib'],
+    },
+)

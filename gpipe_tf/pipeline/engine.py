@@ -67,8 +67,10 @@ class PipelineRun:
 
   def __init__(self, cells: Sequence[_Cell],
                schedule: schedule_lib.Schedule,
-               remat: Callable[[int, int], bool], training: bool) -> None:
+               remat: Callable[[int, int], bool], training: bool,
+               trace: Any = None) -> None:
     self.cells = list(cells)
+    self.trace = trace
     self.schedule = schedule
     self.remat = remat
     self.training = training
@@ -100,6 +102,8 @@ class PipelineRun:
         src, struct = self.outputs[k - 1][m], self.out_struct[k - 1]
       with tf.device(cell.device), tf.name_scope(f'cell{k}_fwd_mb{m}'):
         x = _Gate(src, last_done[k])
+        if self.trace is not None:
+          x = self.trace.Start(task, x)
         self.inputs[k][m], self.in_struct[k] = x, struct
         with random_seeds.StepSeedScope(self.seeds[m]):
           if self.training and not self.remat(k, m):
@@ -113,6 +117,8 @@ class PipelineRun:
         flat_y = tf.nest.flatten(y)
         self.outputs[k][m], self.out_struct[k] = flat_y, y
         last_done[k] = [t for t in flat_y if t is not None]
+        if self.trace is not None:
+          self.trace.End(task, last_done[k])
     return [self.outputs[-1][m] for m in range(len(micro_inputs))]
 
   def Backward(self, micro_dys: Sequence[Sequence[Any]],
@@ -148,6 +154,8 @@ class PipelineRun:
         if self.remat(k, m) or self.tapes[k][m] is None:
           gate_on = last_done[k] + [g for _, g in pairs]
           x = _Gate(x, gate_on)
+          if self.trace is not None:
+            x = self.trace.Start(task, x)
           tape = tf.GradientTape()
           with tape:
             tape.watch([x[i] for i in float_idx])
@@ -161,6 +169,8 @@ class PipelineRun:
           tape = self.tapes[k][m]
           self.tapes[k][m] = None
           gated = _Gate([g for _, g in pairs], last_done[k])
+          if self.trace is not None:
+            gated = self.trace.Start(task, gated)
           pairs = [(o, g) for (o, _), g in zip(pairs, gated)]
         sources = [x[i] for i in float_idx] + cell.variables
         if pairs:
@@ -181,6 +191,8 @@ class PipelineRun:
           acc[v.ref()] = g if prev is None else prev + g
           done.append(acc[v.ref()])
         last_done[k] = done
+        if self.trace is not None:
+          self.trace.End(task, done)
         if k > 0:
           dys[k - 1][m] = dx
         else:
@@ -191,7 +203,7 @@ class PipelineRun:
 
 def RunPipeline(cells: Sequence[_Cell], schedule: schedule_lib.Schedule,
                 remat: Callable[[int, int], bool], inputs: tuple,
-                training: bool) -> Any:
+                training: bool, trace: Any = None) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
 
   Args:
@@ -201,6 +213,7 @@ def RunPipeline(cells: Sequence[_Cell], schedule: schedule_lib.Schedule,
     remat: remat(k, m) is True when F(k, m) is recomputed in the backward pass.
     inputs: the positional inputs of the first layer (any nest of tensors).
     training: training mode (dropout, batch statistics, custom gradient).
+    trace: optional trace.ScheduleTrace recording each task's start and end.
   """
   num_micro = schedule.num_micro_batches
   flat = tf.nest.flatten(inputs)
@@ -216,7 +229,9 @@ def RunPipeline(cells: Sequence[_Cell], schedule: schedule_lib.Schedule,
   seed = random_seeds.CurrentStepSeed()
   if seed is None:
     seed = random_seeds.NewStepSeed()
-  run = PipelineRun(cells, schedule, remat, training)
+  if trace is not None and trace.schedule is None:
+    trace.schedule = schedule
+  run = PipelineRun(cells, schedule, remat, training, trace)
 
   if not training:
     micro = microbatch.Split(_Full(tensors), num_micro)

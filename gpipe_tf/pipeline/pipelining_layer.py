@@ -159,9 +159,10 @@ class PipeliningLayer(base_layer.BaseLayer):
       return False
     return m != self.p.num_micro_batches - 1
 
-  def FProp(self, *inputs, training=False):
+  def FProp(self, *inputs, training=False, trace=None):
+    """Runs the pipeline. `trace`: an optional trace.ScheduleTrace."""
     return engine.RunPipeline(self._cells, self._schedule, self._Remat,
-                              inputs, training)
+                              inputs, training, trace)
 
   @classmethod
   def FPropMeta(cls, p, *shapes):

@@ -1,4 +1,4 @@
-"""Tests for gpipe_tf.layers.attention against a NumPy softmax(QK^T/sqrt(d))V."""
+"""Tests for gpipe_tf.layers.attention vs a NumPy softmax(QK^T/sqrt(d))V."""
 
 import pathlib
 import sys

@@ -1,4 +1,4 @@
-"""Tests for gpipe_tf.layers.embedding: lookup, scaling and tied logits vs NumPy."""
+"""Tests for gpipe_tf.layers.embedding: lookup and tied logits vs NumPy."""
 
 import math
 import pathlib

@@ -1,4 +1,4 @@
-"""Tests for gpipe_tf.layers.losses: cross-entropy, smoothing, clipping, accuracy."""
+"""Tests for gpipe_tf.layers.losses: cross-entropy, clipping, accuracy."""
 
 import pathlib
 import sys

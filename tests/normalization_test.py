@@ -1,4 +1,4 @@
-"""Tests for gpipe_tf.layers.normalization: batch and layer normalisation vs NumPy."""
+"""Tests for gpipe_tf.layers.normalization: batch and layer norm vs NumPy."""
 
 import pathlib
 import sys

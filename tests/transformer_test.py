@@ -1,4 +1,4 @@
-"""Tests for gpipe_tf.layers.transformer: blocks, masks, padding invariance and costs."""
+"""Tests for gpipe_tf.layers.transformer: masks, padding invariance, costs."""
 
 import math
 import pathlib

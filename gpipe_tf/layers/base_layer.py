@@ -205,8 +205,8 @@ class BaseLayer(tf.Module):
     """The forward pass. `training` switches dropout and batch statistics."""
     raise NotImplementedError(f'{type(self).__name__}.FProp')
 
-  def __call__(self, *inputs: Any, training: bool = False) -> Any:
-    return self.FProp(*inputs, training=training)
+  def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+    return self.FProp(*inputs, **kwargs)
 
   @classmethod
   def FPropMeta(cls, params: hyperparams.Params, *input_shapes: Shape

@@ -1,0 +1,208 @@
+"""Normalisation layers: batch norm with moving statistics, and layer norm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from gpipe_tf import hyperparams
+from gpipe_tf.layers import base_layer
+from gpipe_tf.layers import initializers
+
+LayerMeta = base_layer.LayerMeta
+Shape = base_layer.Shape
+
+
+class BatchNormLayer(base_layer.BaseLayer):
+  """Batch normalisation over every axis but the last.
+
+  Variables: trainable ``gamma`` (init 1) and ``beta`` (init 0), and
+  non-trainable ``moving_mean`` (init 0) and ``moving_variance`` (init 1), all
+  of shape [dim].
+
+  FProp in training normalises with the statistics of this batch
+  (``ComputeMoments``) and then moves the moving statistics towards them
+  (``UpdateMovingStats``)::
+
+    moving <- decay * moving + (1 - decay) * batch_statistic
+
+  The variance is the biased (population) one, for normalising and for the
+  moving average alike. A forward run inside ``base_layer.RecomputeScope()``
+  (a rematerialisation) skips the update, so each batch updates once.
+  FProp in eval normalises with the moving statistics.
+
+  Under a pipeline each micro-batch is normalised with its own statistics and
+  updates the moving statistics once. To update once per mini-batch instead
+  (as torchgpipe's deferred batch norm does), a caller can accumulate
+  ``SufficientStatistics`` of the micro-batches, turn the sums into moments
+  with ``MomentsFromSufficientStatistics`` and call ``UpdateMovingStats`` once;
+  FProp's single side effect is the ``UpdateMovingStats`` call in
+  ``_TrainingStatsUpdate``, the one place to change.
+
+  This layer deliberately does NOT take paddings (mask padded positions out
+  of the statistics) nor reduce statistics across replicas.
+  """
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = super().Params()
+    p.Define('dim', 0, 'Size of the last (channel) dimension.')
+    p.Define('decay', 0.999, 'Decay of the moving averages, in [0, 1).')
+    p.Define('epsilon', 1e-3, 'Added to the variance before the rsqrt.')
+    p.Define('use_moving_avg_in_training', False,
+             'If True, training also normalises with the moving statistics '
+             '(which are still updated from the batch).')
+    return p
+
+  def __init__(self, params: hyperparams.InstantiableParams,
+               parent_path: str | None = None) -> None:
+    super().__init__(params, parent_path)
+    p = self.p
+    if p.dim <= 0:
+      raise ValueError(f"BatchNormLayer '{self.path}' needs a positive dim, "
+                       f'got {p.dim}.')
+    if not 0.0 <= p.decay < 1.0:
+      raise ValueError(f"BatchNormLayer '{self.path}': decay must be in "
+                       f'[0, 1), got {p.decay}.')
+    if p.epsilon <= 0.0:
+      raise ValueError(f"BatchNormLayer '{self.path}': epsilon must be > 0, "
+                       f'got {p.epsilon}.')
+    self.CreateVariable('gamma', [p.dim], init=initializers.Constant(1.0))
+    self.CreateVariable('beta', [p.dim], init=initializers.Constant(0.0))
+    self.CreateVariable('moving_mean', [p.dim],
+                        init=initializers.Constant(0.0), trainable=False)
+    self.CreateVariable('moving_variance', [p.dim],
+                        init=initializers.Constant(1.0), trainable=False)
+
+  # ---- Statistics ---------------------------------------------------------
+  def _ReduceAxes(self, x: tf.Tensor) -> list[int]:
+    if x.shape.rank is None or x.shape.rank < 2:
+      raise base_layer.LayerInputError(
+          f"layer '{self.path}' (BatchNormLayer) expects an input of rank >= 2"
+          f' but got shape {x.shape}')
+    return list(range(x.shape.rank - 1))
+
+  def ComputeMoments(self, x: tf.Tensor
+                     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Batch mean and biased variance per channel, and the count behind them.
+
+    Returns:
+      (mean [dim], variance [dim], count): count is a float32 scalar, the
+      number of elements each channel's statistics were taken over.
+    """
+    self.CheckLastDim(x, self.p.dim)
+    axes = self._ReduceAxes(x)
+    mean, variance = tf.nn.moments(x, axes=axes)
+    return mean, variance, self._Count(x)
+
+  def SufficientStatistics(self, x: tf.Tensor
+                           ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sum [dim], sum of squares [dim], count): additive over micro-batches."""
+    self.CheckLastDim(x, self.p.dim)
+    axes = self._ReduceAxes(x)
+    return (tf.reduce_sum(x, axis=axes), tf.reduce_sum(tf.square(x), axis=axes),
+            self._Count(x))
+
+  @staticmethod
+  def MomentsFromSufficientStatistics(total: tf.Tensor, total_sq: tf.Tensor,
+                                      count: tf.Tensor
+                                      ) -> tuple[tf.Tensor, tf.Tensor]:
+    """(mean, biased variance) from accumulated sums and element count."""
+    count = tf.cast(count, total.dtype)
+    mean = total / count
+    variance = tf.maximum(total_sq / count - tf.square(mean), 0.0)
+    return mean, variance
+
+  def _Count(self, x: tf.Tensor) -> tf.Tensor:
+    return tf.cast(tf.size(x) // self.p.dim, tf.float32)
+
+  def UpdateMovingStats(self, mean: tf.Tensor, variance: tf.Tensor) -> None:
+    """Moves the moving statistics towards (mean, variance) by 1 - decay."""
+    rate = 1.0 - self.p.decay
+    for var, value in ((self.moving_mean, mean),
+                       (self.moving_variance, variance)):
+      value = tf.stop_gradient(tf.cast(value, var.dtype))
+      var.assign_sub((var - value) * rate)
+
+  def _TrainingStatsUpdate(self, mean: tf.Tensor, variance: tf.Tensor,
+                           count: tf.Tensor) -> None:
+    """The training-time side effect; skipped while recomputing."""
+    del count  # Used by a deferred (per mini-batch) update.
+    if not base_layer.InRecompute():
+      self.UpdateMovingStats(mean, variance)
+
+  # ---- Forward ------------------------------------------------------------
+  def FProp(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
+    """[..., dim] -> [..., dim]; see the class docstring for training."""
+    if not training:
+      self.CheckLastDim(x, self.p.dim)
+      self._ReduceAxes(x)
+      mean, variance = self.moving_mean, self.moving_variance
+    else:
+      batch_mean, batch_variance, count = self.ComputeMoments(x)
+      if self.p.use_moving_avg_in_training:
+        # Read before the update: normalise with the statistics so far.
+        mean = self.moving_mean.read_value()
+        variance = self.moving_variance.read_value()
+      else:
+        mean, variance = batch_mean, batch_variance
+      self._TrainingStatsUpdate(batch_mean, batch_variance, count)
+    return tf.nn.batch_normalization(x, mean, variance, self.beta, self.gamma,
+                                     self.p.epsilon)
+
+  @classmethod
+  def FPropMeta(cls, p: hyperparams.Params, shape: Shape) -> LayerMeta:
+    base_layer.CheckMetaLastDim(p, shape, p.dim)
+    # Statistics (~3 per element) and scale-and-shift (~2 per element).
+    flops = 5 * base_layer.NumElements(shape)
+    return LayerMeta(flops, (tuple(shape),), 4 * p.dim)
+
+
+class LayerNorm(base_layer.BaseLayer):
+  """Layer normalisation over the last dimension, with a learnt scale and bias.
+
+  Variables ``scale`` (init 1) and ``bias`` (init 0), shape [input_dim].
+  Statistics are computed in float32 whatever the input dtype.
+
+  FProp(x, *passthrough) normalises x and returns any further inputs
+  unchanged after it, so the layer can sit in a pipeline whose layers carry
+  (x, paddings, ...) tuples.
+  """
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = super().Params()
+    p.Define('input_dim', 0, 'Size of the last dimension.')
+    p.Define('epsilon', 1e-6, 'Added to the variance before the rsqrt.')
+    return p
+
+  def __init__(self, params: hyperparams.InstantiableParams,
+               parent_path: str | None = None) -> None:
+    super().__init__(params, parent_path)
+    if self.p.input_dim <= 0:
+      raise ValueError(f"LayerNorm '{self.path}' needs a positive input_dim, "
+                       f'got {self.p.input_dim}.')
+    self.CreateVariable('scale', [self.p.input_dim],
+                        init=initializers.Constant(1.0))
+    self.CreateVariable('bias', [self.p.input_dim],
+                        init=initializers.Constant(0.0))
+
+  def FProp(self, x: tf.Tensor, *passthrough: Any,
+            training: bool = False) -> Any:
+    """[..., input_dim] -> [..., input_dim] (then `passthrough`, if any)."""
+    self.CheckLastDim(x, self.p.input_dim)
+    xf = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(xf, axes=[-1], keepdims=True)
+    y = (xf - mean) * tf.math.rsqrt(variance + self.p.epsilon)
+    y = tf.cast(y, x.dtype) * self.scale + self.bias
+    return (y, *passthrough) if passthrough else y
+
+  @classmethod
+  def FPropMeta(cls, p: hyperparams.Params, shape: Shape,
+                *passthrough_shapes: Shape) -> LayerMeta:
+    base_layer.CheckMetaLastDim(p, shape, p.input_dim)
+    # Mean, centre, square, mean, rsqrt-multiply, scale, shift.
+    flops = 7 * base_layer.NumElements(shape)
+    out = (tuple(shape),) + tuple(tuple(s) for s in passthrough_shapes)
+    return LayerMeta(flops, out, 2 * p.input_dim)

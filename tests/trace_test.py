@@ -24,14 +24,15 @@ class TraceTest(tf.test.TestCase):
     x = tf.random.stateless_normal([64, 32], [1, 1])
     trace = trace_lib.ScheduleTrace()
 
-    @tf.function
+    # Not tf.function: its automatic control dependencies would chain the
+    # (stateful) timestamps in program order and serialise every task.
     def _Step():
       with tf.GradientTape() as tape:
         loss = tf.reduce_sum(pipe.FProp(x, training=True, trace=trace))
       grads = tape.gradient(loss, pipe.trainable_variables)
       return grads, trace.Tensors()
 
-    _, (starts, ends) = _Step()
+    _, (starts, ends) = trace_lib.TracedStep(_Step)()
     timeline = trace_lib.Timeline.FromValues(trace, starts.numpy(),
                                              ends.numpy())
     self.assertLen(timeline.tasks, 2 * k * m)

@@ -47,7 +47,6 @@ def main(argv):
   x = tf.random.stateless_normal([_BATCH.value, _DIM.value], [1, 2])
   trace = trace_lib.ScheduleTrace()
 
-  @tf.function
   def _Step():
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(tf.square(pipe.FProp(x, training=True,
@@ -55,8 +54,9 @@ def main(argv):
     grads = tape.gradient(loss, pipe.trainable_variables)
     return [tf.reduce_sum(g) for g in grads], trace.Tensors()
 
+  step = trace_lib.TracedStep(_Step)
   for _ in range(3):  # Warm up; keep the last step.
-    _, (starts, ends) = _Step()
+    _, (starts, ends) = step()
   timeline = trace_lib.Timeline.FromValues(trace, starts.numpy(), ends.numpy())
   print(timeline.ToAscii())
   print(f'makespan {1000 * timeline.makespan:.1f} ms, measured bubble '

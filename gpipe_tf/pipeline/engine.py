@@ -78,6 +78,7 @@ class PipelineRun:
     self.inputs = [[None] * m for _ in range(k)]     # flat inputs of F(k, m)
     self.in_struct = [None] * k
     self.outputs = [[None] * m for _ in range(k)]    # flat outputs of F(k, m)
+    self.passed = [[None] * m for _ in range(k)]     # what consumers read
     self.out_struct = [None] * k
     self.tapes = [[None] * m for _ in range(k)]
     self.seeds = [None] * m
@@ -99,7 +100,7 @@ class PipelineRun:
       if k == 0:
         src, struct = micro_inputs[m], structure
       else:
-        src, struct = self.outputs[k - 1][m], self.out_struct[k - 1]
+        src, struct = self.passed[k - 1][m], self.out_struct[k - 1]
       with tf.device(cell.device), tf.name_scope(f'cell{k}_fwd_mb{m}'):
         x = _Gate(src, last_done[k])
         if self.trace is not None:
@@ -116,10 +117,11 @@ class PipelineRun:
             y = cell.Run(struct, x, self.training)
         flat_y = tf.nest.flatten(y)
         self.outputs[k][m], self.out_struct[k] = flat_y, y
-        last_done[k] = [t for t in flat_y if t is not None]
         if self.trace is not None:
-          self.trace.End(task, last_done[k])
-    return [self.outputs[-1][m] for m in range(len(micro_inputs))]
+          flat_y = self.trace.End(task, flat_y)
+        self.passed[k][m] = flat_y
+        last_done[k] = [t for t in flat_y if t is not None]
+    return [self.passed[-1][m] for m in range(len(micro_inputs))]
 
   def Backward(self, micro_dys: Sequence[Sequence[Any]],
                variables: Sequence[tf.Variable]
@@ -190,14 +192,15 @@ class PipelineRun:
           prev = acc.get(v.ref())
           acc[v.ref()] = g if prev is None else prev + g
           done.append(acc[v.ref()])
-        last_done[k] = done
         if self.trace is not None:
-          self.trace.End(task, done)
+          dx = self.trace.End(task, dx)
+          done = [g for g in dx if g is not None] + done
+        last_done[k] = done
         if k > 0:
           dys[k - 1][m] = dx
         else:
           dxs[m] = dx
-    self.outputs = self.inputs = None  # Release references.
+    self.outputs = self.inputs = self.passed = None  # Release references.
     return dxs, acc
 
 

@@ -3,15 +3,21 @@
 Pass a ``ScheduleTrace`` to ``PipeliningLayer.FProp(..., trace=t)``: every
 forward task F(k, m) and, once the gradient is taken, every backward task
 B(k, m) gets a ``tf.timestamp()`` that runs just before the task's first op
-(its inputs wait for it) and one that runs after its last output. Return
-``t.Tensors()`` from the step, then ``Timeline(values)`` gives per-task
-intervals, the measured bubble fraction and an ASCII chart.
+(its inputs wait for it) and one that runs after its last output (its
+consumers wait for it). Return ``t.Tensors()`` from the step, then
+``Timeline.FromValues`` gives per-task intervals, the measured bubble fraction
+and an ASCII chart.
+
+Build a traced step with ``TracedStep`` (``tf.compat.v1.wrap_function``), NOT
+``tf.function``: ``tf.timestamp`` is a stateful op, and tf.function chains all
+stateful ops in program order (automatic control dependencies), which would
+serialise every task and show a schedule that never overlaps.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
@@ -48,14 +54,24 @@ class ScheduleTrace:
     with tf.control_dependencies([stamp]):
       return [None if t is None else tf.identity(t) for t in inputs]
 
-  def End(self, task: schedule_lib.Task, outputs: Sequence[Any]) -> None:
+  def End(self, task: schedule_lib.Task, outputs: Sequence[Any]) -> list:
+    """Stamps the end of `task`; returns `outputs` made to wait for the stamp."""
     done = [t for t in outputs if t is not None]
     with tf.control_dependencies(done):
-      self._ends[self.tasks.index(task)] = tf.timestamp()
+      stamp = tf.timestamp()
+    self._ends[self.tasks.index(task)] = stamp
+    with tf.control_dependencies([stamp]):
+      return [None if t is None else tf.identity(t) for t in outputs]
 
   def Tensors(self) -> tuple[tf.Tensor, tf.Tensor]:
     """(starts, ends) as float64 vectors in the order of ``tasks``."""
     return tf.stack(self._starts), tf.stack(self._ends)
+
+
+def TracedStep(fn: Callable[[], Any]) -> Callable[[], Any]:
+  """Builds `fn` (no arguments) into a graph function without automatic
+  control dependencies, so the timestamps do not order the tasks."""
+  return tf.compat.v1.wrap_function(fn, [])
 
 
 @dataclasses.dataclass

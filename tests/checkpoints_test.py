@@ -1,4 +1,4 @@
-"""Tests of gpipe_tf.checkpoints: crashes mid-save, corrupt state files, refusing another model's checkpoint."""
+"""Tests of gpipe_tf.checkpoints: crashes, corrupt state, other models."""
 
 import hashlib
 import os

@@ -1,4 +1,4 @@
-"""Tests of gpipe_tf.model_registry and base_experiment: naming, lookup errors, new experiments, overrides."""
+"""Tests of gpipe_tf.model_registry and base_experiment: names, overrides."""
 
 import os
 import sys
@@ -139,7 +139,8 @@ class ExperimentParamsTest(tf.test.TestCase):
                                 "line 2: 'train.batch_size = 3'"):
       base_experiment.ApplyOverrides(p, 'label_smoothing : 0.2\n'
                                      'train.batch_size = 3')
-    self.assertEqual(p.task.label_smoothing, 0.0)  # Parse errors change nothing.
+    # A parse error changes nothing.
+    self.assertEqual(p.task.label_smoothing, 0.0)
 
 
 if __name__ == '__main__':

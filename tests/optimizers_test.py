@@ -1,4 +1,4 @@
-"""Tests of gpipe_tf.optimizers: Keras optimizers on tf.Variables in tf.function, their numerics and checkpoints."""
+"""Tests of gpipe_tf.optimizers: numerics, tf.function and checkpoints."""
 
 import os
 import sys

@@ -1,4 +1,4 @@
-"""Tests of gpipe_tf.schedules: each schedule against its formula, step by step."""
+"""Tests of gpipe_tf.schedules: each schedule against its formula."""
 
 import math
 import os

@@ -1,4 +1,4 @@
-"""Tests of gpipe_tf.tasks: the classification loss and metrics, children, clipping, optimizers."""
+"""Tests of gpipe_tf.tasks: loss, metrics, clipping, optimizers."""
 
 import os
 import sys

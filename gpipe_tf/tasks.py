@@ -1,0 +1,150 @@
+"""Tasks: a network plus the loss, metrics and optimiser settings that train it.
+
+A task is the layer at the root of the variable tree (``task/model/...``). It
+turns a batch (a dict of tensors from an input generator) into a scalar loss
+and a dict of scalar metrics; the trainer differentiates the loss over
+``task.trainable_variables``.
+
+The network is any layer built from ``Params.model``: a SequentialLayer, a
+PipeliningLayer or anything else with ``FProp(inputs, training=...)``. A task
+deliberately does NOT own the optimizer or the global step (the trainer
+does), so ``tf.train.Checkpoint(task=task)`` holds model variables only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from gpipe_tf import hyperparams
+from gpipe_tf import optimizers
+from gpipe_tf import schedules
+from gpipe_tf.layers import base_layer
+from gpipe_tf.layers import losses
+
+Metrics = dict[str, tf.Tensor]
+
+
+class BaseTask(base_layer.BaseLayer):
+  """Base class of tasks; subclasses implement ``ComputeLoss``."""
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = super().Params()
+    p.name = 'task'
+    p.Define('model', None,
+             'Params of the network (any layer); built as child `model`.')
+    p.Define('optimizer', optimizers.Adam.Params(),
+             'Optimizer Params (gpipe_tf.optimizers).')
+    p.Define('learning_rate_schedule', schedules.Constant.Params(),
+             'Learning-rate schedule Params (gpipe_tf.schedules); it also '
+             'holds the base learning rate.')
+    p.Define('clip_gradient_norm_to_value', 0.0,
+             'If > 0, gradients are scaled so their global norm is at most '
+             'this; 0 disables clipping.')
+    return p
+
+  def __init__(self, params: hyperparams.InstantiableParams,
+               parent_path: str | None = None) -> None:
+    super().__init__(params, parent_path)
+    p = self.p
+    if p.model is None:
+      raise ValueError(f"Task '{p.name}' has no model: set Params.model to the "
+                       'Params of a layer.')
+    if not p.clip_gradient_norm_to_value >= 0:
+      raise ValueError('clip_gradient_norm_to_value must be >= 0, got '
+                       f'{p.clip_gradient_norm_to_value}.')
+    self.CreateChild('model', p.model)
+    self._schedule = p.learning_rate_schedule.Instantiate()
+
+  @property
+  def learning_rate_schedule(self) -> schedules.BaseSchedule:
+    """The schedule built from ``Params.learning_rate_schedule``."""
+    return self._schedule
+
+  @property
+  def step_seed(self) -> int:
+    """Seed the trainer mixes with the step for per-step randomness.
+
+    ``Params.random_seed`` of the task, 0 when unset.
+    """
+    return int(self.p.random_seed or 0)
+
+  def CreateOptimizer(self, learning_rate: optimizers.LearningRate | None = None
+                      ) -> keras.optimizers.Optimizer:
+    """A new Keras optimizer from ``Params.optimizer``.
+
+    Args:
+      learning_rate: what the optimizer reads its rate from; by default the
+        task's schedule evaluated on the Keras optimizer's step counter. The
+        trainer passes a callable reading its global step instead.
+    """
+    opt = self.p.optimizer.Instantiate()
+    return opt.Build(self._schedule if learning_rate is None else learning_rate)
+
+  def ClipGradients(self, grads: list[tf.Tensor]
+                    ) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """Applies ``clip_gradient_norm_to_value``; returns (grads, norm before)."""
+    norm = tf.linalg.global_norm(grads)
+    clip = self.p.clip_gradient_norm_to_value
+    if clip > 0:
+      grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=norm)
+    return list(grads), norm
+
+  def ComputeLoss(self, batch: dict[str, tf.Tensor], training: bool = False
+                  ) -> tuple[tf.Tensor, Metrics]:
+    """Returns (scalar float32 loss, {metric name: scalar}).
+
+    Metrics are means over the batch; the evaluator averages them over the
+    evaluation set weighted by batch size.
+    """
+    raise NotImplementedError(f'{type(self).__name__}.ComputeLoss')
+
+  def FProp(self, batch: dict[str, tf.Tensor], training: bool = False
+            ) -> tuple[tf.Tensor, Metrics]:
+    return self.ComputeLoss(batch, training=training)
+
+  @classmethod
+  def FPropMeta(cls, params: hyperparams.Params, *input_shapes
+                ) -> base_layer.LayerMeta:
+    """The cost of the model on `input_shapes` (the loss is not counted)."""
+    return params.model.cls.FPropMeta(params.model, *input_shapes)
+
+
+class ClassificationTask(BaseTask):
+  """Softmax classification of ``batch['inputs']`` into ``batch['labels']``.
+
+  The model maps inputs to logits [B, C]. Loss: mean softmax cross-entropy
+  (with optional label smoothing and logit clipping). Metrics: ``loss``,
+  ``accuracy`` (top-1) and, when C >= 5, ``top5_accuracy``.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('label_smoothing', 0.0, 'Label smoothing in [0, 1).')
+    p.Define('logits_clip', None,
+             'If set, logits are soft-clipped to +-this before the loss.')
+    return p
+
+  def ComputeLoss(self, batch, training=False):
+    logits = self.model.FProp(batch['inputs'], training=training)
+    labels = batch['labels']
+    per_example = losses.SoftmaxCrossEntropy(
+        logits, labels, label_smoothing=self.p.label_smoothing,
+        logits_clip=self.p.logits_clip)
+    loss = tf.reduce_mean(per_example)
+    metrics = {'loss': loss, 'accuracy': losses.Accuracy(logits, labels)}
+    num_classes = logits.shape[-1]
+    if num_classes is not None and num_classes >= 5:
+      metrics['top5_accuracy'] = losses.Accuracy(logits, labels, top_k=5)
+    return loss, metrics
+
+
+def BatchSize(batch: Any) -> tf.Tensor:
+  """Leading dimension of the first tensor of `batch` (int32 scalar)."""
+  first = tf.nest.flatten(batch)[0]
+  return tf.shape(first)[0]
+

@@ -1,0 +1,114 @@
+"""The trainer binary: absl flags over train_lib.train_and_evaluate.
+
+Usage (from the repository root, so that the ``params`` package imports)::
+
+  python -m gpipe_tf.trainer --model=synthetic.mlp.Tiny --logdir=/tmp/tiny \\
+      --max_steps=200 [--mode=train_and_eval] \\
+      [--model_params_override='learning_rate_schedule.learning_rate : 0.003;
+                                train.batch_size : 64']
+
+Running it again with a larger --max_steps resumes from the newest checkpoint.
+
+--model_params_override takes the ToText format ('path : value' statements
+separated by newlines or ';'). Paths starting with ``train.``, ``test.`` or
+``task.`` are taken as written in logdir/params.txt; any other path is
+relative to the task Params (``base_experiment.ApplyOverrides``).
+
+Bad input (unknown --model, unknown override path, malformed override, a
+logdir holding another model) exits with status 1 and a one-line error; the
+first three are detected before the logdir is touched.
+
+The flags are defined here only; the library takes Params and arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string('model', None,
+                    'Registered experiment, e.g. synthetic.mlp.Tiny.')
+flags.DEFINE_string('logdir', None,
+                    'Directory of checkpoints, summaries and params.txt.')
+flags.DEFINE_enum('mode', 'train_and_eval', ['train', 'eval', 'train_and_eval'],
+                  'train: train to --max_steps; eval: evaluate the newest '
+                  'checkpoint once; train_and_eval: train, then evaluate.')
+flags.DEFINE_integer('max_steps', 1000, 'Global step to train to.')
+flags.DEFINE_string('model_params_override', '',
+                    "Overrides in ToText format ('path : value', separated by "
+                    "newlines or ';'); paths are relative to the task Params "
+                    'unless they start with train., test. or task.')
+flags.DEFINE_integer('num_logical_devices', 0,
+                     'If > 1 and there is no GPU/TPU, split the CPU into this '
+                     'many logical devices (before any TensorFlow op).')
+flags.DEFINE_integer('save_interval_steps', 100, 'Checkpoint every N steps.')
+flags.DEFINE_integer('log_interval_steps', 10,
+                     'Log and write train summaries every N steps.')
+flags.DEFINE_integer('eval_interval_steps', 0,
+                     'With train_and_eval, also evaluate every N steps; 0: '
+                     'only at the end.')
+flags.DEFINE_integer('eval_steps', 0,
+                     'Evaluate on at most N batches; 0: the whole Test() set.')
+flags.DEFINE_integer('max_checkpoints_to_keep', 5,
+                     'How many recent checkpoints to keep.')
+
+
+def _Fail(message: str) -> NoReturn:
+  """Exits with status 1 and `message` on one line of stderr."""
+  sys.exit('trainer: error: ' + ' '.join(str(message).split()))
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  if not FLAGS.model or not FLAGS.logdir:
+    raise app.UsageError('--model and --logdir are required.')
+  # Imported here so that --help stays fast and logical devices are set up
+  # before TensorFlow runs any op.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import devices  # pylint: disable=g-import-not-at-top
+  if FLAGS.num_logical_devices > 1 and not (
+      tf.config.list_physical_devices('GPU') or
+      tf.config.list_physical_devices('TPU')):
+    names = devices.SplitCpu(FLAGS.num_logical_devices)
+    logging.info('Split the CPU into %d logical devices: %s', len(names),
+                 names)
+
+  from gpipe_tf import base_experiment  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import checkpoints  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import hyperparams  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import train_lib  # pylint: disable=g-import-not-at-top
+
+  try:
+    params = model_registry.GetParams(FLAGS.model)
+  except model_registry.ModelNotFoundError as e:
+    _Fail(str(e))
+  if FLAGS.model_params_override:
+    try:
+      base_experiment.ApplyOverrides(params, FLAGS.model_params_override)
+    except (AttributeError, hyperparams.ParamsParseError) as e:
+      _Fail(f'--model_params_override: {e}')
+  try:
+    result = train_lib.train_and_evaluate(
+        params, FLAGS.logdir, FLAGS.mode, FLAGS.max_steps,
+        save_interval_steps=FLAGS.save_interval_steps,
+        log_interval_steps=FLAGS.log_interval_steps,
+        eval_interval_steps=FLAGS.eval_interval_steps,
+        eval_steps=FLAGS.eval_steps,
+        max_checkpoints_to_keep=FLAGS.max_checkpoints_to_keep)
+  except (checkpoints.IncompatibleCheckpointError,
+          checkpoints.NoCheckpointError) as e:
+    _Fail(str(e))
+  logging.info('Done at global step %d (started at %d).', result.global_step,
+               result.start_step)
+
+
+if __name__ == '__main__':
+  app.run(main)

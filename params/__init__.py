@@ -1,0 +1,1 @@
+"""Experiments: params/<task>/<dataset>.py modules of registered experiment classes."""

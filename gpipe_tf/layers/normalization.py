@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import contextvars
+from typing import Any, Iterator
 
 import tensorflow as tf
 
@@ -32,16 +34,22 @@ class BatchNormLayer(base_layer.BaseLayer):
   (a rematerialisation) skips the update, so each batch updates once.
   FProp in eval normalises with the moving statistics.
 
-  Under a pipeline each micro-batch is normalised with its own statistics and
-  updates the moving statistics once. To update once per mini-batch instead
-  (as torchgpipe's deferred batch norm does), a caller can accumulate
-  ``SufficientStatistics`` of the micro-batches, turn the sums into moments
-  with ``MomentsFromSufficientStatistics`` and call ``UpdateMovingStats`` once;
-  FProp's single side effect is the ``UpdateMovingStats`` call in
-  ``_TrainingStatsUpdate``, the one place to change.
+  Inside ``DeferMovingStats()`` (the pipeline opens it around the forward
+  pass of all micro-batches) the update is deferred: each micro-batch is
+  still normalised with its own statistics, but only its sufficient
+  statistics (sum, sum of squares, count) are recorded, and the moving
+  statistics move once per mini-batch from the statistics of all its
+  micro-batches, exactly as a plain BatchNorm over the whole mini-batch would
+  (torchgpipe's deferred batch norm).
+
+  Under tf.distribute with several replicas, the sufficient statistics are
+  summed across replicas before the update (cross-replica BatchNorm), so the
+  moving statistics are those of the global batch. With
+  ``cross_replica_normalization`` the training-time normalisation itself also
+  uses the statistics of all replicas.
 
   This layer deliberately does NOT take paddings (mask padded positions out
-  of the statistics) nor reduce statistics across replicas.
+  of the statistics).
   """
 
   @classmethod
@@ -53,6 +61,9 @@ class BatchNormLayer(base_layer.BaseLayer):
     p.Define('use_moving_avg_in_training', False,
              'If True, training also normalises with the moving statistics '
              '(which are still updated from the batch).')
+    p.Define('cross_replica_normalization', False,
+             'In training, normalise with the statistics of the batch over '
+             'all replicas (all-reduced), not only this replica\'s.')
     return p
 
   def __init__(self, params: hyperparams.InstantiableParams,
@@ -125,11 +136,20 @@ class BatchNormLayer(base_layer.BaseLayer):
       value = tf.stop_gradient(tf.cast(value, var.dtype))
       var.assign_sub((var - value) * rate)
 
-  def _TrainingStatsUpdate(self, mean: tf.Tensor, variance: tf.Tensor,
-                           count: tf.Tensor) -> None:
+  def _TrainingStatsUpdate(self, x: tf.Tensor, mean: tf.Tensor,
+                           variance: tf.Tensor) -> None:
     """The training-time side effect; skipped while recomputing."""
-    del count  # Used by a deferred (per mini-batch) update.
-    if not base_layer.InRecompute():
+    if base_layer.InRecompute():
+      return
+    deferred = _DEFERRED.get()
+    if deferred is not None:
+      deferred.Add(self, *self.SufficientStatistics(x))
+    elif _NumReplicas() > 1:
+      total, total_sq, count = _SumAcrossReplicas(
+          *self.SufficientStatistics(x))
+      self.UpdateMovingStats(
+          *self.MomentsFromSufficientStatistics(total, total_sq, count))
+    else:
       self.UpdateMovingStats(mean, variance)
 
   # ---- Forward ------------------------------------------------------------
@@ -140,14 +160,20 @@ class BatchNormLayer(base_layer.BaseLayer):
       self._ReduceAxes(x)
       mean, variance = self.moving_mean, self.moving_variance
     else:
-      batch_mean, batch_variance, count = self.ComputeMoments(x)
+      if self.p.cross_replica_normalization and _NumReplicas() > 1:
+        total, total_sq, count = _SumAcrossReplicas(
+            *self.SufficientStatistics(x))
+        batch_mean, batch_variance = self.MomentsFromSufficientStatistics(
+            total, total_sq, count)
+      else:
+        batch_mean, batch_variance, _ = self.ComputeMoments(x)
       if self.p.use_moving_avg_in_training:
         # Read before the update: normalise with the statistics so far.
         mean = self.moving_mean.read_value()
         variance = self.moving_variance.read_value()
       else:
         mean, variance = batch_mean, batch_variance
-      self._TrainingStatsUpdate(batch_mean, batch_variance, count)
+      self._TrainingStatsUpdate(x, batch_mean, batch_variance)
     return tf.nn.batch_normalization(x, mean, variance, self.beta, self.gamma,
                                      self.p.epsilon)
 
@@ -206,3 +232,63 @@ class LayerNorm(base_layer.BaseLayer):
     flops = 7 * base_layer.NumElements(shape)
     out = (tuple(shape),) + tuple(tuple(s) for s in passthrough_shapes)
     return LayerMeta(flops, out, 2 * p.input_dim)
+
+
+def _NumReplicas() -> int:
+  ctx = tf.distribute.get_replica_context()
+  return 1 if ctx is None else int(ctx.num_replicas_in_sync)
+
+
+def _SumAcrossReplicas(*tensors: tf.Tensor) -> list[tf.Tensor]:
+  """Sums tensors over all replicas (identity without tf.distribute)."""
+  ctx = tf.distribute.get_replica_context()
+  if ctx is None or ctx.num_replicas_in_sync == 1:
+    return list(tensors)
+  return ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
+
+
+class DeferredMovingStats:
+  """BatchNorm sufficient statistics of all micro-batches, applied once."""
+
+  def __init__(self) -> None:
+    self._layers: list[BatchNormLayer] = []
+    self._sums: dict[int, list[tf.Tensor]] = {}
+
+  def Add(self, layer: BatchNormLayer, total: tf.Tensor, total_sq: tf.Tensor,
+          count: tf.Tensor) -> None:
+    key = id(layer)
+    if key not in self._sums:
+      self._layers.append(layer)
+      self._sums[key] = [total, total_sq, count]
+    else:
+      with tf.device(layer.moving_mean.device):
+        self._sums[key] = [a + b for a, b in
+                           zip(self._sums[key], (total, total_sq, count))]
+
+  def Apply(self) -> None:
+    """Moves every layer's moving statistics once, from all its micro-batches
+    (and all replicas)."""
+    for layer in self._layers:
+      with tf.device(layer.moving_mean.device):
+        total, total_sq, count = _SumAcrossReplicas(*self._sums[id(layer)])
+        layer.UpdateMovingStats(
+            *layer.MomentsFromSufficientStatistics(total, total_sq, count))
+    self._layers, self._sums = [], {}
+
+
+_DEFERRED: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_deferred_bn', default=None)
+
+
+@contextlib.contextmanager
+def DeferMovingStats() -> Iterator[DeferredMovingStats]:
+  """BatchNorm layers in this scope record statistics instead of updating.
+
+  Call ``Apply()`` on the yielded object after the last micro-batch.
+  """
+  deferred = DeferredMovingStats()
+  token = _DEFERRED.set(deferred)
+  try:
+    yield deferred
+  finally:
+    _DEFERRED.reset(token)

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
+from gpipe_tf.layers import normalization
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import schedule as schedule_lib
@@ -245,7 +246,11 @@ def RunPipeline(cells: Sequence[_Cell], schedule: schedule_lib.Schedule,
   @tf.custom_gradient
   def _Pipeline(*ts):
     micro = microbatch.Split(_Full(ts), num_micro)
-    outs = run.Forward(micro, inputs, seed)
+    # BatchNorm: each micro-batch is normalised with its own statistics; the
+    # moving statistics move once, from all micro-batches (and replicas).
+    with normalization.DeferMovingStats() as bn_stats:
+      outs = run.Forward(micro, inputs, seed)
+    bn_stats.Apply()
     merged = microbatch.Merge(outs)
 
     def _Grad(*dys, variables=None):

@@ -9,6 +9,7 @@ from gpipe_tf import base_experiment
 from gpipe_tf import inputs
 from gpipe_tf import model_registry
 from gpipe_tf import optimizers
+from gpipe_tf import pipeline
 from gpipe_tf import schedules
 from gpipe_tf import tasks
 from gpipe_tf.layers import core
@@ -55,4 +56,26 @@ class Tiny(base_experiment.SingleTaskModelParams):
     p.optimizer = optimizers.Adam.Params()
     p.learning_rate_schedule = schedules.Constant.Params().Set(
         learning_rate=0.01)
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyPipelined(Tiny):
+  """Tiny's MLP as a GPipe pipeline: 2 cells, 4 micro-batches, recompute.
+
+  The only change is the model Params: the same layer list wrapped in a
+  PipeliningLayer. Its variables have the same paths, so it resumes from (and
+  trains exactly like) Tiny except for dropout masks, which are drawn per
+  micro-batch. Run with ``--num_logical_devices=2`` on a CPU-only host.
+  """
+
+  NUM_PARTITIONS = 2
+  NUM_MICRO_BATCHES = 4
+
+  def Task(self):
+    p = super().Task()
+    p.model = pipeline.PipeliningLayer.Params().Set(
+        name=p.model.name, layers=p.model.layers,
+        num_partitions=self.NUM_PARTITIONS,
+        num_micro_batches=self.NUM_MICRO_BATCHES, remat='always')
     return p

@@ -18,6 +18,8 @@ setuptools.setup(
         'absl-py',
         'numpy',
         'scikit-learn',  # The bundled handwritten digits (offline data).
+        'sentencepiece',  # Subword vocabularies built from training text.
+        'sacrebleu',  # BLEU of translation experiments.
     ],
     extras_require={
         'test': ['pytest>=7'],

@@ -1,0 +1,1 @@
+"""Model builders: functions returning the list of layer Params of a network."""

@@ -105,7 +105,8 @@ class ParallelTextInput(inputs.BaseInputGenerator):
              'only).')
     p.Define('build_vocab', False,
              'If vocab_path is missing, build it from the vocab_split text '
-             '(every language of every pair found in it, in file order) with '
+             '(every language of every pair found in it, files in name '
+             'order) with '
              "'<2xx>' tokens for all those languages. False: missing -> error.")
     p.Define('vocab_split', 'train', 'Split whose text the vocabulary learns.')
     p.Define('vocab_size', 8000, 'Largest vocabulary to build (building only).')
@@ -174,7 +175,8 @@ class ParallelTextInput(inputs.BaseInputGenerator):
     return list(self._bucket_sizes)
 
   def BatchesPerEpoch(self) -> int:
-    """Batches in one pass over the data (bucketed: the same every epoch)."""
+    """Batches per epoch: bucketed, exact and the same every epoch; otherwise
+    N / batch_size rounded as drop_remainder says (batches straddle epochs)."""
     self._EnsureLoaded()
     p = self._params
     if not self._boundaries:

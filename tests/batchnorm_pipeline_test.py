@@ -38,14 +38,17 @@ class BatchNormPipelineTest(tf.test.TestCase):
     return seq, pipe
 
   def _Step(self, model, x):
+    """One training step (forward + backward) of `model` on `x`."""
+    if not hasattr(model, '_test_step'):
 
-    @tf.function
-    def _Train():
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(tf.square(model.FProp(x, training=True)))
-      return tape.gradient(loss, model.trainable_variables)
+      @tf.function
+      def _Train(x):
+        with tf.GradientTape() as tape:
+          loss = tf.reduce_sum(tf.square(model.FProp(x, training=True)))
+        return tape.gradient(loss, model.trainable_variables)
 
-    return _Train()
+      model._test_step = _Train  # pylint: disable=protected-access
+    return model._test_step(x)  # pylint: disable=protected-access
 
   def testMovingStatsEqualFullBatchAfterOneStep(self):
     x = tf.random.stateless_normal([12, 6], [1, 2]) * 3.0 + 1.0

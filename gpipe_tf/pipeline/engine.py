@@ -48,7 +48,7 @@ def _Gate(tensors: Sequence[Any], after: Sequence[Any]) -> list[Any]:
     return [None if t is None else tf.identity(t) for t in tensors]
 
 
-class _Cell:
+class Cell:
   """One cell: its layers, device, and the structure of its inputs."""
 
   def __init__(self, index: int, layers: Sequence[base_layer.BaseLayer],
@@ -66,7 +66,7 @@ class _Cell:
 class PipelineRun:
   """The state of one pipelined call: saved boundary inputs, tapes, outputs."""
 
-  def __init__(self, cells: Sequence[_Cell],
+  def __init__(self, cells: Sequence[Cell],
                schedule: schedule_lib.Schedule,
                remat: Callable[[int, int], bool], training: bool,
                trace: Any = None) -> None:
@@ -124,20 +124,18 @@ class PipelineRun:
         last_done[k] = [t for t in flat_y if t is not None]
     return [self.passed[-1][m] for m in range(len(micro_inputs))]
 
-  def Backward(self, micro_dys: Sequence[Sequence[Any]],
-               variables: Sequence[tf.Variable]
+  def Backward(self, micro_dys: Sequence[Sequence[Any]]
                ) -> tuple[list[list[Any]], dict]:
     """Runs every B(k, m) in schedule order.
 
     Args:
       micro_dys: per micro-batch, the gradients of the last cell's flat outputs.
-      variables: variables to return summed gradients for.
 
     Returns:
       (dx, grads): dx[m] the gradients of the first cell's flat inputs of
-      micro-batch m; grads maps variable.ref() to its summed gradient.
+      micro-batch m; grads maps variable.ref() to its gradient summed over
+      micro-batches (each cell's variables, computed on its device).
     """
-    del variables  # Gradients are produced per cell for its own variables.
     dys = [[None] * len(micro_dys) for _ in self.cells]
     dys[-1] = [list(d) for d in micro_dys]
     dxs = [None] * len(micro_dys)
@@ -205,7 +203,7 @@ class PipelineRun:
     return dxs, acc
 
 
-def RunPipeline(cells: Sequence[_Cell], schedule: schedule_lib.Schedule,
+def RunPipeline(cells: Sequence[Cell], schedule: schedule_lib.Schedule,
                 remat: Callable[[int, int], bool], inputs: tuple,
                 training: bool, trace: Any = None) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
@@ -255,7 +253,7 @@ def RunPipeline(cells: Sequence[_Cell], schedule: schedule_lib.Schedule,
 
     def _Grad(*dys, variables=None):
       micro_dys = microbatch.SplitLike(list(dys), outs)
-      dxs, acc = run.Backward(micro_dys, variables or [])
+      dxs, acc = run.Backward(micro_dys)
       input_grads = []
       for j, i in enumerate(tensor_idx):
         parts = [dx[i] for dx in dxs]

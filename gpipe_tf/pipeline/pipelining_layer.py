@@ -102,8 +102,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     self._cells = []
     start = 0
     for k, n in enumerate(self._balance):
-      self._cells.append(engine._Cell(k, self.layers[start:start + n],  # pylint: disable=protected-access
-                                      self._devices[k]))
+      self._cells.append(engine.Cell(k, self.layers[start:start + n],
+                                     self._devices[k]))
       start += n
 
   def _Balance(self, num_devices: int) -> list[int]:

@@ -115,8 +115,12 @@ class _ConvBase(base_layer.BaseLayer):
 
   @classmethod
   def _MacsPerPosition(cls, p: hyperparams.Params) -> int:
-    """Multiply-adds per output spatial position (all output channels)."""
-    raise NotImplementedError
+    """Multiply-adds per output spatial position (all output channels).
+
+    One filter tensor applied once per position (Conv2D, depthwise): every
+    weight is one multiply-add.
+    """
+    return math.prod(p.filter_shape)
 
   def _Convolve(self, x: tf.Tensor) -> tf.Tensor:
     raise NotImplementedError
@@ -151,7 +155,8 @@ class _ConvBase(base_layer.BaseLayer):
 
   @classmethod
   def _NumWeights(cls, p: hyperparams.Params) -> int:
-    raise NotImplementedError
+    """Weights besides the bias: one filter tensor of filter_shape."""
+    return math.prod(p.filter_shape)
 
   def _CreateBias(self) -> None:
     if self.p.has_bias:
@@ -179,14 +184,6 @@ class Conv2DLayer(_ConvBase):
   @classmethod
   def _OutChannels(cls, p):
     return p.filter_shape[3]
-
-  @classmethod
-  def _MacsPerPosition(cls, p):
-    return math.prod(p.filter_shape)
-
-  @classmethod
-  def _NumWeights(cls, p):
-    return math.prod(p.filter_shape)
 
   def _Convolve(self, x):
     return tf.nn.conv2d(x, self.w, strides=self._Strides(),
@@ -220,14 +217,6 @@ class DepthwiseConv2DLayer(_ConvBase):
   @classmethod
   def _OutChannels(cls, p):
     return p.filter_shape[2] * p.filter_shape[3]
-
-  @classmethod
-  def _MacsPerPosition(cls, p):
-    return math.prod(p.filter_shape)
-
-  @classmethod
-  def _NumWeights(cls, p):
-    return math.prod(p.filter_shape)
 
   def _Convolve(self, x):
     return tf.nn.depthwise_conv2d(x, self.w, strides=self._Strides(),

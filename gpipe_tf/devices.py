@@ -20,6 +20,12 @@ def SplitCpu(num_devices: int, intra_op_threads: int | None = None,
   its share of the cores (intra-op threads = cores // num_devices) and enough
   inter-op threads to run all of them at once (TF-NOTES).
 
+  The CPU is also switched to TensorFlow's BFC allocator (the one GPUs use),
+  unless TF_CPU_ALLOCATOR_USE_BFC is already set: TF 2.21's default CPU
+  allocator keeps no statistics, so without it
+  ``tf.config.experimental.get_memory_info('CPU:0')`` raises and peak memory
+  cannot be measured.
+
   Must run before TensorFlow executes any op. Calling it again with the same
   number of devices is a no-op.
 
@@ -36,6 +42,8 @@ def SplitCpu(num_devices: int, intra_op_threads: int | None = None,
   if existing is not None and len(existing) == num_devices:
     return LogicalCpus()
   cores = os.cpu_count() or 1
+  # Read when the CPU allocator is first created, i.e. at the first op.
+  os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
   try:
     if num_devices > 1:
       tf.config.set_logical_device_configuration(

@@ -15,8 +15,27 @@ One training step (a single tf.function)::
   loss, metrics = task.ComputeLoss(batch, True)    depend on the step only)
   grads = d loss / d task.trainable_variables     (GradientTape)
   grads = clip(grads, clip_gradient_norm_to_value)
-  optimizer.apply_gradients(grads)                (once per step)
+  if loss and grads are finite:                   (else: 'skip' or 'stop')
+    optimizer.apply_gradients(grads)              (once per step)
   global_step += 1
+
+Non-finite steps. When the loss or any gradient is NaN or Inf the update is
+not applied (a tf.cond: weights, optimizer slots and the optimizer's own
+iteration counter stay as they were). With ``on_nonfinite='skip'`` (default)
+the global step still advances, as in Lingvo, so the step's batch is consumed
+and the learning-rate schedule moves on; the event is logged and the summary
+``skipped_steps`` counts the skipped steps of this run (it is not
+checkpointed). With ``'stop'`` a NonFiniteLossError is raised right after the
+step, before anything is saved: the newest checkpoint stays the last good one.
+
+Data parallelism. With ``num_replicas`` R > 1 the task is built under a
+tf.distribute.MirroredStrategy (gpipe_tf.distribute): every global batch (the
+input's batch_size) is split into R equal shares, replica r computes the loss
+and gradients of its share (a PipeliningLayer pipelines it on devices
+rK .. rK+K-1), the gradients and metrics are averaged across replicas, and
+clipping, the finiteness check and the single optimizer update run once on
+the averaged gradients. A global batch not divisible by R gives unequal
+shares, whose means are then weighted equally.
 
 A run resumes from the newest good checkpoint (gpipe_tf.checkpoints): the
 global step, the weights and the optimizer slots are restored and the training
@@ -41,11 +60,18 @@ import tensorflow as tf
 
 from gpipe_tf import base_experiment
 from gpipe_tf import checkpoints
+from gpipe_tf import distribute
+from gpipe_tf import pipeline
 from gpipe_tf import tasks
 from gpipe_tf.layers import random_seeds
 
 MODES = ('train', 'eval', 'train_and_eval')
+NONFINITE_POLICIES = ('skip', 'stop')
 PARAMS_FILE = 'params.txt'
+
+
+class NonFiniteLossError(FloatingPointError):
+  """A training step's loss or gradients were NaN or Inf (on_nonfinite='stop')."""
 
 
 @dataclasses.dataclass
@@ -58,21 +84,36 @@ class RunResult:
     restored_checkpoint: path of the checkpoint restored at start, or None.
     train_metrics: means over the last logging interval ({} if no step ran).
     eval_metrics: the last evaluation ({} if none ran).
+    skipped_steps: training steps whose update was skipped as non-finite.
   """
   start_step: int
   global_step: int
   restored_checkpoint: str | None
   train_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  skipped_steps: int = 0
 
 
 class _Runner:
   """The task, optimizer, global step and checkpointer of one logdir."""
 
   def __init__(self, experiment: base_experiment.ExperimentLike, logdir: str,
-               max_checkpoints_to_keep: int) -> None:
+               max_checkpoints_to_keep: int, on_nonfinite: str = 'skip',
+               strategy: tf.distribute.Strategy | None = None) -> None:
     self.params = base_experiment.AsExperimentParams(experiment)
     self.logdir = logdir
+    self.on_nonfinite = on_nonfinite
+    self.strategy = strategy
+    self.skipped_steps = 0
+    self._trained = []  # Variables that receive a gradient (set when traced).
+    if strategy is None:
+      self._Build(max_checkpoints_to_keep)
+    else:
+      with strategy.scope():
+        self._Build(max_checkpoints_to_keep)
+
+  def _Build(self, max_checkpoints_to_keep: int) -> None:
+    logdir = self.logdir
     self.task = self.params.task.Instantiate()
     if not isinstance(self.task, tasks.BaseTask):
       raise TypeError(f'Task Params build a {type(self.task).__name__}, not a '
@@ -119,13 +160,16 @@ class _Runner:
     tf.io.gfile.rename(tmp, path, overwrite=True)
 
   # ---- Steps ----------------------------------------------------------------
-  def TrainStep(self, batch: dict[str, tf.Tensor]) -> tuple[dict, tf.Tensor]:
+  def TrainStep(self, batch: dict[str, tf.Tensor]
+                ) -> tuple[dict, tf.Tensor, tf.Tensor]:
+    """One step; returns (metrics, global batch size, whether it applied)."""
     if self._train_step is None:
       self._train_step = tf.function(self._TrainStep, autograph=False,
                                      reduce_retracing=True)
     return self._train_step(batch)
 
-  def _TrainStep(self, batch):
+  def _LossAndGrads(self, batch):
+    """(loss, metrics, non-None grads, batch size) of one (replica's) batch."""
     task = self.task
     seed = tf.stack([tf.constant(task.step_seed, tf.int64),
                      self.global_step.read_value()])
@@ -133,16 +177,38 @@ class _Runner:
       with tf.GradientTape() as tape:
         loss, metrics = task.ComputeLoss(batch, training=True)
       grads = tape.gradient(loss, self.variables)
-    pairs = [(g, v) for g, v in zip(grads, self.variables) if g is not None]
+    self._trained = [v for g, v in zip(grads, self.variables) if g is not None]
     unused = [v.name for g, v in zip(grads, self.variables) if g is None]
     if unused:
       logging.warning('No gradient reaches %s; they are not trained.', unused)
-    grads, norm = task.ClipGradients([g for g, _ in pairs])
+    grads = [tf.convert_to_tensor(g) for g in grads if g is not None]
+    return loss, dict(metrics), grads, tasks.BatchSize(batch)
+
+  def _TrainStep(self, batch):
+    if self.strategy is None:
+      loss, metrics, grads, size = self._LossAndGrads(batch)
+    else:
+      loss, metrics, grads, size = self.strategy.run(self._LossAndGrads,
+                                                     (batch,))
+      mean = lambda x: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, x,
+                                            axis=None)
+      loss, metrics, grads = tf.nest.map_structure(mean, (loss, metrics, grads))
+      size = self.strategy.reduce(tf.distribute.ReduceOp.SUM, size, axis=None)
+    grads, norm = self.task.ClipGradients(grads)
+    finite = tf.reduce_all(tf.stack(
+        [tf.reduce_all(tf.math.is_finite(loss))] +
+        [tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
     learning_rate = self.learning_rate()
-    self.optimizer.apply_gradients(zip(grads, [v for _, v in pairs]))
+    variables = self._trained
+
+    def _Apply():
+      self.optimizer.apply_gradients(zip(grads, variables))
+      return tf.constant(True)
+
+    applied = tf.cond(finite, _Apply, lambda: tf.constant(False))
     self.global_step.assign_add(1)
     metrics = dict(metrics, learning_rate=learning_rate, grad_norm=norm)
-    return metrics, tasks.BatchSize(batch)
+    return metrics, size, applied
 
   def EvalStep(self, batch: dict[str, tf.Tensor]) -> tuple[dict, tf.Tensor]:
     if self._eval_step is None:
@@ -199,10 +265,13 @@ class _Runner:
     p = self.params.train.Copy()
     if 'repeat' in p:
       p.repeat = True
-    batches = iter(p.Instantiate().GetDataset(skip_batches=start))
+    dataset = p.Instantiate().GetDataset(skip_batches=start)
+    if self.strategy is not None:
+      dataset = self.strategy.experimental_distribute_dataset(dataset)
+    batches = iter(dataset)
     writer = tf.summary.create_file_writer(os.path.join(self.logdir, 'train'))
     sums: dict[str, Any] = {}
-    steps = examples = 0
+    steps = counted = examples = 0
     last_time = time.time()
     train_metrics, eval_metrics = {}, {}
     for done in range(start + 1, max_steps + 1):
@@ -211,22 +280,28 @@ class _Runner:
         raise ValueError('The training input produced no batch; check Train() '
                          '(batch_size larger than the data with '
                          'drop_remainder?).')
-      metrics, size = self.TrainStep(batch)
-      for name, value in metrics.items():
-        sums[name] = sums[name] + value if name in sums else value
+      metrics, size, applied = self.TrainStep(batch)
+      if bool(applied):  # Skipped steps stay out of the metric means.
+        for name, value in metrics.items():
+          sums[name] = sums[name] + value if name in sums else value
+        counted += 1
+      else:
+        self._OnNonFinite(done, metrics)
       steps += 1
       examples += size
       if done % log_interval_steps == 0 or done == max_steps:
         elapsed = max(time.time() - last_time, 1e-9)
-        train_metrics = {k: float(v) / steps for k, v in sums.items()}
+        train_metrics = {k: float(v) / counted for k, v in sums.items()}
         train_metrics['steps_per_sec'] = steps / elapsed
         train_metrics['examples_per_sec'] = float(examples) / elapsed
+        train_metrics['skipped_steps'] = float(self.skipped_steps)
         with writer.as_default(step=done):
           for name, value in train_metrics.items():
             tf.summary.scalar(name, value)
         writer.flush()
         logging.info('Step %d/%d: %s', done, max_steps, _Format(train_metrics))
-        sums, steps, examples, last_time = {}, 0, 0, time.time()
+        sums, steps, counted, examples = {}, 0, 0, 0
+        last_time = time.time()
       if done % save_interval_steps == 0 or done == max_steps:
         path = self.checkpointer.Save(done)
         logging.info('Saved %s.', path)
@@ -235,6 +310,20 @@ class _Runner:
         eval_metrics = self.Evaluate(eval_steps)
     writer.close()
     return train_metrics, eval_metrics
+
+  def _OnNonFinite(self, step: int, metrics: dict[str, tf.Tensor]) -> None:
+    loss = float(metrics.get('loss', float('nan')))
+    norm = float(metrics['grad_norm'])
+    if self.on_nonfinite == 'stop':
+      raise NonFiniteLossError(
+          f'Step {step}: non-finite loss ({loss}) or gradients (norm {norm}); '
+          'stopped before saving (the newest checkpoint is the last good '
+          "one). Lower the learning rate, clip gradients, or pass "
+          "on_nonfinite='skip' (--on_nonfinite=skip) to skip such steps.")
+    self.skipped_steps += 1
+    logging.warning('Step %d: non-finite loss (%s) or gradients (norm %s); '
+                    'update skipped (%d skipped so far in this run).', step,
+                    loss, norm, self.skipped_steps)
 
 
 def _Format(metrics: dict[str, float]) -> str:
@@ -254,7 +343,10 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
                        log_interval_steps: int = 10,
                        eval_interval_steps: int = 0,
                        eval_steps: int = 0,
-                       max_checkpoints_to_keep: int = 5) -> RunResult:
+                       max_checkpoints_to_keep: int = 5,
+                       on_nonfinite: str = 'skip',
+                       deterministic: bool = False,
+                       num_replicas: int = 1) -> RunResult:
   """Trains and/or evaluates `experiment` in `logdir`, resuming if possible.
 
   Args:
@@ -271,6 +363,15 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     eval_steps: evaluate on at most this many batches; 0 reads the whole
       Test() input.
     max_checkpoints_to_keep: older checkpoints are deleted.
+    on_nonfinite: what a step with a NaN/Inf loss or gradient does; its
+      update is never applied. 'skip': go on (the global step advances);
+      'stop': raise NonFiniteLossError before anything is saved.
+    deterministic: enable TensorFlow op determinism (process-wide, for good)
+      and seed the global generators with the task's random_seed, so two runs
+      give bit-identical results.
+    num_replicas: R; > 1 trains data-parallel on R replicas of the model
+      (MirroredStrategy, gpipe_tf.distribute), each pipeline on its own K
+      devices. Needs R x K default devices.
 
   Returns:
     A RunResult.
@@ -279,14 +380,28 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     checkpoints.IncompatibleCheckpointError: logdir holds another model's
       checkpoint (nothing in logdir is written).
     checkpoints.NoCheckpointError: mode 'eval' and no checkpoint.
+    NonFiniteLossError: on_nonfinite 'stop' and a non-finite step.
+    distribute.ReplicaLayoutError: fewer than R x K devices.
     ValueError: a bad argument.
   """
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
+  if on_nonfinite not in NONFINITE_POLICIES:
+    raise ValueError(f'on_nonfinite must be one of {NONFINITE_POLICIES}, got '
+                     f'{on_nonfinite!r}.')
   _CheckPositive(max_steps=max_steps, save_interval_steps=save_interval_steps,
                  log_interval_steps=log_interval_steps,
-                 max_checkpoints_to_keep=max_checkpoints_to_keep)
-  runner = _Runner(experiment, logdir, max_checkpoints_to_keep)
+                 max_checkpoints_to_keep=max_checkpoints_to_keep,
+                 num_replicas=num_replicas)
+  params = base_experiment.AsExperimentParams(experiment)
+  if deterministic:
+    EnableDeterminism(params.task.random_seed or 0)
+  strategy = distribute.MakeStrategy(num_replicas,
+                                     _NumPartitions(params.task.model))
+  runner = _Runner(params, logdir, max_checkpoints_to_keep, on_nonfinite,
+                   strategy)
+  if strategy is not None:
+    _LogLayout(strategy, runner.task)
   restored = runner.Restore()
   start = runner.Step()
   if mode == 'eval':
@@ -303,7 +418,45 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
       eval_interval_steps if mode == 'train_and_eval' else 0, eval_steps)
   if mode == 'train_and_eval':
     eval_metrics = runner.Evaluate(eval_steps)
-  return RunResult(start, runner.Step(), restored, train_metrics, eval_metrics)
+  return RunResult(start, runner.Step(), restored, train_metrics, eval_metrics,
+                   runner.skipped_steps)
+
+
+def EnableDeterminism(seed: int) -> None:
+  """Makes every TensorFlow op deterministic and seeds the global generators.
+
+  Process-wide and irreversible; call it before building the model.
+  """
+  tf.config.experimental.enable_op_determinism()
+  tf.random.set_seed(seed)
+  logging.info('Op determinism enabled; global seed %d.', seed)
+
+
+def _NumPartitions(model_params: Any) -> int:
+  """K: cells per replica of the model's PipeliningLayer (1 if it has none)."""
+  if model_params is None:
+    return 1
+  if 'num_partitions' in model_params and 'layers' in model_params:
+    if model_params.balance is not None:
+      return len(model_params.balance)
+    return int(model_params.num_partitions)
+  return 1
+
+
+def _LogLayout(strategy: tf.distribute.Strategy, task: tasks.BaseTask) -> None:
+  """Logs the strategy and, for each replica, the device of every cell."""
+  pipes = [m for m in task.submodules
+           if isinstance(m, pipeline.PipeliningLayer)]
+  num_cells = len(pipes[0].devices) if pipes else 1
+  groups = distribute.ReplicaGroups(strategy.num_replicas_in_sync, num_cells)
+  logging.info('Strategy %s: %d replicas x %d cells per replica.',
+               type(strategy).__name__, strategy.num_replicas_in_sync,
+               num_cells)
+  for r, group in enumerate(groups):
+    logging.info('Replica %d: %s', r, ', '.join(
+        f'cell {k} on {d}' for k, d in enumerate(group)))
+  logging.info('Variables are mirrored on %s.',
+               list(strategy.extended.worker_devices))
 
 
 def train(experiment: base_experiment.ExperimentLike, logdir: str,

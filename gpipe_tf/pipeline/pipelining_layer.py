@@ -7,6 +7,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from gpipe_tf import devices as devices_lib
+from gpipe_tf import distribute
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.pipeline import cost as cost_lib
@@ -47,6 +48,11 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   After construction, ``balance`` (layers per cell) and ``devices`` (one
   device string per cell) tell where everything went.
+
+  Under a tf.distribute strategy with R > 1 replicas (gpipe_tf.distribute)
+  and without explicit ``devices``, replica r runs cell k on device r*K + k
+  of the default devices (``ReplicaDevices``); ``devices`` then names the
+  cells of replica 0.
   """
 
   @classmethod
@@ -161,8 +167,18 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   def FProp(self, *inputs, training=False, trace=None):
     """Runs the pipeline. `trace`: an optional trace.ScheduleTrace."""
-    return engine.RunPipeline(self._cells, self._schedule, self._Remat,
-                              inputs, training, trace)
+    return engine.RunPipeline(self._ReplicaCells(), self._schedule,
+                              self._Remat, inputs, training, trace)
+
+  def _ReplicaCells(self) -> list[engine.Cell]:
+    """The cells, placed on this replica's devices when data-parallel."""
+    if self.p.devices:
+      return self._cells
+    replica_devices = distribute.ReplicaDevices(len(self._cells))
+    if replica_devices is None:
+      return self._cells
+    return [engine.Cell(c.index, c.layers, d)
+            for c, d in zip(self._cells, replica_devices)]
 
   @classmethod
   def FPropMeta(cls, p, *shapes):

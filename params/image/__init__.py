@@ -1,0 +1,1 @@
+"""Image-classification experiments: AmoebaNet on ImageNet and on the bundled digits."""

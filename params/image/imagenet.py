@@ -1,0 +1,147 @@
+"""AmoebaNet on ImageNet 2012, pipelined: the GPipe paper's Table 1 models and AmoebaNet-B(18, 512).
+
+``image.imagenet.AmoebaNetD_<L>_<D>`` are the AmoebaNet-D(L, D) rows of
+Table 1 (224x224 images, 8 pipeline cells); ``AmoebaNetB_18_512`` is the
+557M-parameter model trained on 480x480 images on 4 cells. All share
+``AmoebaNetImageNet``: vary a model by subclassing and changing its class
+attributes (CELLS, NUM_NORMAL_LAYERS, NUM_FILTERS, IMAGE_SIZE,
+NUM_PARTITIONS, NUM_MICRO_BATCHES, BATCH_SIZE, ...).
+
+Training follows the reference recipe (tensorflow/tpu amoeba_net): RMSProp
+(decay 0.9, momentum 0.9, epsilon 1.0), a learning rate of 0.0025 per
+example of the batch warmed up linearly and then decayed (here: half a
+cosine), label smoothing 0.1, gradient clipping at norm 10, dropout 0.5
+before the logits. Not reproduced: weight decay, drop path's burn-in, the
+auxiliary head and the exponential moving average of the weights.
+
+The data is TFDS 'imagenet2012' prepared in DATA_DIR beforehand (download is
+off: ImageNet needs a manual download). TFDSImageInput holds a split in host
+memory, which suits the smaller datasets; these experiments declare the run,
+while ImageNet-scale training needs a streaming input generator.
+"""
+
+from __future__ import annotations
+
+from gpipe_tf import base_experiment
+from gpipe_tf import hyperparams
+from gpipe_tf import inputs
+from gpipe_tf import model_registry
+from gpipe_tf import optimizers
+from gpipe_tf import schedules
+from gpipe_tf import tasks
+from gpipe_tf.models import amoebanet
+from gpipe_tf.pipeline import PipeliningLayer
+
+
+class AmoebaNetImageNet(base_experiment.SingleTaskModelParams):
+  """AmoebaNet-<CELLS>(NUM_NORMAL_LAYERS, NUM_FILTERS) on ImageNet (not registered)."""
+
+  # Model.
+  CELLS = 'D'
+  NUM_NORMAL_LAYERS = 18
+  NUM_FILTERS = 208
+  IMAGE_SIZE = 224
+  NUM_CLASSES = 1000
+  NUM_STEM_CELLS = 2
+  DROPOUT_KEEP_PROB = 0.5
+  DROP_PATH_KEEP_PROB = 1.0  # No burn-in schedule here, so off by default.
+  BATCH_NORM_DECAY = 0.9997
+  # Pipeline.
+  NUM_PARTITIONS = 8
+  NUM_MICRO_BATCHES = 32
+  # Data and training.
+  DATA_DIR = None  # The TFDS default.
+  BATCH_SIZE = 256
+  NUM_TRAIN_EXAMPLES = 1281167
+  NUM_EPOCHS = 35
+  WARMUP_EPOCHS = 3
+  LEARNING_RATE_PER_EXAMPLE = 0.0025
+  MEAN = (0.5, 0.5, 0.5)  # Pixels scaled to [-1, 1], as Inception does.
+  STD = (0.5, 0.5, 0.5)
+
+  def _Input(self, name: str, split: str) -> hyperparams.Params:
+    return inputs.TFDSImageInput.Params().Set(
+        name=name, dataset_name='imagenet2012', split=split,
+        data_dir=self.DATA_DIR, download=False, image_size=self.IMAGE_SIZE,
+        num_channels=3, mean=self.MEAN, std=self.STD,
+        num_classes=self.NUM_CLASSES, batch_size=self.BATCH_SIZE)
+
+  def Train(self) -> hyperparams.Params:
+    return self._Input('train', 'train').Set(
+        augment=True, crop_min_fraction=0.3, shuffle=True, repeat=True,
+        seed=1)
+
+  def Test(self) -> hyperparams.Params:
+    return self._Input('test', 'validation').Set(
+        augment=False, shuffle=False, repeat=False, drop_remainder=False)
+
+  def Layers(self) -> list:
+    """The AmoebaNet layer Params the pipeline splits."""
+    return amoebanet.AmoebaNet(
+        amoebanet.CELLS[self.CELLS], self.NUM_NORMAL_LAYERS, self.NUM_FILTERS,
+        self.NUM_CLASSES, self.IMAGE_SIZE, num_stem_cells=self.NUM_STEM_CELLS,
+        dropout_keep_prob=self.DROPOUT_KEEP_PROB,
+        drop_path_keep_prob=self.DROP_PATH_KEEP_PROB,
+        batch_norm_decay=self.BATCH_NORM_DECAY)
+
+  def Task(self) -> hyperparams.Params:
+    model = PipeliningLayer.Params().Set(
+        name='model', layers=self.Layers(),
+        num_partitions=self.NUM_PARTITIONS,
+        num_micro_batches=self.NUM_MICRO_BATCHES, remat='always',
+        input_shapes=[(None, self.IMAGE_SIZE, self.IMAGE_SIZE, 3)])
+    p = tasks.ClassificationTask.Params().Set(
+        model=model, label_smoothing=0.1, clip_gradient_norm_to_value=10.0,
+        random_seed=1)
+    p.optimizer = optimizers.RMSProp.Params().Set(decay=0.9, momentum=0.9,
+                                                  epsilon=1.0)
+    steps_per_epoch = self.NUM_TRAIN_EXAMPLES // self.BATCH_SIZE
+    p.learning_rate_schedule = schedules.Cosine.Params().Set(
+        learning_rate=self.LEARNING_RATE_PER_EXAMPLE * self.BATCH_SIZE,
+        warmup_steps=int(self.WARMUP_EPOCHS * steps_per_epoch),
+        total_steps=int(self.NUM_EPOCHS * steps_per_epoch),
+        final_learning_rate=0.0)
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetD_18_208(AmoebaNetImageNet):  # pylint: disable=invalid-name
+  """AmoebaNet-D(18, 208): 82M parameters (Table 1: fits one accelerator)."""
+  NUM_FILTERS = 208
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetD_18_416(AmoebaNetImageNet):  # pylint: disable=invalid-name
+  """AmoebaNet-D(18, 416): 318M parameters."""
+  NUM_FILTERS = 416
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetD_18_544(AmoebaNetImageNet):  # pylint: disable=invalid-name
+  """AmoebaNet-D(18, 544): 542M parameters."""
+  NUM_FILTERS = 544
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetD_36_544(AmoebaNetImageNet):  # pylint: disable=invalid-name
+  """AmoebaNet-D(36, 544): 1.05B parameters."""
+  NUM_NORMAL_LAYERS = 36
+  NUM_FILTERS = 544
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetD_72_512(AmoebaNetImageNet):  # pylint: disable=invalid-name
+  """AmoebaNet-D(72, 512): 1.8B parameters, Table 1's largest (8 cells)."""
+  NUM_NORMAL_LAYERS = 72
+  NUM_FILTERS = 512
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetB_18_512(AmoebaNetImageNet):  # pylint: disable=invalid-name
+  """AmoebaNet-B(18, 512) on 480x480 images, 4 cells: 557M parameters."""
+  CELLS = 'B'
+  NUM_FILTERS = 512
+  IMAGE_SIZE = 480
+  NUM_PARTITIONS = 4
+  NUM_MICRO_BATCHES = 16
+  BATCH_SIZE = 128

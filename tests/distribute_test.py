@@ -1,0 +1,161 @@
+"""R replicas x K cells (gpipe_tf.distribute) train exactly like one device on the global batch."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import os  # pylint: disable=g-import-not-at-top
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from gpipe_tf import distribute
+from gpipe_tf import pipeline
+from gpipe_tf import train_lib
+from gpipe_tf.layers import normalization
+from gpipe_tf.pipeline import engine
+from params.synthetic import mlp
+
+NUM_STEPS = 3
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Plain(mlp.Tiny):
+  """Tiny without dropout: one device, SequentialLayer."""
+
+  WITH_BATCH_NORM = False
+
+  def Task(self):
+    p = super().Task()
+    layers = [l for l in p.model.layers if l.name != 'dropout']
+    if self.WITH_BATCH_NORM:
+      # First, on the inputs: its statistics do not depend on the weights.
+      layers.insert(0, normalization.BatchNormLayer.Params().Set(
+          name='bn', dim=self.INPUT_DIM, decay=0.0))
+    p.model.layers = layers
+    return p
+
+
+class _Piped(_Plain):
+  """The same layers as a 2-cell pipeline over 2 micro-batches."""
+
+  def Task(self):
+    p = super().Task()
+    p.model = pipeline.PipeliningLayer.Params().Set(
+        name=p.model.name, layers=p.model.layers, num_partitions=2,
+        num_micro_batches=2, remat='always',
+        input_shapes=[(None, self.INPUT_DIM)])
+    return p
+
+
+class _PlainBatchNorm(_Plain):
+  WITH_BATCH_NORM = True
+
+
+class _PipedBatchNorm(_Piped):
+  WITH_BATCH_NORM = True
+
+
+def _Variables(logdir):
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(
+      os.path.join(logdir, 'ckpt')))
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if k.endswith('VARIABLE_VALUE') and 'save_counter' not in k}
+
+
+class DistributeTest(tf.test.TestCase):
+
+  def testTwoReplicasOfTwoCellsEqualOneDevice(self):
+    plain, dist = self.get_temp_dir() + '/plain', self.get_temp_dir() + '/dist'
+    train_lib.train_and_evaluate(_Plain, plain, 'train', max_steps=NUM_STEPS)
+    result = train_lib.train_and_evaluate(_Piped, dist, 'train',
+                                          max_steps=NUM_STEPS, num_replicas=2)
+    self.assertEqual(result.global_step, NUM_STEPS)
+    a, b = _Variables(plain), _Variables(dist)
+    self.assertEqual(sorted(a), sorted(b))
+    self.assertGreater(len(a), 6)  # Weights, Adam slots, global step.
+    for name in a:
+      self.assertAllClose(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+    self.assertGreater(result.train_metrics['grad_norm'], 0.0)
+
+  def testResumedDistributedRunEqualsUninterruptedOne(self):
+    resumed, straight = (self.get_temp_dir() + '/resumed',
+                         self.get_temp_dir() + '/straight')
+    train_lib.train(_Piped, resumed, 2, num_replicas=2)
+    second = train_lib.train(_Piped, resumed, 4, num_replicas=2)
+    self.assertEqual(second.start_step, 2)
+    train_lib.train(_Piped, straight, 4, num_replicas=2)
+    a, b = _Variables(resumed), _Variables(straight)
+    self.assertEqual(sorted(a), sorted(b))
+    for name in a:
+      self.assertAllEqual(a[name], b[name], msg=name)
+
+  def testCrossReplicaBatchNormStatisticsAreTheGlobalBatchs(self):
+    plain, dist = self.get_temp_dir() + '/bnp', self.get_temp_dir() + '/bnd'
+    train_lib.train_and_evaluate(_PlainBatchNorm, plain, 'train', max_steps=2)
+    train_lib.train_and_evaluate(_PipedBatchNorm, dist, 'train', max_steps=2,
+                                 num_replicas=2)
+    a, b = _Variables(plain), _Variables(dist)
+    stats = [k for k in a if 'moving_' in k]
+    self.assertLen(stats, 2)
+    # decay=0: the moving statistics are exactly those of the last (2nd)
+    # global batch, and the same as one device's.
+    batch = list(_PlainBatchNorm().Train().Instantiate().GetDataset().take(2))
+    x = batch[-1]['inputs'].numpy()
+    mean = [a[k] for k in stats if 'moving_mean' in k][0]
+    variance = [a[k] for k in stats if 'moving_variance' in k][0]
+    self.assertAllClose(mean, x.mean(0), atol=1e-5)
+    self.assertAllClose(variance, x.var(0), atol=1e-4)
+    for k in stats:
+      self.assertAllClose(a[k], b[k], atol=1e-5, msg=k)
+
+  def testEachReplicaPipelinesOnItsOwnDevices(self):
+    cpus = test_utils.devices.LogicalCpus()
+    strategy = distribute.MakeStrategy(2, 2)
+    self.assertEqual(strategy.num_replicas_in_sync, 2)
+    with strategy.scope():
+      pipe = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=_Plain().Task().model.layers, num_partitions=2,
+          num_micro_batches=2).Instantiate()
+    for v in pipe.trainable_variables:  # Components on each replica's device 0.
+      self.assertEqual([tf.DeviceSpec.from_string(c.device).device_index
+                        for c in v.values], [0, 2])
+    seen = {}
+    run_pipeline = engine.RunPipeline
+
+    def _Recording(cells, *args, **kwargs):
+      replica = distribute.ReplicaId()
+      seen[replica] = [c.device for c in cells]
+      return run_pipeline(cells, *args, **kwargs)
+
+    engine.RunPipeline = _Recording
+    try:
+      x = tf.random.stateless_normal([8, 16], [1, 2])
+      tf.function(lambda: strategy.run(
+          lambda: pipe.FProp(x, training=True)))()
+    finally:
+      engine.RunPipeline = run_pipeline
+    self.assertEqual(seen, {0: cpus[0:2], 1: cpus[2:4]})
+
+  def testTrainerFlagLogsTheLayout(self):
+    out = subprocess.run(
+        [sys.executable, '-m', 'gpipe_tf.trainer',
+         '--model=synthetic.mlp.TinyPipelined', '--mode=train',
+         f'--logdir={self.get_temp_dir()}/cli', '--max_steps=2',
+         '--num_replicas=2', '--num_logical_devices=4'],
+        cwd=_REPO_ROOT, capture_output=True, text=True, timeout=120,
+        check=True)
+    self.assertIn('MirroredStrategy: 2 replicas x 2 cells', out.stderr)
+    self.assertIn('Replica 1: cell 0 on /device:CPU:2, cell 1 on '
+                  '/device:CPU:3', out.stderr)
+    self.assertIn('Done at global step 2', out.stderr)
+
+  def testTooFewDevicesIsANamedError(self):
+    with self.assertRaisesRegex(distribute.ReplicaLayoutError, '6 devices'):
+      distribute.MakeStrategy(3, 2)
+
+
+if __name__ == '__main__':
+  tf.test.main()

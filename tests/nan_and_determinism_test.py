@@ -1,0 +1,163 @@
+"""Non-finite steps are skipped or stop the run; --deterministic runs repeat bit for bit."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import json  # pylint: disable=g-import-not-at-top
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from gpipe_tf import checkpoints
+from gpipe_tf import tasks
+from gpipe_tf import train_lib
+from gpipe_tf.layers import random_seeds
+from params.synthetic import mlp
+
+NAN_AT_STEP = 3  # Global step (before the step's increment) whose loss is NaN.
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _NanAtStepTask(tasks.ClassificationTask):
+  """ClassificationTask whose loss is NaN at global step NAN_AT_STEP."""
+
+  def ComputeLoss(self, batch, training=False):
+    loss, metrics = super().ComputeLoss(batch, training)
+    if training:
+      step = random_seeds.CurrentStepSeed()[1]  # [task seed, global step].
+      loss *= tf.where(tf.equal(step, NAN_AT_STEP), float('nan'), 1.0)
+    return loss, metrics
+
+
+class _NanAtStep(mlp.Tiny):
+
+  def Task(self):
+    p = super().Task()
+    nan_p = _NanAtStepTask.Params()
+    for name, value in p.IterParams():
+      if name != 'cls':
+        nan_p.Set(**{name: value})
+    return nan_p
+
+
+def _Checkpoint(logdir, step):
+  """{key: value} of ckpt-<step>, without the global step and save counter."""
+  reader = tf.train.load_checkpoint(os.path.join(logdir, 'ckpt',
+                                                 f'ckpt-{step}'))
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if not k.startswith(('save_counter', '_CHECKPOINTABLE',
+                               'global_step'))}
+
+
+class NonFiniteTest(tf.test.TestCase):
+
+  def testSkipLeavesEverythingUnchanged(self):
+    logdir = self.get_temp_dir() + '/skip'
+    result = train_lib.train_and_evaluate(
+        _NanAtStep, logdir, 'train', max_steps=NAN_AT_STEP + 2,
+        save_interval_steps=1, log_interval_steps=1)
+    self.assertEqual(result.global_step, NAN_AT_STEP + 2)  # Still advances.
+    self.assertEqual(result.skipped_steps, 1)
+    self.assertTrue(all(np.isfinite(v) for v in result.train_metrics.values()))
+    before = _Checkpoint(logdir, NAN_AT_STEP)      # After NAN_AT_STEP updates.
+    after = _Checkpoint(logdir, NAN_AT_STEP + 1)   # After the NaN step.
+    later = _Checkpoint(logdir, NAN_AT_STEP + 2)   # After one more good step.
+    self.assertGreater(len(before), 6)  # Weights, Adam slots and iterations.
+    self.assertEqual(sorted(before), sorted(after))
+    for key in before:
+      self.assertAllEqual(before[key], after[key], msg=key)
+    self.assertTrue(any(not np.array_equal(after[k], later[k]) for k in after))
+    # The summary is written at every logging step.
+    skipped = {}
+    for path in tf.io.gfile.glob(logdir + '/train/events.out.tfevents.*'):
+      for event in tf.compat.v1.train.summary_iterator(path):
+        for value in event.summary.value:
+          if value.tag == 'skipped_steps':
+            skipped[event.step] = float(tf.make_ndarray(value.tensor))
+    self.assertEqual(skipped[NAN_AT_STEP], 0.0)
+    self.assertEqual(skipped[NAN_AT_STEP + 1], 1.0)
+
+  def testStopRaisesAndKeepsTheLastCheckpoint(self):
+    logdir = self.get_temp_dir() + '/stop'
+    with self.assertRaises(train_lib.NonFiniteLossError):
+      train_lib.train_and_evaluate(_NanAtStep, logdir, 'train', max_steps=10,
+                                   save_interval_steps=1,
+                                   on_nonfinite='stop')
+    newest = tf.train.latest_checkpoint(logdir + '/ckpt')
+    self.assertEqual(checkpoints.CheckpointStep(newest), NAN_AT_STEP)
+    checkpoints.VerifyReadable(newest)
+    for value in _Checkpoint(logdir, NAN_AT_STEP).values():
+      self.assertTrue(np.all(np.isfinite(value)))
+
+  def testBadPolicyIsRejected(self):
+    with self.assertRaisesRegex(ValueError, 'on_nonfinite'):
+      train_lib.train_and_evaluate(mlp.Tiny, self.get_temp_dir() + '/bad',
+                                   'train', max_steps=1, on_nonfinite='nope')
+
+
+_RUN_DETERMINISTIC = """
+import json, sys
+sys.path.insert(0, 'tests')
+import test_utils
+test_utils.SetUpDevices()
+from tensorflow.python.framework import config
+from gpipe_tf import train_lib
+from params.synthetic import mlp
+result = train_lib.train_and_evaluate(mlp.TinyPipelined, sys.argv[1], 'train',
+                                      max_steps=6, log_interval_steps=3,
+                                      deterministic=True)
+print(json.dumps({'loss': result.train_metrics['loss'],
+                  'enabled': config.is_op_determinism_enabled()}))
+"""
+
+
+def _Variables(logdir):
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(
+      os.path.join(logdir, 'ckpt')))
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if k.endswith('VARIABLE_VALUE')}
+
+
+def _LastLoss(logdir):
+  losses = {}
+  for path in tf.io.gfile.glob(logdir + '/train/events.out.tfevents.*'):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == 'loss':
+          losses[event.step] = float(tf.make_ndarray(value.tensor))
+  return losses[max(losses)]
+
+
+class DeterminismTest(tf.test.TestCase):
+  """Two fresh processes: op determinism is process-wide and irreversible."""
+
+  def testLibraryAndTrainerRunsAreBitIdentical(self):
+    lib_dir = os.path.join(self.get_temp_dir(), 'lib')
+    out = subprocess.run([sys.executable, '-c', _RUN_DETERMINISTIC, lib_dir],
+                         cwd=_REPO_ROOT, capture_output=True, text=True,
+                         timeout=120, check=True)
+    lib = json.loads(out.stdout.strip().splitlines()[-1])
+    self.assertTrue(lib['enabled'])
+    cli_dir = os.path.join(self.get_temp_dir(), 'cli')
+    subprocess.run(
+        [sys.executable, '-m', 'gpipe_tf.trainer',
+         '--model=synthetic.mlp.TinyPipelined', f'--logdir={cli_dir}',
+         '--mode=train', '--max_steps=6', '--log_interval_steps=3',
+         '--deterministic', '--num_logical_devices=4'],
+        cwd=_REPO_ROOT, capture_output=True, text=True, timeout=120,
+        check=True)
+    self.assertEqual(_LastLoss(lib_dir), _LastLoss(cli_dir))
+    self.assertAllClose(_LastLoss(lib_dir), lib['loss'])
+    a, b = _Variables(lib_dir), _Variables(cli_dir)
+    self.assertEqual(sorted(a), sorted(b))
+    self.assertGreater(len(a), 6)
+    for key, value in a.items():
+      self.assertAllEqual(value, b[key], msg=key)
+
+
+if __name__ == '__main__':
+  tf.test.main()

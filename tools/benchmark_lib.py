@@ -1,0 +1,276 @@
+"""Builds the benchmark's training and inference steps and times them, interleaved round by round.
+
+The entry point (tools/benchmark.py) owns the flags and the tables; this
+module turns a ModelSpec and a list of configurations into result rows:
+
+  * a configuration is a dict with the keys ``pipeline`` (False: a plain
+    SequentialLayer), ``num_partitions`` (K), ``num_micro_batches`` (M),
+    ``remat``, ``mode`` ('train' or 'inference') and ``num_replicas`` (R);
+  * R > 1 trains R replicas of the K-cell pipeline data-parallel over R*K
+    devices (gpipe_tf.distribute.MakeStrategy): each replica pipelines its
+    N/R share of the global batch over its own K devices, the gradients are
+    averaged across replicas and ONE update is applied per step::
+
+        replica 0: cells on devices 0 .. K-1      examples 0 .. N/R-1
+        replica 1: cells on devices K .. 2K-1     examples N/R .. 2N/R-1
+        ...        -> mean of the R gradients -> one SGD update
+
+  * a row is the configuration plus ``examples_per_sec`` (global examples
+    over the median step time) and ``peak_memory_bytes``.
+
+Logical CPU devices must exist before this module runs any op
+(gpipe_tf.devices.SplitCpu). It does NOT define flags or print tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from gpipe_tf import devices as devices_lib
+from gpipe_tf import distribute
+from gpipe_tf import layers
+from gpipe_tf import pipeline as pipeline_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """The model every configuration trains, its global batch and SGD step."""
+
+  block: str = 'fc'  # 'fc' or 'transformer': kind of the identical blocks.
+  num_blocks: int = 32  # L.
+  dim: int = 256  # Model width.
+  seq_len: int = 32  # Transformer sequence length.
+  batch_size: int = 2048  # Global mini-batch N (sequences for transformer).
+  learning_rate: float = 1e-4  # Of the one SGD update per step.
+
+
+def Config(pipeline: bool, num_partitions: int = 1, num_micro_batches: int = 1,
+           remat: str = 'none', mode: str = 'train',
+           num_replicas: int = 1) -> dict:
+  """One configuration of the grid (see the module docstring for the keys)."""
+  return dict(pipeline=pipeline, num_partitions=num_partitions,
+              num_micro_batches=num_micro_batches, remat=remat, mode=mode,
+              num_replicas=num_replicas)
+
+
+def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
+                    remats: Sequence[str], inference: bool) -> list[dict]:
+  """The K x M x remat grid on one replica, after a SequentialLayer baseline.
+
+  With ``inference``, forward-only rows (remat 'never') for every K and M.
+  """
+  configs = [Config(False)]
+  configs += [Config(True, k, m, remat) for k in partitions
+              for m in micro_batches for remat in remats]
+  if inference:
+    configs += [Config(True, k, m, 'never', 'inference') for k in partitions
+                for m in micro_batches]
+  return configs
+
+
+def ReplicaConfigs(num_devices: int, replicas: Sequence[int],
+                   micro_batches: Sequence[int], remats: Sequence[str],
+                   batch_size: int) -> list[dict]:
+  """The R x K grid over D devices: for every R in ``replicas``, K = D / R.
+
+  Raises:
+    ValueError: R does not divide D, or does not divide the global batch.
+  """
+  configs = []
+  for r in replicas:
+    if r < 1 or num_devices % r:
+      raise ValueError(
+          f'{r} replicas do not divide {num_devices} devices; use a divisor '
+          f'of {num_devices} (or change the number of devices).')
+    if batch_size % r:
+      raise ValueError(
+          f'{r} replicas do not divide the global batch of {batch_size}; use '
+          f'a batch size that is a multiple of {r}.')
+    configs += [Config(True, num_devices // r, m, remat, 'train', r)
+                for m in micro_batches for remat in remats]
+  return configs
+
+
+def Merge(*grids: Sequence[dict]) -> list[dict]:
+  """The configurations of all grids in order, each once."""
+  merged = []
+  for grid in grids:
+    merged += [c for c in grid if c not in merged]
+  return merged
+
+
+def Label(cfg: dict) -> str:
+  if not cfg['pipeline']:
+    return 'SequentialLayer'
+  label = (f"K={cfg['num_partitions']} M={cfg['num_micro_batches']} "
+           f"remat={cfg['remat']}")
+  if cfg['num_replicas'] > 1:
+    label = f"R={cfg['num_replicas']} " + label
+  return label + (' (inference)' if cfg['mode'] == 'inference' else '')
+
+
+def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
+            rounds: int, steps_per_round: int,
+            log: Callable[[str], None] | None = None) -> list[dict]:
+  """Builds every configuration's step, then times them round by round.
+
+  Each step is traced and run once, then its peak memory is read over one
+  more step: the most the (process-wide) allocator held during the step
+  beyond what it held before it. Then, ``rounds`` times, every step runs
+  ``steps_per_round`` times in turn; the time per step is the median round.
+
+  Args:
+    spec: the model and global batch.
+    configs: configurations (Config dicts).
+    num_devices: D, the logical devices replicas and cells are placed on
+      (the first D of the default devices).
+    rounds: timed rounds per configuration.
+    steps_per_round: steps per timed round.
+    log: called with a line after each configuration is built.
+
+  Returns:
+    One row per configuration, in order: the configuration plus
+    ``examples_per_sec`` and ``peak_memory_bytes``.
+  """
+  log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+  all_devices = devices_lib.DefaultDevices()[:num_devices]
+  steps, peaks = [], []
+  for cfg in configs:
+    step = MakeStep(spec, cfg, all_devices)
+    step()  # Trace and warm up.
+    tf.config.experimental.reset_memory_stats('CPU:0')
+    before = tf.config.experimental.get_memory_info('CPU:0')['current']
+    step().numpy()
+    peaks.append(tf.config.experimental.get_memory_info('CPU:0')['peak'] -
+                 before)
+    steps.append(step)
+    log(f'built {Label(cfg)}')
+  times = [[] for _ in configs]
+  for _ in range(rounds):
+    for i, step in enumerate(steps):
+      start = time.perf_counter()
+      for _ in range(steps_per_round):
+        loss = step()
+      loss.numpy()
+      times[i].append((time.perf_counter() - start) / steps_per_round)
+  return [dict(cfg, examples_per_sec=spec.batch_size / statistics.median(ts),
+               peak_memory_bytes=int(peak))
+          for cfg, ts, peak in zip(configs, times, peaks)]
+
+
+def MakeStep(spec: ModelSpec, cfg: dict,
+             all_devices: Sequence[str]) -> Callable[[], tf.Tensor]:
+  """A tf.function running one step of ``cfg``; it returns the global loss.
+
+  Training: forward, backward and one SGD update of the mean squared output
+  over the global batch (for R > 1: each replica's mean over its share, the
+  gradients averaged across replicas, one update of the mirrored weights).
+  Inference: the forward pass only (training=False).
+  """
+  if cfg['num_replicas'] > 1:
+    return _ReplicatedStep(spec, cfg, all_devices)
+  model = _Build(spec, cfg)
+  opt = tf.keras.optimizers.SGD(spec.learning_rate)
+  inputs = _Inputs(spec)
+
+  if cfg['mode'] == 'inference':
+
+    @tf.function
+    def _Infer():
+      return _Loss(model, inputs, training=False)
+
+    return _Infer
+
+  @tf.function
+  def _Step():
+    with tf.GradientTape() as tape:
+      loss = _Loss(model, inputs, training=True)
+    variables = model.trainable_variables
+    opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    return loss
+
+  return _Step
+
+
+def _ReplicatedStep(spec, cfg, all_devices):
+  if cfg['mode'] != 'train':
+    raise ValueError('Only training steps are replicated; use R=1 for '
+                     'inference.')
+  r, k = cfg['num_replicas'], cfg['num_partitions']
+  strategy = distribute.MakeStrategy(r, k, all_devices)
+  with strategy.scope():
+    model = _Build(spec, cfg)
+    opt = tf.keras.optimizers.SGD(spec.learning_rate)
+  inputs = _Inputs(spec)
+  share = spec.batch_size // r
+  replica_devices = strategy.extended.worker_devices
+
+  def _Share(ctx):
+    i = ctx.replica_id_in_sync_group
+    with tf.device(replica_devices[i]):
+      return tuple(tf.identity(x[i * share:(i + 1) * share]) for x in inputs)
+
+  shares = strategy.experimental_distribute_values_from_function(_Share)
+  variables = model.trainable_variables
+
+  def _LossAndGrads(*replica_inputs):
+    with tf.GradientTape() as tape:
+      loss = _Loss(model, replica_inputs, training=True)
+    return loss, tape.gradient(loss, variables)
+
+  @tf.function
+  def _Step():
+    per_replica = strategy.run(_LossAndGrads, args=shares)
+    loss, grads = tf.nest.map_structure(
+        lambda x: strategy.reduce(tf.distribute.ReduceOp.MEAN, x, axis=None),
+        per_replica)
+    opt.apply_gradients(zip(grads, variables))
+    return loss
+
+  return _Step
+
+
+def _Loss(model, inputs, training):
+  out = model.FProp(*inputs, training=training)
+  y = out[0] if isinstance(out, tuple) else out
+  return tf.reduce_mean(tf.square(y))
+
+
+def _BlockParams(spec, i):
+  d = spec.dim
+  if spec.block == 'fc':
+    return layers.FCLayer.Params().Set(name=f'block{i}', input_dim=d,
+                                       output_dim=d, activation='RELU')
+  return layers.TransformerEncoderLayer.Params().Set(
+      name=f'block{i}', model_dim=d, hidden_dim=4 * d, num_heads=4)
+
+
+def _Inputs(spec):
+  n, d = spec.batch_size, spec.dim
+  if spec.block == 'fc':
+    return (tf.random.stateless_normal([n, d], [1, 2]),)
+  t = spec.seq_len
+  return tf.random.stateless_normal([n, t, d], [1, 2]), tf.zeros([n, t])
+
+
+def _InputShapes(spec):
+  if spec.block == 'fc':
+    return [(None, spec.dim)]
+  return [(None, spec.seq_len, spec.dim), (None, spec.seq_len)]
+
+
+def _Build(spec, cfg):
+  blocks = [_BlockParams(spec, i) for i in range(spec.num_blocks)]
+  if not cfg['pipeline']:
+    return layers.SequentialLayer.Params().Set(name='net',
+                                               layers=blocks).Instantiate()
+  return pipeline_lib.PipeliningLayer.Params().Set(
+      name='net', layers=blocks, num_partitions=cfg['num_partitions'],
+      num_micro_batches=cfg['num_micro_batches'], remat=cfg['remat'],
+      input_shapes=_InputShapes(spec)).Instantiate()

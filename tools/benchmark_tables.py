@@ -1,0 +1,121 @@
+"""Formats the benchmark's result rows as the markdown tables and target checks it prints.
+
+Pure functions of the rows tools/benchmark_lib.Measure returns (and of the
+grid they came from); they run no TensorFlow op.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tools import benchmark_lib as lib
+
+
+def Find(rows: Sequence[dict], k: int, m: int, remat: str,
+         mode: str = 'train', num_replicas: int = 1) -> dict | None:
+  """The pipelined row with these K, M, remat, mode and R, or None."""
+  for r in rows:
+    if (r['pipeline'] and r['num_partitions'] == k and
+        r['num_micro_batches'] == m and r['remat'] == remat and
+        r['mode'] == mode and r['num_replicas'] == num_replicas):
+      return r
+  return None
+
+
+def Ideal(k: int, m: int) -> float:
+  """The bubble-bound speed-up of K cells over M micro-batches: K*M/(M+K-1)."""
+  return k * m / (m + k - 1)
+
+
+def Table2(rows: Sequence[dict], partitions: Sequence[int],
+           micro_batches: Sequence[int], remats: Sequence[str],
+           inference: bool) -> str:
+  """Throughput of the K x M grid, normalised to K=2 M=1 of the same kind."""
+  lines = ['Table 2 (throughput, normalised to K=2 M=1 of the same remat; '
+           'ideal K*M/(M+K-1) in brackets)',
+           '| remat | K | ' + ' | '.join(f'M={m}' for m in micro_batches) +
+           ' |',
+           '|---|---|' + '---|' * len(micro_batches)]
+  kinds = [(remat, 'train') for remat in remats]
+  if inference:
+    kinds.append(('never', 'inference'))
+  for remat, mode in kinds:
+    ref = Find(rows, 2, 1, remat, mode)
+    for k in partitions:
+      cells = []
+      for m in micro_batches:
+        r = Find(rows, k, m, remat, mode)
+        rel = r['examples_per_sec'] / ref['examples_per_sec'] if ref else 0.0
+        cells.append(f'{rel:.2f} ({Ideal(k, m):.2f})' if k > 1 else
+                     f'{rel:.2f}')
+      kind = remat if mode == 'train' else mode
+      lines.append(f'| {kind} | {k} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def Table1(rows: Sequence[dict]) -> str:
+  """Peak step memory and examples/sec of every row."""
+  lines = ['\nTable 1 (peak step memory, MiB; examples/sec)',
+           '| configuration | peak MiB | examples/sec |', '|---|---|---|']
+  for r in rows:
+    lines.append(f"| {lib.Label(r)} | {r['peak_memory_bytes'] / 2**20:.1f} | "
+                 f"{r['examples_per_sec']:.0f} |")
+  return '\n'.join(lines)
+
+
+def ReplicaTable(rows: Sequence[dict], num_devices: int,
+                 replicas: Sequence[int], micro_batches: Sequence[int],
+                 remats: Sequence[str]) -> str:
+  """Throughput and peak memory of the R x K grid over the same D devices."""
+  d, micro, first = num_devices, list(micro_batches), replicas[0]
+  lines = [f'\nR replicas x K cells over the same {d} devices and global batch '
+           f'(throughput normalised to R={first} K={d // first} M={micro[0]} '
+           'of the same remat; peak step memory MiB in brackets)',
+           '| remat | R x K | ' + ' | '.join(f'M={m}' for m in micro) + ' |',
+           '|---|---|' + '---|' * len(micro)]
+  for remat in remats:
+    ref = Find(rows, d // first, micro[0], remat, num_replicas=first)
+    for r in replicas:
+      cells = []
+      for m in micro:
+        row = Find(rows, d // r, m, remat, num_replicas=r)
+        rel = row['examples_per_sec'] / ref['examples_per_sec']
+        cells.append(f"{rel:.2f} ({row['peak_memory_bytes'] / 2**20:.1f})")
+      lines.append(f'| {remat} | {r} x {d // r} | ' + ' | '.join(cells) +
+                   ' |')
+  return '\n'.join(lines)
+
+
+def Targets(rows: Sequence[dict], partitions: Sequence[int],
+            micro_batches: Sequence[int]) -> str:
+  """The issue's performance targets, measured, as text."""
+  seq = [r for r in rows if not r['pipeline']][0]
+  checks = []
+  for mode in ('train', 'inference'):
+    k2m1 = Find(rows, 2, 1, 'never', mode)
+    k2m8 = Find(rows, 2, 8, 'never', mode)
+    if k2m1 and k2m8:
+      s = k2m8['examples_per_sec'] / k2m1['examples_per_sec']
+      checks.append((f'{mode}: K=2 M=8 vs K=2 M=1 (remat never): {s:.2f}x, '
+                     f'target >= 1.6x (ideal {Ideal(2, 8):.2f})', s >= 1.6))
+  k1 = Find(rows, 1, 1, 'never')
+  if k1:
+    slow = seq['examples_per_sec'] / k1['examples_per_sec'] - 1
+    checks.append((f'K=1 M=1 pipeline vs SequentialLayer: {100 * slow:+.1f}% '
+                   'time, target <= +5%', slow <= 0.05))
+  never1 = Find(rows, 2, 1, 'never')
+  always8 = Find(rows, 2, 8, 'always')
+  if never1 and always8 and never1['peak_memory_bytes'] > 0:
+    frac = always8['peak_memory_bytes'] / never1['peak_memory_bytes']
+    checks.append((f'peak memory remat always M=8 / remat never M=1 (K=2): '
+                   f'{100 * frac:.0f}%, target <= 35%', frac <= 0.35))
+  for k in partitions:
+    for m in micro_batches:
+      a, n = Find(rows, k, m, 'always'), Find(rows, k, m, 'never')
+      if a and n:
+        extra = n['examples_per_sec'] / a['examples_per_sec'] - 1
+        checks.append((f'recompute cost K={k} M={m}: {100 * extra:+.0f}% step '
+                       'time, target <= +35%', extra <= 0.35))
+  return '\nTargets\n' + '\n'.join(
+      f"  [{'ok' if ok else 'MISSED'}] {text}" for text, ok in checks)
+

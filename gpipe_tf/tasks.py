@@ -44,6 +44,17 @@ class BaseTask(base_layer.BaseLayer):
     p.Define('clip_gradient_norm_to_value', 0.0,
              'If > 0, gradients are scaled so their global norm is at most '
              'this; 0 disables clipping.')
+    p.Define('init_from_checkpoint', None,
+             'Warm start (transfer learning): a checkpoint prefix, or a '
+             'directory (another run\'s logdir or its ckpt/) whose newest '
+             'readable checkpoint initialises the model variables when the '
+             'logdir holds no checkpoint of its own (gpipe_tf.warm_start). '
+             'None: start from the initialisers.')
+    p.Define('init_from_checkpoint_skip', [],
+             'With init_from_checkpoint: regular expressions (re.search on '
+             'variable names like task/model/head/logits/w); matching '
+             'variables keep their initial values, e.g. a softmax layer '
+             'whose class count changed. Each must match some variable.')
     return p
 
   def __init__(self, params: hyperparams.InstantiableParams,

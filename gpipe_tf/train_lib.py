@@ -40,9 +40,12 @@ shares, whose means are then weighted equally.
 A run resumes from the newest good checkpoint (gpipe_tf.checkpoints): the
 global step, the weights and the optimizer slots are restored and the training
 input restarts at batch ``GetDataset(skip_batches=global_step)``, so a run
-stopped at step S and resumed equals an uninterrupted one. The training input
-is always repeated (its ``repeat`` is set to True) and the evaluation input is
-read once (``repeat`` False), whatever Train() and Test() say.
+stopped at step S and resumed equals an uninterrupted one. A run whose logdir
+holds no checkpoint starts from the task's ``init_from_checkpoint`` if set
+(gpipe_tf.warm_start: transfer learning); a resumed one never reads it. The
+training input is always repeated (its ``repeat`` is set to True) and the
+evaluation input is read once (``repeat`` False), whatever Train() and Test()
+say.
 
 Nothing here depends on the model class: any layer under ``task.model``
 (SequentialLayer, PipeliningLayer, ...) trains the same way.
@@ -63,6 +66,7 @@ from gpipe_tf import checkpoints
 from gpipe_tf import distribute
 from gpipe_tf import pipeline
 from gpipe_tf import tasks
+from gpipe_tf import warm_start
 from gpipe_tf.layers import random_seeds
 
 MODES = ('train', 'eval', 'train_and_eval')
@@ -138,6 +142,9 @@ class _Runner:
     path = self.checkpointer.Restore()
     if path:
       logging.info('Resuming from %s at global step %d.', path, self.Step())
+    elif self.task.p.init_from_checkpoint:  # Only a run's first start.
+      warm_start.InitFromCheckpoint(self.task, self.task.p.init_from_checkpoint,
+                                    self.task.p.init_from_checkpoint_skip)
     return path
 
   def Step(self) -> int:

@@ -45,9 +45,9 @@ def Table2(rows: Sequence[dict], partitions: Sequence[int],
       cells = []
       for m in micro_batches:
         r = Find(rows, k, m, remat, mode)
-        rel = r['examples_per_sec'] / ref['examples_per_sec'] if ref else 0.0
-        cells.append(f'{rel:.2f} ({Ideal(k, m):.2f})' if k > 1 else
-                     f'{rel:.2f}')
+        rel = (f"{r['examples_per_sec'] / ref['examples_per_sec']:.2f}"
+               if ref else 'n/a')
+        cells.append(f'{rel} ({Ideal(k, m):.2f})' if k > 1 else rel)
       kind = remat if mode == 'train' else mode
       lines.append(f'| {kind} | {k} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)

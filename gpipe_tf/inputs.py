@@ -24,8 +24,9 @@ depend on every Params field, batch_size included.
 
 Generators deliberately do NOT stream data larger than memory: there is no
 shuffle buffer (each epoch is a full permutation). This suits the datasets a
-2-core CPU host trains on (digits, MNIST, CIFAR: 150 MB decoded); ImageNet-size
-data would need a different generator.
+2-core CPU host trains on (digits, MNIST, CIFAR: 150 MB decoded). Data of
+ImageNet size, or images of varying sizes, stream through
+``gpipe_tf.streaming_inputs.TFDSStreamingImageInput`` instead.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ import tensorflow_datasets as tfds
 
 from gpipe_tf import hyperparams
 
-__all__ = ['BaseInputGenerator', 'DatasetNotFoundError', 'InputConfigError',
-           'SyntheticClassificationInput', 'TFDSImageInput']
+__all__ = ['BaseInputGenerator', 'Cutout', 'DatasetNotFoundError',
+           'InputConfigError', 'SyntheticClassificationInput',
+           'TFDSImageInput']
 
 # Salts that keep the shuffle and the augmentation streams of one seed apart.
 _SHUFFLE_SALT = 0x5348
@@ -267,7 +269,10 @@ class TFDSImageInput(BaseInputGenerator):
   docstring). Datasets the project writes itself
   (``gpipe_tf.datasets.PrepareDigits``) are read through the same calls.
   Images must share one stored size (true of MNIST, CIFAR, SVHN, digits...);
-  variable-size datasets are deliberately NOT supported.
+  variable-size datasets are deliberately NOT supported here (they stream
+  through ``streaming_inputs.TFDSStreamingImageInput``). With class_subset,
+  only examples of the listed classes are kept, relabelled 0..n-1 in list
+  order (e.g. pre-train on digits 0-5, fine-tune on 6-9).
 
   Per batch: convert channels (num_channels), scale to [0, 1]; with augment, a
   random square crop of side fraction in [crop_min_fraction, 1] at a random
@@ -311,7 +316,10 @@ class TFDSImageInput(BaseInputGenerator):
              'Per-channel std on the [0, 1] scale, divided by; None: 1.')
     p.Define('num_classes', None,
              'Expected number of classes; checked against the label feature '
-             'and the labels. None: no check.')
+             '(or class_subset) and the labels. None: no check.')
+    p.Define('class_subset', None,
+             'Stored class ids to keep, relabelled 0..n-1 in this order; '
+             'other examples are dropped. None: all classes.')
     return p
 
   def __init__(self, params: hyperparams.InstantiableParams) -> None:
@@ -337,6 +345,17 @@ class TFDSImageInput(BaseInputGenerator):
           f'{p.name}: cutout_size must be an int >= 0, got {p.cutout_size!r}.')
     if p.std is not None and any(s <= 0 for s in p.std):
       raise InputConfigError(f'{p.name}: std must be positive, got {p.std!r}.')
+    subset = p.class_subset
+    if subset is not None and (
+        not subset or len(set(subset)) != len(subset) or
+        not all(isinstance(c, int) and c >= 0 for c in subset)):
+      raise InputConfigError(
+          f'{p.name}: class_subset must be distinct class ids >= 0, got '
+          f'{subset!r}.')
+    if subset is not None and p.num_classes not in (None, len(subset)):
+      raise InputConfigError(
+          f'{p.name}: num_classes is {p.num_classes} but class_subset keeps '
+          f'{len(subset)} classes.')
     self._stored_channels = 0  # Known after loading.
 
   def _Builder(self) -> tuple[tfds.core.DatasetBuilder, str | None]:
@@ -394,8 +413,13 @@ class TFDSImageInput(BaseInputGenerator):
             f'{p.name}: {field} has {len(values)} values for {out_channels} '
             'output channels.')
     known_classes = getattr(features[p.label_key], 'num_classes', None)
-    if p.num_classes is not None and known_classes not in (None,
-                                                           p.num_classes):
+    if p.class_subset is not None:
+      if known_classes is not None and max(p.class_subset) >= known_classes:
+        raise InputConfigError(
+            f'{p.name}: class_subset {p.class_subset} names classes beyond '
+            f'the {known_classes} of {p.dataset_name!r}.')
+    elif p.num_classes is not None and known_classes not in (None,
+                                                             p.num_classes):
       raise InputConfigError(
           f'{p.name}: num_classes is {p.num_classes} but {p.dataset_name!r} '
           f'has {known_classes} classes.')
@@ -415,12 +439,22 @@ class TFDSImageInput(BaseInputGenerator):
       raise InputConfigError(
           f'{p.name}: split {p.split!r} of {p.dataset_name!r} is empty.')
     labels = np.concatenate(labels).astype(np.int32)
+    images = np.concatenate(images)
+    if p.class_subset is not None:
+      new_label = {c: i for i, c in enumerate(p.class_subset)}
+      keep = np.isin(labels, p.class_subset)
+      if not keep.any():
+        raise InputConfigError(
+            f'{p.name}: split {p.split!r} of {p.dataset_name!r} has no '
+            f'example of class_subset {p.class_subset}.')
+      images = images[keep]
+      labels = np.array([new_label[c] for c in labels[keep]], np.int32)
     limit = p.num_classes or known_classes
     if limit is not None and (labels.min() < 0 or labels.max() >= limit):
       raise InputConfigError(
           f'{p.name}: labels of {p.dataset_name!r} lie in [{labels.min()}, '
           f'{labels.max()}], outside [0, {limit}).')
-    return {'images': np.concatenate(images), 'labels': labels}
+    return {'images': images, 'labels': labels}
 
   def _PreprocessBatch(self, batch: dict[str, tf.Tensor],
                        seed: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -446,7 +480,7 @@ class TFDSImageInput(BaseInputGenerator):
     if p.std is not None:
       images /= tf.constant(p.std, tf.float32)
     if p.augment and p.cutout_size:
-      images = _Cutout(images, p.cutout_size, cutout_seed)
+      images = Cutout(images, p.cutout_size, cutout_seed)
     return {'inputs': images, 'labels': batch['labels']}
 
 
@@ -484,8 +518,9 @@ def _RandomFlip(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
                   tf.reverse(images, axis=[2]), images)
 
 
-def _Cutout(images: tf.Tensor, side: int, seed: tf.Tensor) -> tf.Tensor:
-  """Per image: zeroes a `side` square centred on a random pixel (clipped)."""
+def Cutout(images: tf.Tensor, side: int, seed: tf.Tensor) -> tf.Tensor:
+  """Per image of [B, H, W, C]: zeroes a `side` square centred on a random
+  pixel (clipped at the border), drawn statelessly from `seed`."""
   shape = tf.shape(images)
   centers = tf.random.stateless_uniform(
       [shape[0], 2], seed, minval=0, maxval=tf.int32.max, dtype=tf.int32)

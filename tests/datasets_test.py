@@ -1,7 +1,8 @@
-"""Tests of gpipe_tf.datasets: the digits dataset, written and read back via TFDS."""
+"""Tests of gpipe_tf.datasets: the digits and image-folder datasets, written and read back via TFDS."""
 
 import os
 import sys
+import tempfile
 from unittest import mock
 
 # Lets `python tests/datasets_test.py` import gpipe_tf from the repo root.
@@ -86,6 +87,57 @@ class PrepareDigitsTest(tf.test.TestCase):
     self.assertEqual(os.listdir(data_dir), ['digits'])
     self.assertEqual(os.listdir(os.path.dirname(path)), ['1.0.0'])
     self.assertLen(_ReadSplit(data_dir, 'test')[1], 360)
+
+
+class PrepareImageFolderTest(tf.test.TestCase):
+
+  def _Folder(self, layout):
+    """Writes {relative path: (height, width)} PNG/JPEG files; returns root."""
+    root = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), 'images')
+    rng = np.random.default_rng(0)
+    for path, (height, width) in layout.items():
+      os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+      image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+      encode = tf.io.encode_png if path.endswith('.png') else tf.io.encode_jpeg
+      tf.io.write_file(os.path.join(root, path), encode(image))
+    return root
+
+  def testWritesSplitsClassesAndOriginalBytes(self):
+    root = self._Folder({'train/b/1.png': (5, 7), 'train/a/2.JPG': (9, 4),
+                         'train/b/3.jpeg': (6, 6), 'test/c/4.png': (3, 8),
+                         'train/b/notes.txt': (1, 1)})
+    data_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    path = datasets.PrepareImageFolder(root, 'toy_folder', data_dir)
+    self.assertEqual(path, os.path.join(data_dir, 'toy_folder', '1.0.0'))
+    builder = tfds.builder('toy_folder', data_dir=data_dir)
+    self.assertEqual(builder.info.features['label'].names, ['a', 'b', 'c'])
+    self.assertEqual(builder.info.splits['train'].num_examples, 3)
+    self.assertEqual(builder.info.splits['test'].num_examples, 1)
+    stored = builder.as_dataset(
+        split='train', decoders={'image': tfds.decode.SkipDecoding()})
+    found = {}
+    for example in stored.as_numpy_iterator():
+      found[example['image']] = example['label']
+    for name, label in (('b/1.png', 1), ('a/2.JPG', 0), ('b/3.jpeg', 1)):
+      with open(os.path.join(root, 'train', name), 'rb') as f:
+        self.assertEqual(found[f.read()], label)  # Bytes kept as they were.
+    # Idempotent: a second call leaves the dataset alone.
+    mtime = os.stat(os.path.join(path, 'dataset_info.json')).st_mtime_ns
+    datasets.PrepareImageFolder(root, 'toy_folder', data_dir)
+    self.assertEqual(
+        os.stat(os.path.join(path, 'dataset_info.json')).st_mtime_ns, mtime)
+
+  def testBadLayoutsRaise(self):
+    data_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    flat = self._Folder({'x.png': (2, 2)})
+    with self.assertRaisesRegex(datasets.ImageFolderError, 'no split'):
+      datasets.PrepareImageFolder(flat, 'flat', data_dir)
+    no_class = self._Folder({'train/x.png': (2, 2)})
+    with self.assertRaisesRegex(datasets.ImageFolderError, 'no class'):
+      datasets.PrepareImageFolder(no_class, 'no_class', data_dir)
+    empty = self._Folder({'train/a/x.txt': (2, 2)})
+    with self.assertRaisesRegex(datasets.ImageFolderError, 'no image'):
+      datasets.PrepareImageFolder(empty, 'empty', data_dir)
 
 
 if __name__ == '__main__':

@@ -236,6 +236,27 @@ class TFDSImageInputTest(tf.test.TestCase):
     other = _Batches(p.Copy().Set(seed=12).Instantiate(), 1)[0]
     self.assertNotAllClose(other['inputs'], full[0]['inputs'])
 
+  def testClassSubsetKeepsAndRelabelsClasses(self):
+    data_dir = self.get_temp_dir()
+    datasets.PrepareDigits(data_dir)
+    p = _Image(dataset_name='digits', data_dir=data_dir, split='test',
+               shuffle=False, repeat=False, drop_remainder=False,
+               batch_size=500)
+    everything = _Batches(p.Instantiate(), 1)[0]
+    subset = _Batches(p.Copy().Set(class_subset=[7, 2], num_classes=2)
+                      .Instantiate(), 1)[0]
+    kept = np.isin(everything['labels'], [7, 2])
+    self.assertAllEqual(subset['inputs'], everything['inputs'][kept])
+    self.assertAllEqual(subset['labels'],
+                        np.where(everything['labels'][kept] == 7, 0, 1))
+    for bad in (dict(class_subset=[1, 1]), dict(class_subset=[]),
+                dict(class_subset=[1, 2], num_classes=3)):
+      with self.subTest(**bad):
+        with self.assertRaises(inputs.InputConfigError):
+          p.Copy().Set(**bad).Instantiate()
+    with self.assertRaisesRegex(inputs.InputConfigError, 'beyond'):
+      p.Copy().Set(class_subset=[3, 10]).Instantiate().NumExamples()
+
   def testCropResizeMatchesTensorFlowBilinear(self):
     images = tf.random.stateless_uniform([5, 13, 11, 3], seed=[1, 2])
     seed = tf.constant([3, 4], tf.int64)

@@ -22,7 +22,15 @@ roots (``task`` and ``global_step``) a variable only one side has, raises
 ``IncompatibleCheckpointError``, and nothing is written or deleted.
 
 The first ``Save`` after restoring past an unreadable state file moves that
-file to ``checkpoint.corrupt`` and writes a good one.
+file to ``checkpoint.corrupt`` and writes a good one. A save that fails (full
+disk, lost permissions, an error inside TensorFlow's write) raises
+``CheckpointWriteError`` naming the newest good checkpoint, which the state
+file still names: nothing points at the failed one.
+
+In a multi-worker job only the chief writes into ``directory``; every other
+task is given a ``scratch_directory``: its saves (which TensorFlow may need
+every task to take part in) go there and are deleted at once, and its
+restores read the chief's ``directory``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import collections
 import glob
 import os
 import re
+import shutil
 from typing import Any, Iterable
 
 from absl import logging
@@ -49,6 +58,10 @@ class IncompatibleCheckpointError(ValueError):
 
 class NoCheckpointError(FileNotFoundError):
   """A directory holds no readable checkpoint where one is required."""
+
+
+class CheckpointWriteError(RuntimeError):
+  """Writing a checkpoint failed; the previous one is still the newest good one."""
 
 
 def CheckpointStep(path: str) -> int | None:
@@ -266,12 +279,16 @@ class Checkpointer:
     max_to_keep: how many recent checkpoints the manager keeps.
     strict: top-level names of `checkpoint` whose variables must match the
       checkpoint one to one (see CheckCompatible).
+    scratch_directory: set on a non-chief task of a multi-worker job: Save
+      writes there, then deletes the directory; `directory` is only read.
   """
 
   def __init__(self, directory: str, checkpoint: tf.train.Checkpoint,
                max_to_keep: int = 5,
-               strict: Iterable[str] = ('task', 'global_step')) -> None:
+               strict: Iterable[str] = ('task', 'global_step'),
+               scratch_directory: str | None = None) -> None:
     self._directory = directory
+    self._scratch_directory = scratch_directory
     self._checkpoint = checkpoint
     self._max_to_keep = max_to_keep
     self._strict = tuple(strict)
@@ -304,7 +321,37 @@ class Checkpointer:
     return None
 
   def Save(self, step: int) -> str:
-    """Writes ckpt-`step` (data, then the state file); returns its path."""
+    """Writes ckpt-`step` (data, then the state file); returns its path.
+
+    With a scratch directory, writes there and deletes it; returns the path
+    the chief's checkpoint of this step has.
+
+    Raises:
+      CheckpointWriteError: the write failed. The state file still names the
+        previous checkpoint (or none), which a restart restores.
+    """
+    if self._scratch_directory is not None:
+      try:
+        self._checkpoint.write(os.path.join(self._scratch_directory,
+                                            f'{CHECKPOINT_NAME}-{int(step)}'))
+      finally:
+        shutil.rmtree(self._scratch_directory, ignore_errors=True)
+      return os.path.join(self._directory, f'{CHECKPOINT_NAME}-{int(step)}')
+    try:
+      return self._Save(step)
+    except Exception as e:  # pylint: disable=broad-except
+      self._manager = None  # Re-read the state file on the next attempt.
+      state = _ReadState(self._directory)
+      good = state.model_checkpoint_path if state else None
+      first_line = (str(e).splitlines() or [''])[0][:300]
+      raise CheckpointWriteError(
+          f'Writing checkpoint {CHECKPOINT_NAME}-{int(step)} in '
+          f'{self._directory} failed ({type(e).__name__}: {first_line}). '
+          f'The newest good checkpoint is still {good or "none"}; a restart '
+          'resumes from it. Check free space and write permission there.'
+      ) from e
+
+  def _Save(self, step: int) -> str:
     if self._manager is None:
       # Created lazily: constructing a manager reads the state file, and the
       # first save creates the directory. A state file the manager cannot

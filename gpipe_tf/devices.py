@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import tensorflow as tf
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
 
 class DeviceConfigError(RuntimeError):
@@ -35,12 +36,24 @@ def SplitCpu(num_devices: int, intra_op_threads: int | None = None,
   Raises:
     DeviceConfigError: TensorFlow already initialised with another layout.
   """
+  ConfigureCpuSplit(num_devices, intra_op_threads, inter_op_threads)
+  return LogicalCpus()
+
+
+def ConfigureCpuSplit(num_devices: int, intra_op_threads: int | None = None,
+                      inter_op_threads: int | None = None) -> None:
+  """SplitCpu without starting TensorFlow: configures, lists nothing.
+
+  For a program that must configure something else at start-up after the
+  split, e.g. a MultiWorkerMirroredStrategy (its collective ops must be
+  configured before TensorFlow starts, and listing devices starts it).
+  """
   if num_devices < 1:
     raise ValueError(f'num_devices must be >= 1, got {num_devices}.')
   cpus = tf.config.list_physical_devices('CPU')
   existing = tf.config.get_logical_device_configuration(cpus[0])
   if existing is not None and len(existing) == num_devices:
-    return LogicalCpus()
+    return
   cores = os.cpu_count() or 1
   # Read when the CPU allocator is first created, i.e. at the first op.
   os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
@@ -57,7 +70,6 @@ def SplitCpu(num_devices: int, intra_op_threads: int | None = None,
         f'Cannot split the CPU into {num_devices} devices after TensorFlow has '
         'started; call gpipe_tf.devices.SplitCpu (or pass the trainer flag) '
         f'before running any op. ({e})') from e
-  return LogicalCpus()
 
 
 def LogicalCpus() -> list[str]:
@@ -65,9 +77,24 @@ def LogicalCpus() -> list[str]:
 
 
 def DefaultDevices() -> list[str]:
-  """All GPUs, else all TPU cores, else all logical CPU devices."""
+  """All GPUs, else all TPU cores, else all logical CPU devices.
+
+  In a multi-worker cluster (MultiWorkerMirroredStrategy) TensorFlow also
+  lists the other workers' devices; only this process's are returned. Devices
+  of a kind that are all remote (e.g. TPU cores of a connected TPU worker) are
+  returned as listed.
+  """
+  host = tf.DeviceSpec.from_string(context.context().host_address_space())
   for kind in ('GPU', 'TPU', 'CPU'):
     found = [d.name for d in tf.config.list_logical_devices(kind)]
-    if found:
-      return found
+    local = [d for d in found if _OnHost(d, host)]
+    if local or found:
+      return local or found
   raise DeviceConfigError('TensorFlow sees no device at all.')
+
+
+def _OnHost(device: str, host: tf.DeviceSpec) -> bool:
+  """Whether `device` belongs to the process whose address space is `host`."""
+  spec = tf.DeviceSpec.from_string(device)
+  return (spec.job in (None, host.job) and spec.replica in (None, host.replica)
+          and spec.task in (None, host.task))

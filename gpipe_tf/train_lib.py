@@ -37,6 +37,14 @@ clipping, the finiteness check and the single optimizer update run once on
 the averaged gradients. A global batch not divisible by R gives unequal
 shares, whose means are then weighted equally.
 
+Several hosts. Given a multi-worker ``strategy``
+(distribute.MakeMultiWorkerStrategy, made at program start-up from TF_CONFIG)
+every task runs this same function as one replica on its own K devices and
+keeps its share of every global batch; the rest is as above. Only the chief
+writes checkpoints, summaries and params.txt (distribute.IsChief); the
+others save into a scratch directory they delete. After restoring, the tasks
+check that they all resume from the same global step.
+
 A run resumes from the newest good checkpoint (gpipe_tf.checkpoints): the
 global step, the weights and the optimizer slots are restored and the training
 input restarts at batch ``GetDataset(skip_batches=global_step)``, so a run
@@ -108,6 +116,7 @@ class _Runner:
     self.logdir = logdir
     self.on_nonfinite = on_nonfinite
     self.strategy = strategy
+    self.is_chief = distribute.IsChief(strategy)
     self.skipped_steps = 0
     self._trained = []  # Variables that receive a gradient (set when traced).
     if strategy is None:
@@ -133,7 +142,8 @@ class _Runner:
                                      global_step=self.global_step)
     self.checkpointer = checkpoints.Checkpointer(
         os.path.join(logdir, 'ckpt'), checkpoint,
-        max_to_keep=max_checkpoints_to_keep)
+        max_to_keep=max_checkpoints_to_keep,
+        scratch_directory=distribute.ScratchDirectory(self.strategy, logdir))
     self._train_step = None
     self._eval_step = None
     self._eval_writer = None
@@ -152,6 +162,8 @@ class _Runner:
 
   def WriteParamsText(self) -> None:
     """Writes logdir/params.txt unless present (then warns if it differs)."""
+    if not self.is_chief:
+      return
     text = self.params.ToText() + '\n'
     path = os.path.join(self.logdir, PARAMS_FILE)
     if tf.io.gfile.exists(path):
@@ -249,8 +261,7 @@ class _Runner:
     step = self.Step()
     results = {name: value / total for name, value in sums.items()}
     if self._eval_writer is None:
-      self._eval_writer = tf.summary.create_file_writer(
-          os.path.join(self.logdir, 'eval'))
+      self._eval_writer = self._SummaryWriter('eval')
     with self._eval_writer.as_default(step=step):
       for name, value in results.items():
         tf.summary.scalar(name, value)
@@ -274,9 +285,9 @@ class _Runner:
       p.repeat = True
     dataset = p.Instantiate().GetDataset(skip_batches=start)
     if self.strategy is not None:
-      dataset = self.strategy.experimental_distribute_dataset(dataset)
+      dataset = distribute.DistributeDataset(self.strategy, dataset)
     batches = iter(dataset)
-    writer = tf.summary.create_file_writer(os.path.join(self.logdir, 'train'))
+    writer = self._SummaryWriter('train')
     sums: dict[str, Any] = {}
     steps = counted = examples = 0
     last_time = time.time()
@@ -318,6 +329,12 @@ class _Runner:
     writer.close()
     return train_metrics, eval_metrics
 
+  def _SummaryWriter(self, name: str) -> tf.summary.SummaryWriter:
+    """A writer into logdir/<name>; one that writes nothing off the chief."""
+    if not self.is_chief:
+      return tf.summary.create_noop_writer()
+    return tf.summary.create_file_writer(os.path.join(self.logdir, name))
+
   def _OnNonFinite(self, step: int, metrics: dict[str, tf.Tensor]) -> None:
     loss = float(metrics.get('loss', float('nan')))
     norm = float(metrics['grad_norm'])
@@ -353,7 +370,9 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
                        max_checkpoints_to_keep: int = 5,
                        on_nonfinite: str = 'skip',
                        deterministic: bool = False,
-                       num_replicas: int = 1) -> RunResult:
+                       num_replicas: int = 1,
+                       strategy: tf.distribute.Strategy | None = None
+                       ) -> RunResult:
   """Trains and/or evaluates `experiment` in `logdir`, resuming if possible.
 
   Args:
@@ -379,6 +398,9 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     num_replicas: R; > 1 trains data-parallel on R replicas of the model
       (MirroredStrategy, gpipe_tf.distribute), each pipeline on its own K
       devices. Needs R x K default devices.
+    strategy: a strategy made by the caller instead, e.g. a multi-worker one
+      (distribute.MakeMultiWorkerStrategy: it must be made at program
+      start-up); num_replicas must then be 1.
 
   Returns:
     A RunResult.
@@ -389,6 +411,9 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     checkpoints.NoCheckpointError: mode 'eval' and no checkpoint.
     NonFiniteLossError: on_nonfinite 'stop' and a non-finite step.
     distribute.ReplicaLayoutError: fewer than R x K devices.
+    distribute.WorkerMismatchError: multi-worker tasks restored different
+      global steps (a task cannot read the chief's checkpoints).
+    checkpoints.CheckpointWriteError: a checkpoint could not be written.
     ValueError: a bad argument.
   """
   if mode not in MODES:
@@ -403,14 +428,25 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
   params = base_experiment.AsExperimentParams(experiment)
   if deterministic:
     EnableDeterminism(params.task.random_seed or 0)
-  strategy = distribute.MakeStrategy(num_replicas,
-                                     _NumPartitions(params.task.model))
+  num_cells = _NumPartitions(params.task.model)
+  if strategy is None:
+    strategy = distribute.MakeStrategy(num_replicas, num_cells)
+  elif num_replicas != 1:
+    raise ValueError(f'num_replicas={num_replicas} and a strategy were both '
+                     'given; the strategy fixes the replicas: pass one.')
+  else:
+    distribute.Layout(strategy, num_cells)  # ReplicaLayoutError if too few.
   runner = _Runner(params, logdir, max_checkpoints_to_keep, on_nonfinite,
                    strategy)
   if strategy is not None:
     _LogLayout(strategy, runner.task)
   restored = runner.Restore()
   start = runner.Step()
+  distribute.CheckTasksAgree(
+      strategy, start, 'global step they resume from',
+      f'every task must read the chief\'s checkpoints in '
+      f'{runner.checkpointer.directory}: put the logdir on a filesystem all '
+      'hosts share (e.g. NFS or GCS), with the same path on every host.')
   if mode == 'eval':
     if restored is None:
       raise checkpoints.NoCheckpointError(
@@ -455,10 +491,15 @@ def _LogLayout(strategy: tf.distribute.Strategy, task: tasks.BaseTask) -> None:
   pipes = [m for m in task.submodules
            if isinstance(m, pipeline.PipeliningLayer)]
   num_cells = len(pipes[0].devices) if pipes else 1
-  groups = distribute.ReplicaGroups(strategy.num_replicas_in_sync, num_cells)
+  groups = distribute.Layout(strategy, num_cells)
   logging.info('Strategy %s: %d replicas x %d cells per replica.',
-               type(strategy).__name__, strategy.num_replicas_in_sync,
-               num_cells)
+               'MultiWorkerMirroredStrategy' if distribute.IsMultiWorker(
+                   strategy) else type(strategy).__name__,
+               strategy.num_replicas_in_sync, num_cells)
+  if distribute.TaskName(strategy):
+    logging.info('This is task %s%s.', distribute.TaskName(strategy),
+                 ' (chief: writes checkpoints, summaries, params.txt)'
+                 if distribute.IsChief(strategy) else '')
   for r, group in enumerate(groups):
     logging.info('Replica %d: %s', r, ', '.join(
         f'cell {k} on {d}' for k, d in enumerate(group)))

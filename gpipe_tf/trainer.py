@@ -11,6 +11,10 @@ Running it again with a larger --max_steps resumes from the newest checkpoint.
 
 --num_replicas=R trains R data-parallel copies of the pipeline (R x K devices,
 e.g. --num_replicas=2 --num_logical_devices=4 for TinyPipelined's K=2);
+when TF_CONFIG names a cluster of several 'chief'/'worker' tasks, every task
+runs this same command and is one replica on its own K devices
+(MultiWorkerMirroredStrategy; only the chief writes into --logdir, which all
+tasks must see at the same path; see README, several hosts);
 --deterministic makes reruns bit-identical; --on_nonfinite=skip|stop says
 what a NaN/Inf step does (its update is never applied).
 
@@ -28,6 +32,7 @@ The flags are defined here only; the library takes Params and arguments.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn, Sequence
 
@@ -75,6 +80,12 @@ flags.DEFINE_bool('deterministic', False,
                   '(~175-200 steps/s either way); on GPUs deterministic '
                   'kernels can be markedly slower, and ops without a '
                   'deterministic kernel raise an error.')
+flags.DEFINE_float('collective_timeout_seconds', 300.0,
+                   'Multi-worker (TF_CONFIG) only: a collective op (gradient '
+                   'all-reduce) waiting longer than this for the other tasks '
+                   'fails with DeadlineExceededError instead of hanging; 0: '
+                   'no timeout. A dead task is usually detected sooner (~10 '
+                   's) by TensorFlow\'s heartbeats.')
 flags.DEFINE_integer('num_replicas', 1,
                      'R: data-parallel replicas of the model on this host '
                      '(MirroredStrategy); each replica pipelines its share '
@@ -97,16 +108,27 @@ def main(argv: Sequence[str]) -> None:
   # before TensorFlow runs any op.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import devices  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import distribute  # pylint: disable=g-import-not-at-top
+  try:
+    multi_worker = distribute.NumTrainingTasks() > 1
+  except distribute.ClusterConfigError as e:
+    _Fail(str(e))
+  if multi_worker and FLAGS.num_replicas != 1:
+    _Fail(f'--num_replicas={FLAGS.num_replicas} splits one host; under a '
+          'TF_CONFIG cluster every task is one replica: start one task per '
+          'replica instead (several per host need their own devices each).')
   if FLAGS.num_logical_devices > 1 and not (
       tf.config.list_physical_devices('GPU') or
       tf.config.list_physical_devices('TPU')):
-    names = devices.SplitCpu(FLAGS.num_logical_devices)
-    logging.info('Split the CPU into %d logical devices: %s', len(names),
-                 names)
+    if multi_worker:  # Listing the devices would start TensorFlow too early.
+      devices.ConfigureCpuSplit(FLAGS.num_logical_devices)
+    else:
+      names = devices.SplitCpu(FLAGS.num_logical_devices)
+      logging.info('Split the CPU into %d logical devices: %s', len(names),
+                   names)
 
   from gpipe_tf import base_experiment  # pylint: disable=g-import-not-at-top
   from gpipe_tf import checkpoints  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import distribute  # pylint: disable=g-import-not-at-top
   from gpipe_tf import hyperparams  # pylint: disable=g-import-not-at-top
   from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
   from gpipe_tf import train_lib  # pylint: disable=g-import-not-at-top
@@ -120,6 +142,15 @@ def main(argv: Sequence[str]) -> None:
       base_experiment.ApplyOverrides(params, FLAGS.model_params_override)
     except (AttributeError, hyperparams.ParamsParseError) as e:
       _Fail(f'--model_params_override: {e}')
+  strategy = None
+  if multi_worker:
+    # Before any other op: collective ops are configured at start-up. Waits
+    # until every task of the cluster has started.
+    strategy = distribute.MakeMultiWorkerStrategy(
+        FLAGS.collective_timeout_seconds)
+    logging.info('Task %s of %d joined the cluster; its devices: %s',
+                 distribute.TaskName(strategy), strategy.num_replicas_in_sync,
+                 devices.DefaultDevices())
   try:
     result = train_lib.train_and_evaluate(
         params, FLAGS.logdir, FLAGS.mode, FLAGS.max_steps,
@@ -129,11 +160,22 @@ def main(argv: Sequence[str]) -> None:
         eval_steps=FLAGS.eval_steps,
         max_checkpoints_to_keep=FLAGS.max_checkpoints_to_keep,
         on_nonfinite=FLAGS.on_nonfinite, deterministic=FLAGS.deterministic,
-        num_replicas=FLAGS.num_replicas)
+        num_replicas=FLAGS.num_replicas, strategy=strategy)
   except (checkpoints.IncompatibleCheckpointError,
-          checkpoints.NoCheckpointError, train_lib.NonFiniteLossError,
-          distribute.ReplicaLayoutError) as e:
+          checkpoints.NoCheckpointError, checkpoints.CheckpointWriteError,
+          train_lib.NonFiniteLossError, distribute.ReplicaLayoutError,
+          distribute.WorkerMismatchError) as e:
     _Fail(str(e))
+  except distribute.PEER_FAILURE_ERRORS as e:
+    if strategy is None:
+      raise
+    first_line = (str(e).strip().splitlines() or [''])[0][:300]
+    newest = tf.train.latest_checkpoint(os.path.join(FLAGS.logdir, 'ckpt'))
+    _Fail(f'task {distribute.TaskName(strategy)}: another task of the job '
+          f'failed or stopped answering ({type(e).__name__}: {first_line}). '
+          'MultiWorkerMirroredStrategy is not elastic: restart every task '
+          'with the same command and TF_CONFIG; training resumes from the '
+          f'newest checkpoint ({newest or "none yet"}).')
   logging.info('Done at global step %d (started at %d).', result.global_step,
                result.start_step)
 

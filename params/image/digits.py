@@ -21,6 +21,19 @@ digits as the TFDS dataset 'digits' in data_dir (default DATA_DIR,
 idempotent. Training images are shifted at random by up to 2 pixels
 (DigitsInput.max_shift); TFDSImageInput's own augmentation is off because its
 horizontal flips would turn digits into other shapes.
+
+Transfer learning, end to end on a CPU (the paper's recipe in miniature):
+``AmoebaNetTinyDigits0To5`` pre-trains on the digits 0-5 (6 classes);
+``AmoebaNetTinyDigits6To9FineTune`` starts from its checkpoint with a new
+4-class softmax layer and trains on the digits 6-9 of a quarter of the
+training split; ``AmoebaNetTinyDigits6To9`` is the same run from scratch::
+
+  python -m gpipe_tf.trainer --model=image.digits.AmoebaNetTinyDigits0To5 \
+      --logdir=/tmp/d05 --num_logical_devices=2 --max_steps=200
+  python -m gpipe_tf.trainer \
+      --model=image.digits.AmoebaNetTinyDigits6To9FineTune \
+      --model_params_override="init_from_checkpoint : '/tmp/d05'" \
+      --logdir=/tmp/d69 --num_logical_devices=2 --max_steps=60
 """
 
 from __future__ import annotations
@@ -104,6 +117,8 @@ class AmoebaNetTiny(base_experiment.SingleTaskModelParams):
   NUM_MICRO_BATCHES = 4
   BATCH_SIZE = 64
   MAX_SHIFT = 2  # Training images move by up to 2 of 16 pixels.
+  CLASSES = None  # Stored digits to keep (relabelled 0..n-1); None: all.
+  TRAIN_SPLIT = 'train'
   LEARNING_RATE = 3e-3
   WARMUP_STEPS = 40
   TOTAL_STEPS = 200  # The schedule's end; train with --max_steps=200.
@@ -112,10 +127,11 @@ class AmoebaNetTiny(base_experiment.SingleTaskModelParams):
     return DigitsInput.Params().Set(
         name=name, split=split, data_dir=self.DATA_DIR,
         image_size=self.IMAGE_SIZE, num_channels=1, mean=(0.5,), std=(0.5,),
-        num_classes=self.NUM_CLASSES, batch_size=self.BATCH_SIZE)
+        num_classes=self.NUM_CLASSES, batch_size=self.BATCH_SIZE,
+        class_subset=None if self.CLASSES is None else list(self.CLASSES))
 
   def Train(self) -> hyperparams.Params:
-    return self._Input('train', 'train').Set(
+    return self._Input('train', self.TRAIN_SPLIT).Set(
         shuffle=True, repeat=True, seed=1, max_shift=self.MAX_SHIFT)
 
   def Test(self) -> hyperparams.Params:
@@ -144,4 +160,43 @@ class AmoebaNetTiny(base_experiment.SingleTaskModelParams):
     p.learning_rate_schedule = schedules.Cosine.Params().Set(
         learning_rate=self.LEARNING_RATE, warmup_steps=self.WARMUP_STEPS,
         total_steps=self.TOTAL_STEPS, final_learning_rate=0.0)
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetTinyDigits0To5(AmoebaNetTiny):
+  """AmoebaNetTiny on the digits 0-5 only: the pre-training of the demo."""
+  CLASSES = (0, 1, 2, 3, 4, 5)
+  NUM_CLASSES = 6
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetTinyDigits6To9(AmoebaNetTiny):
+  """From scratch on the digits 6-9 of the first quarter of the training split.
+
+  About 140 training images, 60 steps: the baseline of the fine-tuning demo.
+  """
+  CLASSES = (6, 7, 8, 9)
+  NUM_CLASSES = 4
+  TRAIN_SPLIT = 'train[:25%]'
+  LEARNING_RATE = 1e-3
+  WARMUP_STEPS = 10
+  TOTAL_STEPS = 60
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetTinyDigits6To9FineTune(AmoebaNetTinyDigits6To9):
+  """AmoebaNetTinyDigits6To9 initialised from an AmoebaNetTinyDigits0To5 run.
+
+  Every variable but the softmax layer (6 classes there, 4 here) comes from
+  INIT_FROM_CHECKPOINT, the pre-training run's logdir; set it here or with
+  --model_params_override="init_from_checkpoint : '<logdir>'".
+  """
+  INIT_FROM_CHECKPOINT = None
+  INIT_FROM_CHECKPOINT_SKIP = (r'^task/model/head/logits/',)
+
+  def Task(self) -> hyperparams.Params:
+    p = super().Task()
+    p.init_from_checkpoint = self.INIT_FROM_CHECKPOINT
+    p.init_from_checkpoint_skip = list(self.INIT_FROM_CHECKPOINT_SKIP)
     return p

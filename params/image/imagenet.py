@@ -1,4 +1,4 @@
-"""AmoebaNet on ImageNet 2012, pipelined: the GPipe paper's Table 1 models and AmoebaNet-B(18, 512).
+"""AmoebaNet on ImageNet 2012, pipelined: the GPipe paper's Table 1 models, AmoebaNet-B(18, 512), and the base of its fine-tuning runs.
 
 ``image.imagenet.AmoebaNetD_<L>_<D>`` are the AmoebaNet-D(L, D) rows of
 Table 1 (224x224 images, 8 pipeline cells); ``AmoebaNetB_18_512`` is the
@@ -15,19 +15,28 @@ before the logits. Not reproduced: weight decay, drop path's burn-in, the
 auxiliary head and the exponential moving average of the weights.
 
 The data is TFDS 'imagenet2012' prepared in DATA_DIR beforehand (download is
-off: ImageNet needs a manual download). TFDSImageInput holds a split in host
-memory, which suits the smaller datasets; these experiments declare the run,
-while ImageNet-scale training needs a streaming input generator.
+off: ImageNet needs a manual download), streamed from its files by
+``streaming_inputs.TFDSStreamingImageInput``: training images get an
+Inception-style random crop (8% to 100% of the area, aspect 3/4 to 4/3) and
+a flip, evaluation images the central 87.5% crop, both resized to IMAGE_SIZE.
+
+``TransferFromImageNet`` (not registered) is the paper's transfer learning
+(Section 4.1, Table 4): AmoebaNet-B(18, 512) at 480x480, initialised from an
+ImageNet run's checkpoint (INIT_FROM_CHECKPOINT, see gpipe_tf.warm_start)
+except the softmax layer, which gets the target's class count, then trained
+on the target set. params/image/<dataset>.py subclass it per dataset
+(cifar10, cifar100, stanford_cars, oxford_pets, food101, fgvc_aircraft,
+birdsnap).
 """
 
 from __future__ import annotations
 
 from gpipe_tf import base_experiment
 from gpipe_tf import hyperparams
-from gpipe_tf import inputs
 from gpipe_tf import model_registry
 from gpipe_tf import optimizers
 from gpipe_tf import schedules
+from gpipe_tf import streaming_inputs
 from gpipe_tf import tasks
 from gpipe_tf.models import amoebanet
 from gpipe_tf.pipeline import PipeliningLayer
@@ -50,6 +59,9 @@ class AmoebaNetImageNet(base_experiment.SingleTaskModelParams):
   NUM_PARTITIONS = 8
   NUM_MICRO_BATCHES = 32
   # Data and training.
+  DATASET_NAME = 'imagenet2012'
+  TRAIN_SPLIT = 'train'
+  TEST_SPLIT = 'validation'
   DATA_DIR = None  # The TFDS default.
   BATCH_SIZE = 256
   NUM_TRAIN_EXAMPLES = 1281167
@@ -60,19 +72,18 @@ class AmoebaNetImageNet(base_experiment.SingleTaskModelParams):
   STD = (0.5, 0.5, 0.5)
 
   def _Input(self, name: str, split: str) -> hyperparams.Params:
-    return inputs.TFDSImageInput.Params().Set(
-        name=name, dataset_name='imagenet2012', split=split,
+    return streaming_inputs.TFDSStreamingImageInput.Params().Set(
+        name=name, dataset_name=self.DATASET_NAME, split=split,
         data_dir=self.DATA_DIR, download=False, image_size=self.IMAGE_SIZE,
         num_channels=3, mean=self.MEAN, std=self.STD,
         num_classes=self.NUM_CLASSES, batch_size=self.BATCH_SIZE)
 
   def Train(self) -> hyperparams.Params:
-    return self._Input('train', 'train').Set(
-        augment=True, crop_min_fraction=0.3, shuffle=True, repeat=True,
-        seed=1)
+    return self._Input('train', self.TRAIN_SPLIT).Set(
+        augment=True, shuffle=True, repeat=True, seed=1)
 
   def Test(self) -> hyperparams.Params:
-    return self._Input('test', 'validation').Set(
+    return self._Input('test', self.TEST_SPLIT).Set(
         augment=False, shuffle=False, repeat=False, drop_remainder=False)
 
   def Layers(self) -> list:
@@ -145,3 +156,45 @@ class AmoebaNetB_18_512(AmoebaNetImageNet):  # pylint: disable=invalid-name
   NUM_PARTITIONS = 4
   NUM_MICRO_BATCHES = 16
   BATCH_SIZE = 128
+
+
+class TransferFromImageNet(AmoebaNetB_18_512):  # pylint: disable=invalid-name
+  """AmoebaNet-B(18, 512) fine-tuned from ImageNet on DATASET_NAME (not registered).
+
+  Changes from the ImageNet run: the data (DATASET_NAME, splits, class
+  count; images of any size cropped and resized to 480x480), the task's
+  init_from_checkpoint (INIT_FROM_CHECKPOINT: the ImageNet run's logdir, its
+  ckpt/ directory or a ckpt-N prefix; set it, e.g. with
+  ``--model_params_override="init_from_checkpoint : '/runs/imagenet'"``),
+  the softmax layer left out of the warm start (INIT_FROM_CHECKPOINT_SKIP),
+  and the optimisation. The optimisation defaults are not the paper's
+  (this library does not reproduce its per-dataset fine-tuning settings):
+  they are the common fine-tuning recipe of Kornblith et al. 2019 ("Do
+  Better ImageNet Models Transfer Better?": SGD with momentum 0.9, batch
+  256, 20,000 steps, warm-up then cosine decay), and LEARNING_RATE is meant
+  to be tuned on a held-out part of the training split.
+  Without INIT_FROM_CHECKPOINT the run trains from scratch.
+  """
+
+  INIT_FROM_CHECKPOINT = None
+  INIT_FROM_CHECKPOINT_SKIP = (r'^task/model/head/logits/',)
+  DATASET_NAME = None  # Set by each dataset's experiment.
+  TRAIN_SPLIT = 'train'
+  TEST_SPLIT = 'test'
+  NUM_CLASSES = None
+  BATCH_SIZE = 256
+  NUM_MICRO_BATCHES = 32
+  LEARNING_RATE = 0.01
+  MOMENTUM = 0.9
+  WARMUP_STEPS = 500
+  TRAIN_STEPS = 20000
+
+  def Task(self) -> hyperparams.Params:
+    p = super().Task()
+    p.optimizer = optimizers.SGD.Params().Set(momentum=self.MOMENTUM)
+    p.learning_rate_schedule = schedules.Cosine.Params().Set(
+        learning_rate=self.LEARNING_RATE, warmup_steps=self.WARMUP_STEPS,
+        total_steps=self.TRAIN_STEPS, final_learning_rate=0.0)
+    p.init_from_checkpoint = self.INIT_FROM_CHECKPOINT
+    p.init_from_checkpoint_skip = list(self.INIT_FROM_CHECKPOINT_SKIP)
+    return p

@@ -65,7 +65,7 @@ import tensorflow_datasets as tfds
 from gpipe_tf import hyperparams
 from gpipe_tf import inputs
 
-__all__ = ['SplitLayout', 'TFDSStreamingImageInput', 'PlanBlocks']
+__all__ = ['PlanBlocks', 'SplitLayout', 'TFDSStreamingImageInput']
 
 # Salts that keep the block order, window order and augmentation apart.
 _BLOCK_SALT = 0x424C

@@ -126,6 +126,29 @@ def ReplicaDevices(num_cells: int, all_devices: Sequence[str] | None = None
   return all_devices[replica * num_cells:(replica + 1) * num_cells]
 
 
+def BatchedAllReduce(reduce_op: tf.distribute.ReduceOp, values: Any) -> Any:
+  """All-reduces a nest of tensors across replicas, in one collective per dtype.
+
+  Call in a replica context. The values are copied to the replica's device
+  first: TensorFlow reduces values that sit on other devices (a pipeline's
+  cells) one by one, which across workers costs one network round trip each.
+  Measured, 2 tasks on localhost, TinyPipelined: 10 collectives per step -> 2,
+  ~26-36 -> ~34-49 steps/s (interleaved runs on a busy 2-core machine).
+  """
+  flat = tf.nest.flatten(values)
+  groups: dict[tf.DType, list[int]] = {}
+  for i, value in enumerate(flat):
+    groups.setdefault(value.dtype, []).append(i)
+  context = tf.distribute.get_replica_context()
+  reduced = list(flat)
+  for indices in groups.values():
+    results = context.all_reduce(reduce_op,
+                                 [tf.identity(flat[i]) for i in indices])
+    for i, result in zip(indices, results):
+      reduced[i] = result
+  return tf.nest.pack_sequence_as(values, reduced)
+
+
 def _CheckFits(num_replicas: int, num_cells: int,
                all_devices: Sequence[str]) -> None:
   if num_replicas * num_cells > len(all_devices):
@@ -279,17 +302,21 @@ def MakeMultiWorkerStrategy(timeout_seconds: float = 0.0,
     raise ClusterConfigError(
         f"This task's type is {task['type']!r}; only {TRAINING_TASK_TYPES} "
         'tasks train (no evaluator or parameter-server tasks).')
+  if (task['type'], int(task['index'])) not in TaskOrder(cluster):
+    raise ClusterConfigError(
+        f"TF_CONFIG's task {task['type']}:{task['index']} is not in its "
+        f'cluster {cluster}; task indices count from 0.')
   if len(TaskOrder(cluster)) < 2:
     raise ClusterConfigError(
         f'TF_CONFIG names {len(TaskOrder(cluster))} training task; '
         'multi-worker training needs at least 2 (else unset TF_CONFIG).')
-  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   has_gpus = bool(tf.config.list_physical_devices('GPU'))
   # SimpleClusterResolver, not TFConfigClusterResolver: with the latter the
   # strategy makes one replica per local GPU.
   one_device = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      resolver.cluster_spec(), task_type=resolver.task_type,
-      task_id=resolver.task_id, rpc_layer=resolver.rpc_layer or 'grpc',
+      tf.train.ClusterSpec(cluster), task_type=task['type'],
+      task_id=int(task['index']),
+      rpc_layer=config.get('rpc_layer') or 'grpc',
       num_accelerators={'GPU': 1} if has_gpus else {})
   options = tf.distribute.experimental.CommunicationOptions(
       timeout_seconds=timeout_seconds or None)

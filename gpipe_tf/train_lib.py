@@ -203,16 +203,21 @@ class _Runner:
     grads = [tf.convert_to_tensor(g) for g in grads if g is not None]
     return loss, dict(metrics), grads, tasks.BatchSize(batch)
 
+  def _ReplicaLossAndGrads(self, batch):
+    """_LossAndGrads averaged over replicas (sizes summed), on every replica."""
+    loss, metrics, grads, size = self._LossAndGrads(batch)
+    loss, metrics, grads = distribute.BatchedAllReduce(
+        tf.distribute.ReduceOp.MEAN, (loss, metrics, grads))
+    return loss, metrics, grads, distribute.BatchedAllReduce(
+        tf.distribute.ReduceOp.SUM, size)
+
   def _TrainStep(self, batch):
     if self.strategy is None:
       loss, metrics, grads, size = self._LossAndGrads(batch)
     else:
-      loss, metrics, grads, size = self.strategy.run(self._LossAndGrads,
-                                                     (batch,))
-      mean = lambda x: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, x,
-                                            axis=None)
-      loss, metrics, grads = tf.nest.map_structure(mean, (loss, metrics, grads))
-      size = self.strategy.reduce(tf.distribute.ReduceOp.SUM, size, axis=None)
+      reduced = self.strategy.run(self._ReplicaLossAndGrads, (batch,))
+      first = lambda x: self.strategy.experimental_local_results(x)[0]
+      loss, metrics, grads, size = tf.nest.map_structure(first, reduced)
     grads, norm = self.task.ClipGradients(grads)
     finite = tf.reduce_all(tf.stack(
         [tf.reduce_all(tf.math.is_finite(loss))] +

@@ -14,6 +14,7 @@ if _REPO_ROOT not in sys.path:
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from tensorflow.python.checkpoint import checkpoint_management  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+from tensorflow.python.checkpoint import functional_saver  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 
 from gpipe_tf import checkpoints  # pylint: disable=g-import-not-at-top
 from gpipe_tf import tasks  # pylint: disable=g-import-not-at-top
@@ -23,7 +24,7 @@ from gpipe_tf.layers import core  # pylint: disable=g-import-not-at-top
 class _Objects:
   """A small task, its Adam optimizer, a global step and their Checkpointer."""
 
-  def __init__(self, directory, hidden=8, num_layers=2):
+  def __init__(self, directory, hidden=8, num_layers=2, scratch=None):
     dims = [4] + [hidden] * (num_layers - 1) + [3]
     layers = [core.FCLayer.Params().Set(name=f'fc{i}', input_dim=dims[i],
                                         output_dim=dims[i + 1])
@@ -33,9 +34,10 @@ class _Objects:
     self.optimizer = self.task.CreateOptimizer()
     self.optimizer.build(self.task.trainable_variables)
     self.global_step = tf.Variable(0, dtype=tf.int64)
+    self.checkpoint = tf.train.Checkpoint(
+        task=self.task, optimizer=self.optimizer, global_step=self.global_step)
     self.checkpointer = checkpoints.Checkpointer(
-        directory, tf.train.Checkpoint(task=self.task, optimizer=self.optimizer,
-                                       global_step=self.global_step))
+        directory, self.checkpoint, scratch_directory=scratch)
 
   def Advance(self, step):
     """Moves every variable to a value that identifies `step`."""
@@ -100,7 +102,8 @@ class CheckpointerTest(tf.test.TestCase):
     with mock.patch.object(checkpoint_management,
                            'update_checkpoint_state_internal',
                            side_effect=RuntimeError('simulated crash')):
-      with self.assertRaisesRegex(RuntimeError, 'simulated crash'):
+      with self.assertRaisesRegex(checkpoints.CheckpointWriteError,
+                                  'RuntimeError: simulated crash'):
         writer.checkpointer.Save(30)
     # The manager wrote ckpt-30's files before it would update the state.
     self.assertTrue(os.path.exists(os.path.join(self.dir, 'ckpt-30.index')))
@@ -108,6 +111,62 @@ class CheckpointerTest(tf.test.TestCase):
     objects, path = self._Restored()
     self.assertEqual(checkpoints.CheckpointStep(path), 20)
     objects.AssertAt(self, 20)
+
+  def testFailedWriteKeepsThePreviousCheckpointAndSaysSo(self):
+    writer = _Objects(self.dir)
+    writer.SaveAt(10)
+    writer.SaveAt(20)
+    before = _Snapshot(self.dir)
+    writer.Advance(30)
+    full = tf.errors.ResourceExhaustedError(None, None,
+                                            'No space left on device')
+    # Fails inside TensorFlow's write: after the data shards, before the
+    # index that makes ckpt-30 a checkpoint.
+    with mock.patch.object(functional_saver.gen_io_ops,
+                           'merge_v2_checkpoints', side_effect=full) as merge:
+      with self.assertRaisesRegex(
+          checkpoints.CheckpointWriteError,
+          r'Writing checkpoint ckpt-30 in .* failed \(ResourceExhaustedError: '
+          r'No space left on device\)\. The newest good checkpoint is still '
+          r'\S*ckpt-20; a restart resumes from it'):
+        writer.checkpointer.Save(30)
+    self.assertTrue(merge.called)
+    self.assertFalse(os.path.exists(os.path.join(self.dir, 'ckpt-30.index')))
+    after = _Snapshot(self.dir)
+    for name, value in before.items():  # Old files untouched (debris aside).
+      self.assertEqual(after[name], value, name)
+    objects, path = self._Restored()
+    self.assertEqual(checkpoints.CheckpointStep(path), 20)
+    objects.AssertAt(self, 20)
+    # Once the disk is fine again the same Checkpointer saves normally.
+    writer.SaveAt(40)
+    again, path = self._Restored()
+    self.assertEqual(checkpoints.CheckpointStep(path), 40)
+    again.AssertAt(self, 40)
+
+  def testScratchDirectoryIsWrittenThenDeleted(self):
+    _Objects(self.dir).SaveAt(10)  # The chief's.
+    before = _Snapshot(self.dir)
+    scratch = os.path.join(os.path.dirname(self.dir), 'scratch_worker_1')
+    other = _Objects(self.dir, scratch=scratch)
+    path = other.checkpointer.Restore()  # Reads the chief's directory.
+    self.assertEqual(checkpoints.CheckpointStep(path), 10)
+    other.AssertAt(self, 10)
+    written = []
+    write = other.checkpoint.write
+
+    def _Write(prefix):
+      written.append(prefix)
+      result = write(prefix)
+      self.assertTrue(os.path.exists(prefix + '.index'))
+      return result
+
+    with mock.patch.object(other.checkpoint, 'write', _Write):
+      path = other.SaveAt(20)
+    self.assertEqual(path, os.path.join(self.dir, 'ckpt-20'))
+    self.assertEqual(written, [os.path.join(scratch, 'ckpt-20')])
+    self.assertFalse(os.path.exists(scratch))
+    self.assertEqual(_Snapshot(self.dir), before)  # The chief's untouched.
 
   def _WriteGarbage(self, step):
     for suffix in ('.index', '.data-00000-of-00001'):

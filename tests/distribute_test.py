@@ -4,7 +4,8 @@ import test_utils  # pylint: disable=g-bad-import-order
 
 test_utils.SetUpDevices()
 
-import os  # pylint: disable=g-import-not-at-top
+import json  # pylint: disable=g-import-not-at-top
+import os
 import subprocess
 import sys
 
@@ -155,6 +156,94 @@ class DistributeTest(tf.test.TestCase):
   def testTooFewDevicesIsANamedError(self):
     with self.assertRaisesRegex(distribute.ReplicaLayoutError, '6 devices'):
       distribute.MakeStrategy(3, 2)
+
+
+class SeveralHostsTest(tf.test.TestCase):
+  """The pure parts of the multi-worker set-up (the job itself: multi_worker_test)."""
+
+  def testClusterFromTfConfig(self):
+    cluster = {'chief': ['h0:1'], 'worker': ['h1:1', 'h2:1']}
+    env = {'TF_CONFIG': json.dumps({'cluster': cluster,
+                                    'task': {'type': 'worker', 'index': 1}})}
+    self.assertEqual(distribute.ClusterFromEnvironment(env)['cluster'],
+                     cluster)
+    self.assertEqual(distribute.NumTrainingTasks(env), 3)
+    self.assertEqual(distribute.TaskOrder(cluster),
+                     [('chief', 0), ('worker', 0), ('worker', 1)])
+    for unset in ({}, {'TF_CONFIG': ''}, {'TF_CONFIG': '{"task": {}}'}):
+      self.assertIsNone(distribute.ClusterFromEnvironment(unset))
+      self.assertEqual(distribute.NumTrainingTasks(unset), 0)
+    with self.assertRaisesRegex(distribute.ClusterConfigError, 'not valid JSON'):
+      distribute.ClusterFromEnvironment({'TF_CONFIG': '{"cluster": '})
+    with self.assertRaisesRegex(distribute.ClusterConfigError, 'no task'):
+      distribute.ClusterFromEnvironment(
+          {'TF_CONFIG': json.dumps({'cluster': cluster})})
+
+  def testMakeMultiWorkerStrategyRefusesWhatItCannotRun(self):
+    def Env(cluster, kind='worker'):
+      return {'TF_CONFIG': json.dumps({'cluster': cluster,
+                                       'task': {'type': kind, 'index': 0}})}
+    # All refused before TensorFlow is configured.
+    with self.assertRaisesRegex(distribute.ClusterConfigError, 'no cluster'):
+      distribute.MakeMultiWorkerStrategy(environ={})
+    with self.assertRaisesRegex(distribute.ClusterConfigError,
+                                'at least 2.*unset TF_CONFIG'):
+      distribute.MakeMultiWorkerStrategy(environ=Env({'worker': ['h:1']}))
+    with self.assertRaisesRegex(distribute.ClusterConfigError,
+                                'task worker:0 is not in its cluster'):
+      distribute.MakeMultiWorkerStrategy(environ=Env({'chief': ['h:1']}))
+    with self.assertRaisesRegex(distribute.ClusterConfigError, 'evaluator'):
+      distribute.MakeMultiWorkerStrategy(environ=Env(
+          {'worker': ['h:1', 'h:2'], 'evaluator': ['h:3']}, 'evaluator'))
+
+  def testEveryReplicaPipelinesOnItsOwnTasksDevices(self):
+    names = ['/job:worker/replica:0/task:1/device:CPU:10',
+             '/job:worker/replica:0/task:1/device:CPU:0',
+             '/job:worker/replica:0/task:0/device:CPU:1',
+             '/job:chief/replica:0/task:0/device:CPU:0',
+             '/job:worker/replica:0/task:1/device:CPU:2',
+             '/job:worker/replica:0/task:0/device:CPU:0',
+             '/job:chief/replica:0/task:0/device:CPU:1']
+    order = [('chief', 0), ('worker', 0), ('worker', 1)]
+    self.assertEqual(distribute.WorkerGroups(order, names, 2), [
+        ['/job:chief/replica:0/task:0/device:CPU:0',
+         '/job:chief/replica:0/task:0/device:CPU:1'],
+        ['/job:worker/replica:0/task:0/device:CPU:0',
+         '/job:worker/replica:0/task:0/device:CPU:1'],
+        ['/job:worker/replica:0/task:1/device:CPU:0',   # By index: 0, 2, 10.
+         '/job:worker/replica:0/task:1/device:CPU:2']])
+    with self.assertRaisesRegex(
+        distribute.ReplicaLayoutError,
+        r'Task chief:0 has 2 devices .* each replica pipelines 3 cells'):
+      distribute.WorkerGroups(order, names, 3)
+
+  def testShareOfBatchSplitsRowsContiguously(self):
+    batch = {'inputs': tf.reshape(tf.range(20), [10, 2]),
+             'labels': tf.range(10), 'step': tf.constant(7)}
+    shares = [distribute.ShareOfBatch(batch, r, 4) for r in range(4)]
+    self.assertEqual([int(s['labels'].shape[0]) for s in shares],
+                     [3, 3, 2, 2])
+    self.assertAllEqual(tf.concat([s['inputs'] for s in shares], 0),
+                        batch['inputs'])
+    self.assertAllEqual(tf.concat([s['labels'] for s in shares], 0),
+                        batch['labels'])
+    for share in shares:
+      self.assertEqual(int(share['step']), 7)  # Rank 0: shared.
+    # Inside a traced dataset map, with an unknown batch size.
+    dataset = tf.data.Dataset.from_tensors(batch).map(
+        lambda b: distribute.ShareOfBatch(b, 1, 2))
+    self.assertAllEqual(next(iter(dataset))['labels'], [5, 6, 7, 8, 9])
+
+  def testOneHostNeedsNoneOfIt(self):
+    strategy = distribute.MakeStrategy(2, 2)
+    for s in (None, strategy):
+      self.assertFalse(distribute.IsMultiWorker(s))
+      self.assertTrue(distribute.IsChief(s))
+      self.assertIsNone(distribute.ScratchDirectory(s, '/logdir'))
+      distribute.CheckTasksAgree(s, 3, 'step', '')  # No-op.
+    self.assertEqual(distribute.TaskName(strategy), '')
+    cpus = test_utils.devices.LogicalCpus()
+    self.assertEqual(distribute.Layout(strategy, 2), [cpus[0:2], cpus[2:4]])
 
 
 if __name__ == '__main__':

@@ -6,8 +6,10 @@ import hashlib
 import os
 import shutil
 import subprocess
+import json
 import sys
 import tempfile
+from unittest import mock
 
 # Lets `python tests/trainer_test.py` import gpipe_tf from the repo root.
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,6 +20,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from tensorflow.python.checkpoint import functional_saver  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 
 from gpipe_tf import base_experiment  # pylint: disable=g-import-not-at-top
 from gpipe_tf import checkpoints  # pylint: disable=g-import-not-at-top
@@ -287,6 +290,47 @@ class TrainerCliTest(tf.test.TestCase):
                               model_params_override=WIDER, max_steps=2)
     self.assertRegex(message, r"'task/model/fc0/w'.*\[16, 32\].*\[16, 64\]")
     self.assertEqual(_Snapshot(logdir), before)
+
+  def testFailedCheckpointWriteIsReportedAndTheLastGoodKept(self):
+    logdir = os.path.join(self.root, 'disk_full')
+    merge = functional_saver.gen_io_ops.merge_v2_checkpoints
+
+    def _FullAtStep2(prefixes, prefix, **kwargs):
+      if prefix.numpy().decode().endswith('ckpt-2'):
+        raise tf.errors.ResourceExhaustedError(None, None,
+                                               'No space left on device')
+      return merge(prefixes, prefix, **kwargs)
+
+    with mock.patch.object(functional_saver.gen_io_ops,
+                           'merge_v2_checkpoints', _FullAtStep2):
+      message = self._MainError(model='synthetic.mlp.Tiny', logdir=logdir,
+                                mode='train', max_steps=3,
+                                save_interval_steps=1)
+    self.assertRegex(message, r'Writing checkpoint ckpt-2 in \S+ failed '
+                     r'\(ResourceExhaustedError: No space left on device\)\. '
+                     r'The newest good checkpoint is still \S+/ckpt-1;')
+    ckpt_dir = os.path.join(logdir, 'ckpt')
+    self.assertEndsWith(tf.train.latest_checkpoint(ckpt_dir), 'ckpt-1')
+    self.assertFalse(os.path.exists(os.path.join(ckpt_dir, 'ckpt-2.index')))
+    resumed = train_lib.train(mlp.Tiny, logdir, max_steps=3,
+                              save_interval_steps=1)
+    self.assertEqual(resumed.start_step, 1)
+    self.assertEndsWith(resumed.restored_checkpoint, 'ckpt-1')
+
+  def testClusterMistakesFailBeforeTensorFlowStarts(self):
+    logdir = os.path.join(self.root, 'cluster')
+    with mock.patch.dict(os.environ, {'TF_CONFIG': '{"cluster": '}):
+      message = self._MainError(model='synthetic.mlp.Tiny', logdir=logdir)
+    self.assertIn('TF_CONFIG is not valid JSON', message)
+    two_workers = json.dumps({'cluster': {'worker': ['localhost:1',
+                                                     'localhost:2']},
+                              'task': {'type': 'worker', 'index': 0}})
+    with mock.patch.dict(os.environ, {'TF_CONFIG': two_workers}):
+      message = self._MainError(model='synthetic.mlp.Tiny', logdir=logdir,
+                                num_replicas=2)
+    self.assertIn('--num_replicas=2 splits one host; under a TF_CONFIG '
+                  'cluster every task is one replica', message)
+    self.assertFalse(os.path.exists(logdir))
 
 
 if __name__ == '__main__':

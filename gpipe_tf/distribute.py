@@ -453,8 +453,16 @@ def CheckTasksAgree(strategy: tf.distribute.Strategy | None, value: int,
 
   gathered = tf.function(lambda: strategy.run(_Gather), autograph=False)()
   values = [int(v) for v in strategy.experimental_local_results(gathered)[0]]
+  CheckValuesAgree(
+      TaskOrder(strategy.cluster_resolver.cluster_spec().as_dict()), values,
+      what, hint)
+
+
+def CheckValuesAgree(task_order: Sequence[tuple[str, int]],
+                     values: Sequence[int], what: str, hint: str) -> None:
+  """Raises WorkerMismatchError naming each task's value unless all are equal."""
   if len(set(values)) > 1:
-    order = TaskOrder(strategy.cluster_resolver.cluster_spec().as_dict())
-    listing = ', '.join(f'{k}:{i}={v}' for (k, i), v in zip(order, values))
+    listing = ', '.join(f'{k}:{i}={v}' for (k, i), v in zip(task_order,
+                                                             values))
     raise WorkerMismatchError(f'The tasks disagree on the {what} ({listing}); '
                               f'{hint}')

@@ -37,6 +37,7 @@ The flags are defined here only; the library takes Params and arguments.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import NoReturn, Sequence
 
@@ -174,7 +175,9 @@ def main(argv: Sequence[str]) -> None:
   except distribute.PEER_FAILURE_ERRORS as e:
     if strategy is None:
       raise
-    first_line = (str(e).strip().splitlines() or [''])[0][:300]
+    # Without TensorFlow's '{{function_node ...}}' prefix.
+    first_line = re.sub(r'\{\{[^}]*\}\}\s*', '',
+                        (str(e).strip().splitlines() or [''])[0])[:300]
     newest = tf.train.latest_checkpoint(os.path.join(FLAGS.logdir, 'ckpt'))
     _Fail(f'task {distribute.TaskName(strategy)}: another task of the job '
           f'failed or stopped answering ({type(e).__name__}: {first_line}). '

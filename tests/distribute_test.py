@@ -234,6 +234,14 @@ class SeveralHostsTest(tf.test.TestCase):
         lambda b: distribute.ShareOfBatch(b, 1, 2))
     self.assertAllEqual(next(iter(dataset))['labels'], [5, 6, 7, 8, 9])
 
+  def testTasksThatRestoredDifferentStepsAreNamed(self):
+    order = [('worker', 0), ('worker', 1)]
+    distribute.CheckValuesAgree(order, [20, 20], 'global step', 'hint')
+    with self.assertRaisesRegex(
+        distribute.WorkerMismatchError,
+        r'disagree on the global step \(worker:0=20, worker:1=0\); share it'):
+      distribute.CheckValuesAgree(order, [20, 0], 'global step', 'share it')
+
   def testOneHostNeedsNoneOfIt(self):
     strategy = distribute.MakeStrategy(2, 2)
     for s in (None, strategy):

@@ -1,4 +1,4 @@
-"""Several hosts on localhost: a 2-task job (MultiWorkerMirroredStrategy) x 2 cells trains like one process and restarts exactly after a kill."""
+"""Several hosts, on localhost: 2 trainer tasks x 2 cells train like one process and restart exactly after a kill."""
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -66,7 +66,7 @@ def _NewestStep(logdir):
 class _Job:
   """NUM_TASKS trainer processes of one multi-worker job on localhost."""
 
-  def __init__(self, test, logdir, max_steps, *flags):
+  def __init__(self, test, logdir, max_steps):
     self.logdir = logdir
     self.logs = []
     self.processes = []
@@ -85,7 +85,7 @@ class _Job:
            f'--logdir={logdir}', '--mode=train', f'--max_steps={max_steps}',
            '--num_logical_devices=2', f'--model_params_override={OVERRIDE}',
            '--save_interval_steps=2', '--log_interval_steps=2',
-           '--collective_timeout_seconds=60', *flags],
+           '--collective_timeout_seconds=60'],
           cwd=_REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     test.addCleanup(self.Kill)
 
@@ -111,7 +111,6 @@ class _Job:
     return codes
 
   def Log(self, index):
-    self.logs[index].flush()
     with open(self.logs[index].name) as f:
       return f.read()
 

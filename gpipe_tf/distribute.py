@@ -159,6 +159,19 @@ def _CheckFits(num_replicas: int, num_cells: int,
         'logical devices (--num_logical_devices).')
 
 
+def NumReplicasThatFit(num_cells: int,
+                       all_devices: Sequence[str] | None = None) -> int:
+  """R that uses every device: len(devices) // K, at least 1.
+
+  With fewer devices than K this is 1, and the pipeline itself then says that
+  its cells do not fit (PartitionError).
+  """
+  if num_cells < 1:
+    raise ReplicaLayoutError(f'num_cells must be >= 1, got {num_cells}.')
+  all_devices = list(all_devices or devices_lib.DefaultDevices())
+  return max(1, len(all_devices) // num_cells)
+
+
 def ReplicaGroups(num_replicas: int, num_cells: int,
                   all_devices: Sequence[str] | None = None) -> list[list[str]]:
   """The devices of every replica's cells: [[d0 .. dK-1], [dK .. d2K-1], ...]."""

@@ -402,7 +402,8 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
       give bit-identical results.
     num_replicas: R; > 1 trains data-parallel on R replicas of the model
       (MirroredStrategy, gpipe_tf.distribute), each pipeline on its own K
-      devices. Needs R x K default devices.
+      devices. Needs R x K default devices. 0: as many replicas as fit,
+      every device used (distribute.NumReplicasThatFit).
     strategy: a strategy made by the caller instead, e.g. a multi-worker one
       (distribute.MakeMultiWorkerStrategy: it must be made at program
       start-up); num_replicas must then be 1.
@@ -428,15 +429,19 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
                      f'{on_nonfinite!r}.')
   _CheckPositive(max_steps=max_steps, save_interval_steps=save_interval_steps,
                  log_interval_steps=log_interval_steps,
-                 max_checkpoints_to_keep=max_checkpoints_to_keep,
-                 num_replicas=num_replicas)
+                 max_checkpoints_to_keep=max_checkpoints_to_keep)
+  if not isinstance(num_replicas, int) or num_replicas < 0:
+    raise ValueError('num_replicas must be an int >= 0 (0: every device), '
+                     f'got {num_replicas!r}.')
   params = base_experiment.AsExperimentParams(experiment)
   if deterministic:
     EnableDeterminism(params.task.random_seed or 0)
   num_cells = _NumPartitions(params.task.model)
   if strategy is None:
+    if num_replicas == 0:
+      num_replicas = distribute.NumReplicasThatFit(num_cells)
     strategy = distribute.MakeStrategy(num_replicas, num_cells)
-  elif num_replicas != 1:
+  elif num_replicas not in (0, 1):
     raise ValueError(f'num_replicas={num_replicas} and a strategy were both '
                      'given; the strategy fixes the replicas: pass one.')
   else:

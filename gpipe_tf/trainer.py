@@ -10,7 +10,8 @@ Usage (from the repository root, so that the ``params`` package imports)::
 Running it again with a larger --max_steps resumes from the newest checkpoint.
 
 --num_replicas=R trains R data-parallel copies of the pipeline (R x K devices,
-e.g. --num_replicas=2 --num_logical_devices=4 for TinyPipelined's K=2);
+e.g. --num_replicas=2 --num_logical_devices=4 for TinyPipelined's K=2); the
+default, 0, uses every device (R = devices // K);
 when TF_CONFIG names a cluster of several 'chief'/'worker' tasks, every task
 runs this same command and is one replica on its own K devices
 (MultiWorkerMirroredStrategy; only the chief writes into --logdir, which all
@@ -92,12 +93,13 @@ flags.DEFINE_float('collective_timeout_seconds', 300.0,
                    'fails with DeadlineExceededError instead of hanging; 0: '
                    'no timeout. A dead task is usually detected sooner (~10 '
                    's) by TensorFlow\'s heartbeats.')
-flags.DEFINE_integer('num_replicas', 1,
+flags.DEFINE_integer('num_replicas', 0,
                      'R: data-parallel replicas of the model on this host '
                      '(MirroredStrategy); each replica pipelines its share '
                      'of the global batch (train batch_size) on its own K '
                      'devices (K: the PipeliningLayer num_partitions), so '
-                     'R x K devices are needed. 1: no strategy.')
+                     'R x K devices are needed. 0 (default): every device, '
+                     'R = devices // K. 1: no strategy.')
 
 
 def _Fail(message: str) -> NoReturn:
@@ -119,7 +121,7 @@ def main(argv: Sequence[str]) -> None:
     multi_worker = distribute.NumTrainingTasks() > 1
   except distribute.ClusterConfigError as e:
     _Fail(str(e))
-  if multi_worker and FLAGS.num_replicas != 1:
+  if multi_worker and FLAGS.num_replicas not in (0, 1):
     _Fail(f'--num_replicas={FLAGS.num_replicas} splits one host; under a '
           'TF_CONFIG cluster every task is one replica: start one task per '
           'replica instead (several per host need their own devices each).')
@@ -186,6 +188,10 @@ def main(argv: Sequence[str]) -> None:
           f'newest checkpoint ({newest or "none yet"}).')
   logging.info('Done at global step %d (started at %d).', result.global_step,
                result.start_step)
+  if result.eval_metrics:  # The run's answer, on stdout.
+    print(f'Final evaluation at global step {result.global_step}: ' +
+          ', '.join(f'{k}={v:.4f}' for k, v in
+                    sorted(result.eval_metrics.items())))
 
 
 if __name__ == '__main__':

@@ -153,6 +153,27 @@ class DistributeTest(tf.test.TestCase):
                   '/device:CPU:3', out.stderr)
     self.assertIn('Done at global step 2', out.stderr)
 
+  def testNumReplicasThatFitUsesEveryDevice(self):
+    four = [f'/device:CPU:{i}' for i in range(4)]
+    self.assertEqual(distribute.NumReplicasThatFit(1, four), 4)
+    self.assertEqual(distribute.NumReplicasThatFit(2, four), 2)
+    self.assertEqual(distribute.NumReplicasThatFit(3, four), 1)
+    self.assertEqual(distribute.NumReplicasThatFit(8, four), 1)
+    with self.assertRaises(distribute.ReplicaLayoutError):
+      distribute.NumReplicasThatFit(0, four)
+
+  def testNumReplicasZeroTrainsOnEveryDevice(self):
+    with self.assertLogs(level='INFO') as logs:
+      result = train_lib.train(_Piped, self.get_temp_dir() + '/auto', 1,
+                               num_replicas=0)
+    self.assertEqual(result.global_step, 1)
+    text = '\n'.join(logs.output)
+    self.assertIn('MirroredStrategy: 2 replicas x 2 cells', text)
+    self.assertIn('cell 1 on /device:CPU:3', text)
+    with self.assertRaisesRegex(ValueError, 'num_replicas'):
+      train_lib.train(_Piped, self.get_temp_dir() + '/bad', 1,
+                      num_replicas=-1)
+
   def testTooFewDevicesIsANamedError(self):
     with self.assertRaisesRegex(distribute.ReplicaLayoutError, '6 devices'):
       distribute.MakeStrategy(3, 2)

@@ -147,7 +147,7 @@ class DeterminismTest(tf.test.TestCase):
         [sys.executable, '-m', 'gpipe_tf.trainer',
          '--model=synthetic.mlp.TinyPipelined', f'--logdir={cli_dir}',
          '--mode=train', '--max_steps=6', '--log_interval_steps=3',
-         '--deterministic', '--num_logical_devices=4'],
+         '--deterministic', '--num_logical_devices=4', '--num_replicas=1'],
         cwd=_REPO_ROOT, capture_output=True, text=True, timeout=120,
         check=True)
     self.assertEqual(_LastLoss(lib_dir), _LastLoss(cli_dir))

@@ -210,10 +210,12 @@ class TrainLibTest(tf.test.TestCase):
 
   def testCliTrainsThenResumes(self):
     logdir = os.path.join(self.root, 'cli')
-    first = self._Run(logdir, 20, '--num_logical_devices=2')
+    first = self._Run(logdir, 20, '--num_logical_devices=2', '--num_replicas=1')
     self.assertEqual(first.returncode, 0, first.stderr[-3000:])
     self.assertIn('Step 20/20', first.stderr)
     self.assertIn('Eval at step 20', first.stderr)
+    self.assertRegex(first.stdout, r'Final evaluation at global step 20: '
+                     r'accuracy=0\.\d{4}, loss=')
     self.assertTrue(os.path.exists(os.path.join(logdir, 'ckpt',
                                                 'ckpt-20.index')))
     second = self._Run(logdir, 40)

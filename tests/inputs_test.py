@@ -2,7 +2,6 @@
 
 import os
 import sys
-import threading
 import time
 
 # Lets `python tests/inputs_test.py` import gpipe_tf from the repo root.
@@ -15,31 +14,8 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf import datasets  # pylint: disable=g-import-not-at-top
+import test_utils  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from gpipe_tf import inputs  # pylint: disable=g-import-not-at-top
-
-
-def _Batches(generator, num, skip=0):
-  """The first `num` batches of GetDataset(skip) as dicts of numpy arrays."""
-  return list(generator.GetDataset(skip_batches=skip).take(num)
-              .as_numpy_iterator())
-
-
-def _RaisesWithin(seconds, fn):
-  """Runs fn in a daemon thread; returns its exception, fails on a hang."""
-  outcome = {}
-
-  def _Run():
-    try:
-      fn()
-    except Exception as e:  # pylint: disable=broad-except
-      outcome['error'] = e
-
-  thread = threading.Thread(target=_Run, daemon=True)
-  thread.start()
-  thread.join(seconds)
-  if thread.is_alive():
-    raise AssertionError(f'Call did not return within {seconds} s.')
-  return outcome.get('error')
 
 
 def _Synthetic(**kwargs):
@@ -61,7 +37,7 @@ class SyntheticClassificationInputTest(tf.test.TestCase):
     self.assertEqual(ds.element_spec['inputs'].dtype, tf.float32)
     self.assertEqual(ds.element_spec['labels'].shape.as_list(), [8])
     self.assertEqual(ds.element_spec['labels'].dtype, tf.int32)
-    batch = _Batches(gen, 1)[0]
+    batch = test_utils.Batches(gen, 1)[0]
     self.assertEqual(batch['inputs'].shape, (8, 5))
     self.assertEqual(gen.NumExamples(), 1024)
 
@@ -74,21 +50,21 @@ class SyntheticClassificationInputTest(tf.test.TestCase):
 
   def testDeterministicGivenSeed(self):
     p = _Synthetic(batch_size=32, num_examples=100, seed=3)
-    first = _Batches(p.Instantiate(), 8)
-    self.assertBatchesEqual(first, _Batches(p.Instantiate(), 8))
-    other = _Batches(p.Copy().Set(seed=4).Instantiate(), 8)
+    first = test_utils.Batches(p.Instantiate(), 8)
+    self.assertBatchesEqual(first, test_utils.Batches(p.Instantiate(), 8))
+    other = test_utils.Batches(p.Copy().Set(seed=4).Instantiate(), 8)
     self.assertNotAllEqual(first[0]['inputs'], other[0]['inputs'])
 
   def testIndependentOfGlobalSeed(self):
     p = _Synthetic(batch_size=32, num_examples=100)
     tf.random.set_seed(1)
-    first = _Batches(p.Instantiate(), 5)
+    first = test_utils.Batches(p.Instantiate(), 5)
     tf.random.set_seed(2)
-    self.assertBatchesEqual(first, _Batches(p.Instantiate(), 5))
+    self.assertBatchesEqual(first, test_utils.Batches(p.Instantiate(), 5))
 
   def testEachEpochIsANewPermutation(self):
     gen = _Synthetic(batch_size=10, num_examples=50).Instantiate()
-    batches = _Batches(gen, 10)
+    batches = test_utils.Batches(gen, 10)
     epoch0 = np.concatenate([b['inputs'] for b in batches[:5]])
     epoch1 = np.concatenate([b['inputs'] for b in batches[5:]])
     data = gen._LoadExamples()['inputs']  # pylint: disable=protected-access
@@ -100,7 +76,7 @@ class SyntheticClassificationInputTest(tf.test.TestCase):
   def testNoShuffleKeepsDataOrder(self):
     gen = _Synthetic(batch_size=10, num_examples=30, shuffle=False).Instantiate()
     data = gen._LoadExamples()['inputs']  # pylint: disable=protected-access
-    stream = np.concatenate([b['inputs'] for b in _Batches(gen, 6)])
+    stream = np.concatenate([b['inputs'] for b in test_utils.Batches(gen, 6)])
     self.assertAllEqual(stream, np.concatenate([data, data]))
 
   def testSkipBatchesEqualsUninterruptedStream(self):
@@ -108,10 +84,10 @@ class SyntheticClassificationInputTest(tf.test.TestCase):
     # on and after those boundaries.
     for shuffle, skips in ((True, (1, 4, 5, 13)), (False, (4, 9))):
       p = _Synthetic(batch_size=16, num_examples=70, shuffle=shuffle, seed=7)
-      full = _Batches(p.Instantiate(), 16)
+      full = test_utils.Batches(p.Instantiate(), 16)
       for skip in skips:
         with self.subTest(shuffle=shuffle, skip=skip):
-          resumed = _Batches(p.Instantiate(), 16 - skip, skip=skip)
+          resumed = test_utils.Batches(p.Instantiate(), 16 - skip, skip=skip)
           self.assertBatchesEqual(resumed, full[skip:])
 
   def testSkipFarAheadIsCheapAndExact(self):
@@ -120,9 +96,9 @@ class SyntheticClassificationInputTest(tf.test.TestCase):
     result = {}
 
     def _First():
-      result['batch'] = _Batches(gen, 1, skip=skip)[0]
+      result['batch'] = test_utils.Batches(gen, 1, skip=skip)[0]
 
-    self.assertIsNone(_RaisesWithin(20, _First))
+    self.assertIsNone(test_utils.RaisesWithin(20, _First))
     data = gen._LoadExamples()['inputs']  # pylint: disable=protected-access
     expected = []
     for position in range(skip * batch_size, (skip + 1) * batch_size):
@@ -189,7 +165,7 @@ class TFDSImageInputTest(tf.test.TestCase):
       gen = _Image(dataset_name='cifar10', split='train', batch_size=8,
                    num_classes=10, data_dir=self.get_temp_dir()).Instantiate()
       self.assertEqual(gen.NumExamples(), 40)
-      batches = _Batches(gen, 6)  # 48 > 40: crosses an epoch.
+      batches = test_utils.Batches(gen, 6)  # 48 > 40: crosses an epoch.
     for batch in batches:
       self.assertEqual(batch['inputs'].shape, (8, 32, 32, 3))
       self.assertEqual(batch['inputs'].dtype, np.float32)
@@ -202,8 +178,8 @@ class TFDSImageInputTest(tf.test.TestCase):
     with tfds.testing.mock_data(num_examples=20):
       p = _Image(dataset_name='cifar10', batch_size=4, image_size=24,
                  num_channels=1, augment=True, mean=[0.5], std=[0.25])
-      batch = _Batches(p.Instantiate(), 1)[0]
-      plain = _Batches(p.Copy().Set(augment=False).Instantiate(), 1)[0]
+      batch = test_utils.Batches(p.Instantiate(), 1)[0]
+      plain = test_utils.Batches(p.Copy().Set(augment=False).Instantiate(), 1)[0]
     self.assertEqual(batch['inputs'].shape, (4, 24, 24, 1))
     self.assertEqual(plain['inputs'].shape, (4, 24, 24, 1))
     self.assertAllEqual(batch['labels'], plain['labels'])  # Same order.
@@ -215,8 +191,8 @@ class TFDSImageInputTest(tf.test.TestCase):
       # mean -1 lifts every pixel to [1, 2]; only cutout writes zeros.
       p = _Image(dataset_name='cifar10', batch_size=16, augment=True,
                  mean=[-1.0] * 3)
-      with_cutout = _Batches(p.Copy().Set(cutout_size=8).Instantiate(), 1)[0]
-      without = _Batches(p.Instantiate(), 1)[0]
+      with_cutout = test_utils.Batches(p.Copy().Set(cutout_size=8).Instantiate(), 1)[0]
+      without = test_utils.Batches(p.Instantiate(), 1)[0]
     self.assertEqual(np.sum(without['inputs'] == 0.0), 0)
     zeros = np.sum(with_cutout['inputs'] == 0.0, axis=(1, 2, 3))
     self.assertAllInRange(zeros, 4 * 4 * 3, 8 * 8 * 3)  # Clipped at borders.
@@ -227,13 +203,13 @@ class TFDSImageInputTest(tf.test.TestCase):
     # 1,437 train examples, B=256: batch 5 spans epochs 0 and 1.
     p = _Image(dataset_name='digits', data_dir=data_dir, batch_size=256,
                augment=True, image_size=10, cutout_size=3, seed=11)
-    full = _Batches(p.Instantiate(), 8)
+    full = test_utils.Batches(p.Instantiate(), 8)
     for skip in (5, 6):
-      resumed = _Batches(p.Instantiate(), 2, skip=skip)
+      resumed = test_utils.Batches(p.Instantiate(), 2, skip=skip)
       for x, y in zip(resumed, full[skip:skip + 2], strict=True):
         self.assertAllEqual(x['inputs'], y['inputs'])
         self.assertAllEqual(x['labels'], y['labels'])
-    other = _Batches(p.Copy().Set(seed=12).Instantiate(), 1)[0]
+    other = test_utils.Batches(p.Copy().Set(seed=12).Instantiate(), 1)[0]
     self.assertNotAllClose(other['inputs'], full[0]['inputs'])
 
   def testClassSubsetKeepsAndRelabelsClasses(self):
@@ -242,8 +218,8 @@ class TFDSImageInputTest(tf.test.TestCase):
     p = _Image(dataset_name='digits', data_dir=data_dir, split='test',
                shuffle=False, repeat=False, drop_remainder=False,
                batch_size=500)
-    everything = _Batches(p.Instantiate(), 1)[0]
-    subset = _Batches(p.Copy().Set(class_subset=[7, 2], num_classes=2)
+    everything = test_utils.Batches(p.Instantiate(), 1)[0]
+    subset = test_utils.Batches(p.Copy().Set(class_subset=[7, 2], num_classes=2)
                       .Instantiate(), 1)[0]
     kept = np.isin(everything['labels'], [7, 2])
     self.assertAllEqual(subset['inputs'], everything['inputs'][kept])
@@ -275,7 +251,7 @@ class TFDSImageInputTest(tf.test.TestCase):
   def testMissingRegisteredDatasetRaisesNamedErrorFast(self):
     data_dir = os.path.join(self.get_temp_dir(), 'empty')
     gen = _Image(dataset_name='cifar10', data_dir=data_dir).Instantiate()
-    error = _RaisesWithin(60, gen.GetDataset)
+    error = test_utils.RaisesWithin(60, gen.GetDataset)
     self.assertIsInstance(error, inputs.DatasetNotFoundError)
     self.assertIsInstance(error, FileNotFoundError)
     self.assertIn(data_dir, str(error))
@@ -284,7 +260,7 @@ class TFDSImageInputTest(tf.test.TestCase):
   def testMissingUnregisteredDatasetRaisesNamedError(self):
     data_dir = os.path.join(self.get_temp_dir(), 'empty')
     gen = _Image(dataset_name='digits', data_dir=data_dir).Instantiate()
-    error = _RaisesWithin(60, gen.NumExamples)
+    error = test_utils.RaisesWithin(60, gen.NumExamples)
     self.assertIsInstance(error, inputs.DatasetNotFoundError)
     self.assertIn('PrepareDigits', str(error))
 

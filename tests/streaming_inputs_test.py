@@ -4,7 +4,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 
 # Lets `python tests/streaming_inputs_test.py` import gpipe_tf from the repo root.
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,6 +15,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf import datasets  # pylint: disable=g-import-not-at-top
+import test_utils  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from gpipe_tf import inputs  # pylint: disable=g-import-not-at-top
 from gpipe_tf import streaming_inputs  # pylint: disable=g-import-not-at-top
 
@@ -40,29 +40,6 @@ def WriteVariableSizeImages(root, num_train=NUM_TRAIN, num_test=9, seed=0):
         data = tf.io.encode_png(image[..., :1] if i % 4 == 0 else image)
         path = os.path.join(folder, f'{i}.png')
       tf.io.write_file(path, data)
-
-
-def _Batches(generator, num, skip=0):
-  return list(generator.GetDataset(skip_batches=skip).take(num)
-              .as_numpy_iterator())
-
-
-def _RaisesWithin(seconds, fn):
-  """Runs fn in a daemon thread; returns its exception, fails on a hang."""
-  outcome = {}
-
-  def _Run():
-    try:
-      fn()
-    except Exception as e:  # pylint: disable=broad-except
-      outcome['error'] = e
-
-  thread = threading.Thread(target=_Run, daemon=True)
-  thread.start()
-  thread.join(seconds)
-  if thread.is_alive():
-    raise AssertionError(f'Call did not return within {seconds} s.')
-  return outcome.get('error')
 
 
 class PlanBlocksTest(tf.test.TestCase):
@@ -146,8 +123,8 @@ class TFDSStreamingImageInputTest(tf.test.TestCase):
   def testEveryEpochIsAFreshPermutation(self):
     # No augmentation and B = N: batch e is epoch e, images identify examples.
     p = self._Params(batch_size=NUM_TRAIN, eval_crop_fraction=1.0)
-    epochs = _Batches(p.Instantiate(), 3)
-    plain = _Batches(p.Copy().Set(shuffle=False).Instantiate(), 1)[0]
+    epochs = test_utils.Batches(p.Instantiate(), 3)
+    plain = test_utils.Batches(p.Copy().Set(shuffle=False).Instantiate(), 1)[0]
 
     def _Keys(batch):
       return [hash(x.tobytes()) for x in batch['inputs']]
@@ -162,10 +139,10 @@ class TFDSStreamingImageInputTest(tf.test.TestCase):
     # N=37, B=5, windows of 12 examples: skips land mid-window, on a window
     # boundary and across epochs (batch 7 holds positions 35..39).
     p = self._Params(augment=True, cutout_size=3, seed=5)
-    full = _Batches(p.Instantiate(), 19)
+    full = test_utils.Batches(p.Instantiate(), 19)
     for skip in (1, 7, 8, 12, 15):
       with self.subTest(skip=skip):
-        resumed = _Batches(p.Instantiate(), 4, skip=skip)
+        resumed = test_utils.Batches(p.Instantiate(), 4, skip=skip)
         self.assertBatchesEqual(resumed, full[skip:skip + 4])
 
   def testSinglePassResume(self):
@@ -179,10 +156,10 @@ class TFDSStreamingImageInputTest(tf.test.TestCase):
   def testDeterministicGivenSeedOnly(self):
     p = self._Params(augment=True, seed=3)
     tf.random.set_seed(1)
-    first = _Batches(p.Instantiate(), 3)
+    first = test_utils.Batches(p.Instantiate(), 3)
     tf.random.set_seed(2)
-    self.assertBatchesEqual(first, _Batches(p.Instantiate(), 3))
-    other = _Batches(p.Copy().Set(seed=4).Instantiate(), 1)[0]
+    self.assertBatchesEqual(first, test_utils.Batches(p.Instantiate(), 3))
+    other = test_utils.Batches(p.Copy().Set(seed=4).Instantiate(), 1)[0]
     self.assertNotAllClose(other['inputs'], first[0]['inputs'])
 
   def testSkipFarAheadIsCheap(self):
@@ -191,17 +168,17 @@ class TFDSStreamingImageInputTest(tf.test.TestCase):
     result = {}
 
     def _Read():
-      result['pair'] = _Batches(p.Instantiate(), 2, skip=skip - 1)
-      result['one'] = _Batches(p.Instantiate(), 1, skip=skip)
+      result['pair'] = test_utils.Batches(p.Instantiate(), 2, skip=skip - 1)
+      result['one'] = test_utils.Batches(p.Instantiate(), 1, skip=skip)
 
-    self.assertIsNone(_RaisesWithin(30, _Read))
+    self.assertIsNone(test_utils.RaisesWithin(30, _Read))
     self.assertBatchesEqual(result['one'], result['pair'][1:])
 
   def testAugmentationCropsFlipsAndCutsOut(self):
     base = self._Params(shuffle=False, mean=[-1.0] * 3)  # Pixels in [1, 2].
-    plain = _Batches(base.Instantiate(), 2)
-    augmented = _Batches(base.Copy().Set(augment=True).Instantiate(), 2)
-    cut = _Batches(base.Copy().Set(augment=True, cutout_size=4).Instantiate(),
+    plain = test_utils.Batches(base.Instantiate(), 2)
+    augmented = test_utils.Batches(base.Copy().Set(augment=True).Instantiate(), 2)
+    cut = test_utils.Batches(base.Copy().Set(augment=True, cutout_size=4).Instantiate(),
                    2)
     for x, y, z in zip(plain, augmented, cut):
       self.assertAllEqual(x['labels'], y['labels'])
@@ -212,18 +189,18 @@ class TFDSStreamingImageInputTest(tf.test.TestCase):
 
   def testGreyOutputAndNormalisation(self):
     p = self._Params(num_channels=1, mean=[0.5], std=[0.25])
-    batch = _Batches(p.Instantiate(), 1)[0]
+    batch = test_utils.Batches(p.Instantiate(), 1)[0]
     self.assertEqual(batch['inputs'].shape, (5, 12, 12, 1))
     self.assertAllInRange(batch['inputs'], -2.0, 2.0)
 
   def testMissingDatasetRaisesNamedErrorFast(self):
     empty = os.path.join(self.get_temp_dir(), 'empty')
     p = self._Params(dataset_name='imagenet2012', data_dir=empty)
-    error = _RaisesWithin(60, p.Instantiate().GetDataset)
+    error = test_utils.RaisesWithin(60, p.Instantiate().GetDataset)
     self.assertIsInstance(error, inputs.DatasetNotFoundError)
     self.assertIn(empty, str(error))
     self.assertIn('download=True', str(error))
-    error = _RaisesWithin(
+    error = test_utils.RaisesWithin(
         60, self._Params(dataset_name='fgvc_aircraft',
                          data_dir=empty).Instantiate().NumExamples)
     self.assertIsInstance(error, inputs.DatasetNotFoundError)

@@ -20,15 +20,9 @@ from params.image import imagenet
 class CifarTransfer(imagenet.TransferFromImageNet):
   """TransferFromImageNet on a 32x32 CIFAR set held in memory (not registered)."""
 
+  INPUT_GENERATOR = inputs.TFDSImageInput  # 32x32 images fit in memory.
   TEST_SPLIT = 'test'
   CROP_MIN_FRACTION = 0.75
-
-  def _Input(self, name: str, split: str) -> hyperparams.Params:
-    return inputs.TFDSImageInput.Params().Set(
-        name=name, dataset_name=self.DATASET_NAME, split=split,
-        data_dir=self.DATA_DIR, download=False, image_size=self.IMAGE_SIZE,
-        num_channels=3, mean=self.MEAN, std=self.STD,
-        num_classes=self.NUM_CLASSES, batch_size=self.BATCH_SIZE)
 
   def Train(self) -> hyperparams.Params:
     return self._Input('train', self.TRAIN_SPLIT).Set(

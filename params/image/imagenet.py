@@ -59,6 +59,7 @@ class AmoebaNetImageNet(base_experiment.SingleTaskModelParams):
   NUM_PARTITIONS = 8
   NUM_MICRO_BATCHES = 32
   # Data and training.
+  INPUT_GENERATOR = streaming_inputs.TFDSStreamingImageInput
   DATASET_NAME = 'imagenet2012'
   TRAIN_SPLIT = 'train'
   TEST_SPLIT = 'validation'
@@ -72,7 +73,7 @@ class AmoebaNetImageNet(base_experiment.SingleTaskModelParams):
   STD = (0.5, 0.5, 0.5)
 
   def _Input(self, name: str, split: str) -> hyperparams.Params:
-    return streaming_inputs.TFDSStreamingImageInput.Params().Set(
+    return self.INPUT_GENERATOR.Params().Set(
         name=name, dataset_name=self.DATASET_NAME, split=split,
         data_dir=self.DATA_DIR, download=False, image_size=self.IMAGE_SIZE,
         num_channels=3, mean=self.MEAN, std=self.STD,

@@ -10,9 +10,14 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:
   sys.path.insert(0, _REPO_ROOT)
 
+import test_utils  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+test_utils.SetUpDevices()
+
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+from gpipe_tf import distribute  # pylint: disable=g-import-not-at-top
 from gpipe_tf import train_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf import warm_start  # pylint: disable=g-import-not-at-top
 from params.synthetic import mlp  # pylint: disable=g-import-not-at-top
@@ -107,6 +112,26 @@ class WarmStartTest(tf.test.TestCase):
     resumed = train_lib.train(experiment, logdir, 6, **RUN_ARGS)
     self.assertEqual(resumed.start_step, 4)
     self.assertEqual(resumed.global_step, 6)
+
+  def testWarmStartFillsEveryReplicasCopy(self):
+    experiment = self._FineTune(self.source)
+    logdir = os.path.join(self.root, 'replicated')
+    runner = train_lib._Runner(  # pylint: disable=protected-access
+        experiment, logdir, 5, strategy=distribute.MakeStrategy(2, 1))
+    self.assertIsNone(runner.Restore())
+    checked = 0
+    for variable in runner.task.variables:
+      if variable.name.startswith('task/model/logits/'):
+        continue
+      self.assertLen(variable.values, 2)  # One copy per replica.
+      for copy in variable.values:
+        self.assertAllEqual(copy.numpy(), self.source_values[variable.name])
+        checked += 1
+    self.assertGreater(checked, 4)
+    result = train_lib.train(experiment, logdir, 2, num_replicas=2,
+                             **RUN_ARGS)
+    self.assertEqual(result.global_step, 2)
+    self.assertTrue(np.isfinite(result.train_metrics['loss']))
 
   def testPathForms(self):
     for path in (self.source, os.path.join(self.source, 'ckpt'), self.prefix):

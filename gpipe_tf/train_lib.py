@@ -148,11 +148,13 @@ class _Runner:
     self._eval_step = None
     self._eval_writer = None
 
-  def Restore(self) -> str | None:
+  def Restore(self, warm_start_if_new: bool = True) -> str | None:
+    """Restores the newest good checkpoint; else warm-starts (if asked)."""
     path = self.checkpointer.Restore()
     if path:
       logging.info('Resuming from %s at global step %d.', path, self.Step())
-    elif self.task.p.init_from_checkpoint:  # Only a run's first start.
+    elif warm_start_if_new and self.task.p.init_from_checkpoint:
+      # Only a training run's first start.
       warm_start.InitFromCheckpoint(self.task, self.task.p.init_from_checkpoint,
                                     self.task.p.init_from_checkpoint_skip)
     return path
@@ -450,7 +452,8 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
                    strategy)
   if strategy is not None:
     _LogLayout(strategy, runner.task)
-  restored = runner.Restore()
+  # An evaluation without a checkpoint fails below; no warm start for it.
+  restored = runner.Restore(warm_start_if_new=mode != 'eval')
   start = runner.Step()
   distribute.CheckTasksAgree(
       strategy, start, 'global step they resume from',

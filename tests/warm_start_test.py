@@ -17,6 +17,7 @@ test_utils.SetUpDevices()
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+from gpipe_tf import checkpoints  # pylint: disable=g-import-not-at-top
 from gpipe_tf import distribute  # pylint: disable=g-import-not-at-top
 from gpipe_tf import train_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf import warm_start  # pylint: disable=g-import-not-at-top
@@ -194,6 +195,12 @@ class WarmStartTest(tf.test.TestCase):
       train_lib.train(self._FineTune(missing),
                       os.path.join(self.root, 'bad'), 1, **RUN_ARGS)
     self.assertFalse(os.path.exists(os.path.join(self.root, 'bad', 'ckpt')))
+
+  def testEvaluationWithoutCheckpointDoesNotWarmStart(self):
+    # The source is missing too: only the missing checkpoint is reported.
+    with self.assertRaises(checkpoints.NoCheckpointError):
+      train_lib.evaluate(self._FineTune(os.path.join(self.root, 'nowhere')),
+                         os.path.join(self.root, 'eval_only'))
 
 
 if __name__ == '__main__':

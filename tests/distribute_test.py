@@ -59,13 +59,6 @@ class _PipedBatchNorm(_Piped):
   WITH_BATCH_NORM = True
 
 
-def _Variables(logdir):
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(
-      os.path.join(logdir, 'ckpt')))
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.endswith('VARIABLE_VALUE') and 'save_counter' not in k}
-
-
 class DistributeTest(tf.test.TestCase):
 
   def testTwoReplicasOfTwoCellsEqualOneDevice(self):
@@ -74,7 +67,8 @@ class DistributeTest(tf.test.TestCase):
     result = train_lib.train_and_evaluate(_Piped, dist, 'train',
                                           max_steps=NUM_STEPS, num_replicas=2)
     self.assertEqual(result.global_step, NUM_STEPS)
-    a, b = _Variables(plain), _Variables(dist)
+    a, b = (test_utils.CheckpointValues(plain),
+            test_utils.CheckpointValues(dist))
     self.assertEqual(sorted(a), sorted(b))
     self.assertGreater(len(a), 6)  # Weights, Adam slots, global step.
     for name in a:
@@ -88,7 +82,8 @@ class DistributeTest(tf.test.TestCase):
     second = train_lib.train(_Piped, resumed, 4, num_replicas=2)
     self.assertEqual(second.start_step, 2)
     train_lib.train(_Piped, straight, 4, num_replicas=2)
-    a, b = _Variables(resumed), _Variables(straight)
+    a, b = (test_utils.CheckpointValues(resumed),
+            test_utils.CheckpointValues(straight))
     self.assertEqual(sorted(a), sorted(b))
     for name in a:
       self.assertAllEqual(a[name], b[name], msg=name)
@@ -98,7 +93,8 @@ class DistributeTest(tf.test.TestCase):
     train_lib.train_and_evaluate(_PlainBatchNorm, plain, 'train', max_steps=2)
     train_lib.train_and_evaluate(_PipedBatchNorm, dist, 'train', max_steps=2,
                                  num_replicas=2)
-    a, b = _Variables(plain), _Variables(dist)
+    a, b = (test_utils.CheckpointValues(plain),
+            test_utils.CheckpointValues(dist))
     stats = [k for k in a if 'moving_' in k]
     self.assertLen(stats, 2)
     # decay=0: the moving statistics are exactly those of the last (2nd)

@@ -45,14 +45,6 @@ def _FreePorts(n):
       s.close()
 
 
-def _Variables(logdir, step):
-  """{key: value} of logdir/ckpt/ckpt-<step>, without the save counter."""
-  reader = tf.train.load_checkpoint(os.path.join(logdir, 'ckpt',
-                                                 f'ckpt-{step}'))
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.endswith('VARIABLE_VALUE') and 'save_counter' not in k}
-
-
 def _NewestStep(logdir):
   """The step of the checkpoint the chief's state file names, or None."""
   state = os.path.join(logdir, 'ckpt', 'checkpoint')
@@ -148,7 +140,7 @@ class MultiWorkerTest(tf.test.TestCase):
     logdir = os.path.join(self.get_temp_dir(), f'one_process_{num_replicas}')
     train_lib.train(params, logdir, max_steps, save_interval_steps=max_steps,
                     num_replicas=num_replicas)
-    return _Variables(logdir, max_steps)
+    return test_utils.CheckpointValues(logdir, max_steps)
 
   def testKilledTaskRestartsAndTrainsLikeOneProcess(self):
     # 1. Kill task 1 of a job as soon as the chief has saved a checkpoint.
@@ -195,7 +187,7 @@ class MultiWorkerTest(tf.test.TestCase):
     # 3. Identical to an uninterrupted run of 2 replicas x 2 cells on one
     # host (same shares of the same global batches; a sum of 2 is exact in
     # either order).
-    got = _Variables(logdir, final)
+    got = test_utils.CheckpointValues(logdir, final)
     self.assertEqual(got['global_step/.ATTRIBUTES/VARIABLE_VALUE'], final)
     uninterrupted = self._InProcessRun(final, num_replicas=2)
     self.assertEqual(sorted(got), sorted(uninterrupted))

@@ -44,13 +44,10 @@ class _NanAtStep(mlp.Tiny):
     return nan_p
 
 
-def _Checkpoint(logdir, step):
-  """{key: value} of ckpt-<step>, without the global step and save counter."""
-  reader = tf.train.load_checkpoint(os.path.join(logdir, 'ckpt',
-                                                 f'ckpt-{step}'))
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if not k.startswith(('save_counter', '_CHECKPOINTABLE',
-                               'global_step'))}
+def _StepValues(logdir, step):
+  """ckpt-<step>'s values without the global step and save counter."""
+  return test_utils.CheckpointValues(logdir, step,
+                                     skip=('save_counter', 'global_step'))
 
 
 class NonFiniteTest(tf.test.TestCase):
@@ -63,21 +60,16 @@ class NonFiniteTest(tf.test.TestCase):
     self.assertEqual(result.global_step, NAN_AT_STEP + 2)  # Still advances.
     self.assertEqual(result.skipped_steps, 1)
     self.assertTrue(all(np.isfinite(v) for v in result.train_metrics.values()))
-    before = _Checkpoint(logdir, NAN_AT_STEP)      # After NAN_AT_STEP updates.
-    after = _Checkpoint(logdir, NAN_AT_STEP + 1)   # After the NaN step.
-    later = _Checkpoint(logdir, NAN_AT_STEP + 2)   # After one more good step.
+    before = _StepValues(logdir, NAN_AT_STEP)      # After NAN_AT_STEP updates.
+    after = _StepValues(logdir, NAN_AT_STEP + 1)   # After the NaN step.
+    later = _StepValues(logdir, NAN_AT_STEP + 2)   # After one more good step.
     self.assertGreater(len(before), 6)  # Weights, Adam slots and iterations.
     self.assertEqual(sorted(before), sorted(after))
     for key in before:
       self.assertAllEqual(before[key], after[key], msg=key)
     self.assertTrue(any(not np.array_equal(after[k], later[k]) for k in after))
     # The summary is written at every logging step.
-    skipped = {}
-    for path in tf.io.gfile.glob(logdir + '/train/events.out.tfevents.*'):
-      for event in tf.compat.v1.train.summary_iterator(path):
-        for value in event.summary.value:
-          if value.tag == 'skipped_steps':
-            skipped[event.step] = float(tf.make_ndarray(value.tensor))
+    skipped = test_utils.Scalars(logdir + '/train')['skipped_steps']
     self.assertEqual(skipped[NAN_AT_STEP], 0.0)
     self.assertEqual(skipped[NAN_AT_STEP + 1], 1.0)
 
@@ -90,7 +82,7 @@ class NonFiniteTest(tf.test.TestCase):
     newest = tf.train.latest_checkpoint(logdir + '/ckpt')
     self.assertEqual(checkpoints.CheckpointStep(newest), NAN_AT_STEP)
     checkpoints.VerifyReadable(newest)
-    for value in _Checkpoint(logdir, NAN_AT_STEP).values():
+    for value in _StepValues(logdir, NAN_AT_STEP).values():
       self.assertTrue(np.all(np.isfinite(value)))
 
   def testBadPolicyIsRejected(self):
@@ -115,20 +107,8 @@ print(json.dumps({'loss': result.train_metrics['loss'],
 """
 
 
-def _Variables(logdir):
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(
-      os.path.join(logdir, 'ckpt')))
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.endswith('VARIABLE_VALUE')}
-
-
 def _LastLoss(logdir):
-  losses = {}
-  for path in tf.io.gfile.glob(logdir + '/train/events.out.tfevents.*'):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag == 'loss':
-          losses[event.step] = float(tf.make_ndarray(value.tensor))
+  losses = test_utils.Scalars(os.path.join(logdir, 'train'))['loss']
   return losses[max(losses)]
 
 
@@ -152,7 +132,8 @@ class DeterminismTest(tf.test.TestCase):
         check=True)
     self.assertEqual(_LastLoss(lib_dir), _LastLoss(cli_dir))
     self.assertAllClose(_LastLoss(lib_dir), lib['loss'])
-    a, b = _Variables(lib_dir), _Variables(cli_dir)
+    a, b = (test_utils.CheckpointValues(lib_dir, skip=()),
+            test_utils.CheckpointValues(cli_dir, skip=()))
     self.assertEqual(sorted(a), sorted(b))
     self.assertGreater(len(a), 6)
     for key, value in a.items():

@@ -28,14 +28,6 @@ class _PlainNoDropout(mlp.Tiny):
     return p
 
 
-def _Variables(logdir):
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(logdir + '/ckpt'))
-  # Every saved value: weights (stored under the optimizer's path, where the
-  # object graph meets them first), Adam slots, the global step.
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.endswith('VARIABLE_VALUE') and 'save_counter' not in k}
-
-
 class PipelinedTrainingTest(tf.test.TestCase):
 
   def testPipelinedExperimentLearnsAndResumes(self):
@@ -54,7 +46,10 @@ class PipelinedTrainingTest(tf.test.TestCase):
     train_lib.train_and_evaluate(_PlainNoDropout, plain, mode='train',
                                  max_steps=5)
     train_lib.train_and_evaluate(_NoDropout, piped, mode='train', max_steps=5)
-    a, b = _Variables(plain), _Variables(piped)
+    # Every saved value: weights (stored under the optimizer's path, where
+    # the object graph meets them first), Adam slots, the global step.
+    a, b = (test_utils.CheckpointValues(plain),
+            test_utils.CheckpointValues(piped))
     self.assertEqual(sorted(a), sorted(b))
     self.assertGreater(len(a), 6)
     for name in a:

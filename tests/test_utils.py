@@ -1,5 +1,6 @@
-"""Shared test set-up (logical CPU devices standing in for accelerators) and input-reading helpers."""
+"""Shared test set-up (logical CPU devices as accelerators) and readers of inputs, checkpoints, summaries."""
 
+import collections
 import os
 import sys
 import threading
@@ -7,6 +8,7 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gpipe_tf import devices  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 # Every test process splits the CPU into this many logical devices, once,
 # before any op runs (conftest.py under pytest; module import otherwise).
@@ -39,3 +41,27 @@ def RaisesWithin(seconds, fn):
   if thread.is_alive():
     raise AssertionError(f'Call did not return within {seconds} s.')
   return outcome.get('error')
+
+
+def CheckpointValues(logdir, step=None, skip=('save_counter',)):
+  """{key: value} of logdir/ckpt/ckpt-<step> (None: the newest checkpoint).
+
+  Leaves out the object graph and the keys starting with a prefix in `skip`.
+  """
+  directory = os.path.join(logdir, 'ckpt')
+  path = (tf.train.latest_checkpoint(directory) if step is None
+          else os.path.join(directory, f'ckpt-{step}'))
+  reader = tf.train.load_checkpoint(path)
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if not k.startswith(('_CHECKPOINTABLE',) + tuple(skip))}
+
+
+def Scalars(directory):
+  """{tag: {step: value}} of all scalar summaries in `directory`."""
+  out = collections.defaultdict(dict)
+  pattern = os.path.join(directory, 'events.out.tfevents.*')
+  for path in tf.io.gfile.glob(pattern):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        out[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
+  return out

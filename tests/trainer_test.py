@@ -1,7 +1,5 @@
 """Tests of gpipe_tf.train_lib and trainer: resume, summaries, CLI."""
 
-import collections
-import glob
 import hashlib
 import os
 import shutil
@@ -22,6 +20,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from tensorflow.python.checkpoint import functional_saver  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 
+import test_utils  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
 from gpipe_tf import base_experiment  # pylint: disable=g-import-not-at-top
 from gpipe_tf import checkpoints  # pylint: disable=g-import-not-at-top
 from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
@@ -29,31 +29,15 @@ from gpipe_tf import train_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf import trainer  # pylint: disable=g-import-not-at-top
 from params.synthetic import mlp  # pylint: disable=g-import-not-at-top
 
+_Scalars = test_utils.Scalars  # {tag: {step: value}} of a summary directory.
+_Checkpoint = test_utils.CheckpointValues  # Values of logdir/ckpt/ckpt-<step>.
+
 FLAGS = flags.FLAGS
 RUN_ARGS = dict(save_interval_steps=10, log_interval_steps=5)
 TRAIN_TAGS = {'loss', 'accuracy', 'learning_rate', 'grad_norm',
               'steps_per_sec', 'examples_per_sec'}
 # Overrides giving Tiny another hidden size: a different, incompatible model.
 WIDER = ('model.layers[0].output_dim : 32; model.layers[2].input_dim : 32')
-
-
-def _Scalars(directory):
-  """{tag: {step: value}} of all scalar summaries in `directory`."""
-  out = collections.defaultdict(dict)
-  for path in glob.glob(os.path.join(directory, 'events.out.tfevents.*')):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        out[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
-  return out
-
-
-def _Checkpoint(logdir, step):
-  """{key: value} of logdir/ckpt/ckpt-<step> (without the save counter)."""
-  reader = tf.train.load_checkpoint(os.path.join(logdir, 'ckpt',
-                                                 f'ckpt-{step}'))
-  return {key: reader.get_tensor(key)
-          for key in reader.get_variable_to_shape_map()
-          if not key.startswith(('save_counter', '_CHECKPOINTABLE'))}
 
 
 def _Snapshot(directory):

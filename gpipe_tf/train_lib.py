@@ -408,7 +408,7 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
       every device used (distribute.NumReplicasThatFit).
     strategy: a strategy made by the caller instead, e.g. a multi-worker one
       (distribute.MakeMultiWorkerStrategy: it must be made at program
-      start-up); num_replicas must then be 1.
+      start-up); num_replicas must then be 0 or 1.
 
   Returns:
     A RunResult.

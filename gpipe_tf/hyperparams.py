@@ -38,15 +38,17 @@ import re
 import types
 from typing import Any, Callable, Iterator, Self
 
+from gpipe_tf import errors
+
 __all__ = ['FrozenParamsError', 'InstantiableParams', 'Params',
            'ParamsParseError']
 
 
-class FrozenParamsError(TypeError):
+class FrozenParamsError(errors.Error, TypeError):
   """A Set, Define, Delete or attribute write reached frozen Params."""
 
 
-class ParamsParseError(ValueError):
+class ParamsParseError(errors.Error, ValueError):
   """FromText cannot parse a statement; the message gives its line and text."""
 
 

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from absl import logging
 
+from gpipe_tf import errors
 from gpipe_tf import base_experiment
 from gpipe_tf import hyperparams
 
@@ -31,11 +32,11 @@ _T = TypeVar('_T', bound=type)
 _REGISTRY: dict[str, type] = {}
 
 
-class ModelNotFoundError(LookupError):
+class ModelNotFoundError(errors.Error, LookupError):
   """No experiment is registered under the name asked for."""
 
 
-class DuplicateModelError(ValueError):
+class DuplicateModelError(errors.Error, ValueError):
   """Two different classes were registered under one name."""
 
 

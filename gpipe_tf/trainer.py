@@ -1,4 +1,4 @@
-"""The trainer binary: absl flags over train_lib.train_and_evaluate.
+"""The trainer binary: absl flags over loop.train_and_evaluate.
 
 Usage (from the repository root, so that the ``params`` package imports)::
 
@@ -115,8 +115,8 @@ def main(argv: Sequence[str]) -> None:
   # Imported here so that --help stays fast and logical devices are set up
   # before TensorFlow runs any op.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import devices  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import distribute  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import distribute  # pylint: disable=g-import-not-at-top
   try:
     multi_worker = distribute.NumTrainingTasks() > 1
   except distribute.ClusterConfigError as e:
@@ -136,10 +136,10 @@ def main(argv: Sequence[str]) -> None:
                    names)
 
   from gpipe_tf import base_experiment  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import checkpoints  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.train import checkpoints  # pylint: disable=g-import-not-at-top
   from gpipe_tf import hyperparams  # pylint: disable=g-import-not-at-top
   from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import train_lib  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.train import loop  # pylint: disable=g-import-not-at-top
 
   try:
     params = model_registry.GetParams(FLAGS.model)
@@ -160,7 +160,7 @@ def main(argv: Sequence[str]) -> None:
                  distribute.TaskName(strategy), strategy.num_replicas_in_sync,
                  devices.DefaultDevices())
   try:
-    result = train_lib.train_and_evaluate(
+    result = loop.train_and_evaluate(
         params, FLAGS.logdir, FLAGS.mode, FLAGS.max_steps,
         save_interval_steps=FLAGS.save_interval_steps,
         log_interval_steps=FLAGS.log_interval_steps,
@@ -171,7 +171,7 @@ def main(argv: Sequence[str]) -> None:
         num_replicas=FLAGS.num_replicas, strategy=strategy)
   except (checkpoints.IncompatibleCheckpointError,
           checkpoints.NoCheckpointError, checkpoints.CheckpointWriteError,
-          train_lib.NonFiniteLossError, distribute.ReplicaLayoutError,
+          loop.NonFiniteLossError, distribute.ReplicaLayoutError,
           distribute.WorkerMismatchError) as e:
     _Fail(str(e))
   except distribute.PEER_FAILURE_ERRORS as e:

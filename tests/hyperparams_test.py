@@ -3,15 +3,9 @@
 import copy
 import enum
 import math
-import os
 import pickle
-import sys
 import unittest
 
-# Lets `python tests/hyperparams_test.py` import gpipe_tf from the repo root.
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO_ROOT not in sys.path:
-  sys.path.insert(0, _REPO_ROOT)
 
 from gpipe_tf import hyperparams  # pylint: disable=g-import-not-at-top
 

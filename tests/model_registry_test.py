@@ -1,13 +1,7 @@
 """Tests of gpipe_tf.model_registry and base_experiment: names, overrides."""
 
-import os
-import sys
 import types
 
-# Lets `python tests/model_registry_test.py` import gpipe_tf from the repo root.
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO_ROOT not in sys.path:
-  sys.path.insert(0, _REPO_ROOT)
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 

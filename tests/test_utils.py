@@ -2,13 +2,14 @@
 
 import collections
 import os
-import sys
 import threading
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tensorflow as tf
 
-from gpipe_tf import devices  # pylint: disable=g-import-not-at-top
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from gpipe_tf.runtime import devices
+
+# The repository root: the working directory of trainer subprocesses.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Every test process splits the CPU into this many logical devices, once,
 # before any op runs (conftest.py under pytest; module import otherwise).

@@ -7,7 +7,7 @@ update) and the peak memory the step allocates, for:
     remat policy in --remat, and
   * with --replicas, the data-parallel R x K grid over the same D =
     --num_devices devices: for every R in --replicas, R replicas of a K = D/R
-    cell pipeline under a MirroredStrategy (gpipe_tf.distribute), each
+    cell pipeline under a MirroredStrategy (gpipe_tf.runtime.distribute), each
     pipelining its N/R share of the same global batch N over its own K
     devices with M micro-batches, one synchronous update per step,
 all in ONE process, interleaved round by round (so a busy neighbour slows every
@@ -26,9 +26,9 @@ it held before the step (activations, gradients, temporaries; the weights and
 optimizer slots are allocated before and are not included). All logical CPU
 devices share one allocator, so this is the total over all cells and replicas.
 
-    python tools/benchmark.py                      # 32 FC blocks, K in {1,2}
-    python tools/benchmark.py --block=transformer  # 32 Transformer blocks
-    python tools/benchmark.py --replicas=1,2       # also 1 x 2 vs 2 x 1
+    python -m tools.benchmark                      # 32 FC blocks, K in {1,2}
+    python -m tools.benchmark --block=transformer  # 32 Transformer blocks
+    python -m tools.benchmark --replicas=1,2       # also 1 x 2 vs 2 x 1
 """
 
 from __future__ import annotations
@@ -36,17 +36,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
-from gpipe_tf import devices  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tools import benchmark_lib as lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tools import benchmark_tables as tables  # pylint: disable=g-import-not-at-top,wrong-import-position
+from gpipe_tf.runtime import devices
+from tools import benchmark_lib as lib
+from tools import benchmark_tables as tables
 
 _BLOCK = flags.DEFINE_enum('block', 'fc', ['fc', 'transformer'],
                            'Kind of the identical blocks.')

@@ -7,7 +7,7 @@ module turns a ModelSpec and a list of configurations into result rows:
     SequentialLayer), ``num_partitions`` (K), ``num_micro_batches`` (M),
     ``remat``, ``mode`` ('train' or 'inference') and ``num_replicas`` (R);
   * R > 1 trains R replicas of the K-cell pipeline data-parallel over R*K
-    devices (gpipe_tf.distribute.MakeStrategy): each replica pipelines its
+    devices (gpipe_tf.runtime.distribute.MakeStrategy): each replica pipelines its
     N/R share of the global batch over its own K devices, the gradients are
     averaged across replicas and ONE update is applied per step::
 
@@ -19,7 +19,7 @@ module turns a ModelSpec and a list of configurations into result rows:
     over the median step time) and ``peak_memory_bytes``.
 
 Logical CPU devices must exist before this module runs any op
-(gpipe_tf.devices.SplitCpu). It does NOT define flags or print tables.
+(gpipe_tf.runtime.devices.SplitCpu). It does NOT define flags or print tables.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
-from gpipe_tf import devices as devices_lib
-from gpipe_tf import distribute
+from gpipe_tf.runtime import devices as devices_lib
+from gpipe_tf.runtime import distribute
 from gpipe_tf import layers
 from gpipe_tf import pipeline as pipeline_lib
 

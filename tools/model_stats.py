@@ -4,10 +4,10 @@ Everything comes from the layers' FPropMeta (shapes only, no variables), so
 the 83.9B-parameter Transformer-L of Table 1 is counted in seconds on a
 laptop::
 
-  python tools/model_stats.py --model=lm.synthetic.TransformerL_1663
-  python tools/model_stats.py --model=mt.multilingual.T_64_16384_32 \\
+  python -m tools.model_stats --model=lm.synthetic.TransformerL_1663
+  python -m tools.model_stats --model=mt.multilingual.T_64_16384_32 \\
       --num_partitions=8 --json
-  python tools/model_stats.py --model=lm.synthetic.TransformerL_103 \\
+  python -m tools.model_stats --model=lm.synthetic.TransformerL_103 \\
       --model_params_override='model.num_partitions : 16'
 
 The layer list is ``task.model.layers`` (a PipeliningLayer or SequentialLayer)
@@ -32,14 +32,12 @@ shapes, i.e. for full-length sequences; the loss is not counted.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any, Sequence
 
 from absl import app
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -73,7 +71,7 @@ def OptimizerSlots(optimizer_params: Any) -> int:
   Raises:
     ModelStatsError: an optimizer this function does not know.
   """
-  from gpipe_tf import optimizers  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.tasks import optimizers  # pylint: disable=g-import-not-at-top
   cls = optimizer_params.cls
   if issubclass(cls, optimizers.Adam):
     return 3 if optimizer_params.amsgrad else 2

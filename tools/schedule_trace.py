@@ -6,18 +6,15 @@ one row per device (forward tasks blue, backward tasks orange, labelled by
 micro-batch), titled with the measured bubble fraction beside the theoretical
 (K-1)/(M+K-1). Also prints an ASCII version.
 
-    python tools/schedule_trace.py --partitions=2 --micro_batches=4 --out=schedule.png
+    python -m tools.schedule_trace --partitions=2 --micro_batches=4 --out=schedule.png
 """
 
 from __future__ import annotations
 
-import os
-import sys
 
 from absl import app
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _K = flags.DEFINE_integer('partitions', 2, 'K: cells (one logical device each).')
 _M = flags.DEFINE_integer('micro_batches', 4, 'M: micro-batches.')
@@ -31,7 +28,7 @@ _OUT = flags.DEFINE_string('out', 'schedule.png', 'PNG to write.')
 
 def main(argv):
   del argv
-  from gpipe_tf import devices  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
   devices.SplitCpu(_K.value)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import layers  # pylint: disable=g-import-not-at-top

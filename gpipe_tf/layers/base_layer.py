@@ -11,17 +11,18 @@ from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf import errors
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import initializers
 
 Shape = tuple  # A tuple of ints, None for an unknown dimension.
 
 
-class LayerInputError(ValueError):
+class LayerInputError(errors.Error, ValueError):
   """A layer got an input whose shape or structure it cannot take."""
 
 
-class ShapeMismatchError(ValueError):
+class ShapeMismatchError(errors.Error, ValueError):
   """Two consecutive layers disagree on the shape passed between them."""
 
 

@@ -6,7 +6,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import random_seeds
 

@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf import errors
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import conv
@@ -39,7 +40,7 @@ LayerMeta = base_layer.LayerMeta
 Params = hyperparams.InstantiableParams
 
 
-class CellSpecError(ValueError):
+class CellSpecError(errors.Error, ValueError):
   """A cell description (operations, hidden-state wiring) that cannot work."""
 
 

@@ -1,6 +1,23 @@
-"""The GPipe engine: partitioning, schedules, micro-batching and the PipeliningLayer."""
+"""The GPipe engine: partitioning, schedules, micro-batching and the PipeliningLayer.
 
-from gpipe_tf.pipeline.microbatch import MicroBatchError
-from gpipe_tf.pipeline.partition import PartitionError
-from gpipe_tf.pipeline.pipelining_layer import PipeliningLayer
-from gpipe_tf.pipeline.pipelining_layer import REMAT_POLICIES
+The pure-Python parts (``partition``, ``schedule``) import without
+TensorFlow; the names re-exported here load their modules on first use, so
+``import gpipe_tf.pipeline.partition`` stays TensorFlow-free.
+"""
+
+import importlib
+
+_LAZY = {
+    'MicroBatchError': 'gpipe_tf.pipeline.microbatch',
+    'PartitionError': 'gpipe_tf.pipeline.partition',
+    'PipeliningLayer': 'gpipe_tf.pipeline.pipelining_layer',
+    'REMAT_POLICIES': 'gpipe_tf.pipeline.pipelining_layer',
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    return getattr(importlib.import_module(_LAZY[name]), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -7,13 +7,13 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from gpipe_tf.layers import base_layer
+from gpipe_tf import errors
 from gpipe_tf.layers import core
 
 COSTS = ('flops', 'params', 'profile')
 
 
-class CostEstimateError(ValueError):
+class CostEstimateError(errors.Error, ValueError):
   """Layer costs cannot be estimated with the given Params."""
 
 

@@ -17,8 +17,10 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf import errors
 
-class MicroBatchError(ValueError):
+
+class MicroBatchError(errors.Error, ValueError):
   """The inputs cannot be split into the requested micro-batches."""
 
 

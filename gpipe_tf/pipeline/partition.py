@@ -20,6 +20,8 @@ import numbers
 from collections.abc import Sequence
 from typing import TypeVar
 
+from gpipe_tf import errors
+
 T = TypeVar('T')
 
 # Comparisons of cell costs are made with this tolerance relative to the total cost
@@ -28,20 +30,20 @@ T = TypeVar('T')
 _RTOL = 1e-9
 
 _CPU_HINT = ('on a CPU-only host split the CPU into more logical devices (the '
-             "trainer's flag, or gpipe_tf.devices.SplitCpu) before TensorFlow starts")
+             "trainer's flag, or gpipe_tf.runtime.devices.SplitCpu) before TensorFlow starts")
 
 
-class PartitionError(ValueError):
+class PartitionError(errors.Error, ValueError):
   """A partition or balance request that cannot be met; the message says what to change."""
 
 
-def _check_count(value: int, name: str) -> None:
+def _CheckCount(value: int, name: str) -> None:
   if isinstance(value, bool) or not isinstance(value, numbers.Integral):
     raise PartitionError(f'{name} must be an int, got {value!r} '
                          f'({type(value).__name__})')
 
 
-def _validated_costs(costs: Sequence[float]) -> list[float]:
+def _ValidatedCosts(costs: Sequence[float]) -> list[float]:
   """Returns costs as floats or raises PartitionError naming the first bad index."""
   result = []
   for i, c in enumerate(costs):
@@ -55,14 +57,14 @@ def _validated_costs(costs: Sequence[float]) -> list[float]:
   return result
 
 
-def _prefix_sums(costs: Sequence[float]) -> list[float]:
+def _PrefixSums(costs: Sequence[float]) -> list[float]:
   prefix = [0.0]
   for c in costs:
     prefix.append(prefix[-1] + c)
   return prefix
 
 
-def partition_balanced(costs: Sequence[float], num_partitions: int) -> list[int]:
+def PartitionBalanced(costs: Sequence[float], num_partitions: int) -> list[int]:
   """Splits layers with the given costs into contiguous cells minimising the slowest cell.
 
   The objective, in order:
@@ -91,8 +93,8 @@ def partition_balanced(costs: Sequence[float], num_partitions: int) -> list[int]
       names its index), if num_partitions < 1, or if there are fewer layers than cells
       (the message says how many cells would fit).
   """
-  _check_count(num_partitions, 'num_partitions')
-  values = _validated_costs(costs)
+  _CheckCount(num_partitions, 'num_partitions')
+  values = _ValidatedCosts(costs)
   num_layers, k_cells = len(values), num_partitions
   if k_cells < 1:
     raise PartitionError(
@@ -106,7 +108,7 @@ def partition_balanced(costs: Sequence[float], num_partitions: int) -> list[int]
         f'cannot split {num_layers} layers into {k_cells} cells; '
         f'use num_partitions <= {num_layers}')
 
-  prefix = _prefix_sums(values)
+  prefix = _PrefixSums(values)
   total = prefix[-1]
   eps = _RTOL * total
   eps_sq = _RTOL * total * total
@@ -172,7 +174,7 @@ def partition_balanced(costs: Sequence[float], num_partitions: int) -> list[int]
   return balance
 
 
-def check_devices(num_partitions: int, num_devices: int) -> None:
+def CheckDevices(num_partitions: int, num_devices: int) -> None:
   """Checks that every cell can get its own device.
 
   Args:
@@ -183,15 +185,15 @@ def check_devices(num_partitions: int, num_devices: int) -> None:
     PartitionError: if there are more cells than devices; the message says how many
       devices exist and how to get more logical devices on a CPU host.
   """
-  _check_count(num_partitions, 'num_partitions')
-  _check_count(num_devices, 'num_devices')
+  _CheckCount(num_partitions, 'num_partitions')
+  _CheckCount(num_devices, 'num_devices')
   if num_partitions > num_devices:
     raise PartitionError(
         f'the pipeline has {num_partitions} cells but only {num_devices} '
         f'device(s) exist; use num_partitions <= {num_devices}, or {_CPU_HINT}')
 
 
-def validate_balance(balance: Sequence[int], num_layers: int,
+def ValidateBalance(balance: Sequence[int], num_layers: int,
                      num_devices: int | None = None) -> list[int]:
   """Checks an explicit, user-given balance.
 
@@ -209,7 +211,7 @@ def validate_balance(balance: Sequence[int], num_layers: int,
       has more cells than devices, or does not sum to num_layers. The message suggests
       a balance that would fit (the balanced equal-count split).
   """
-  _check_count(num_layers, 'num_layers')
+  _CheckCount(num_layers, 'num_layers')
   balance = list(balance)
   if not balance:
     raise PartitionError('balance is empty; give at least one cell, e.g. '
@@ -220,18 +222,18 @@ def validate_balance(balance: Sequence[int], num_layers: int,
           f'balance[{i}] = {count!r} but every cell needs an int number of layers '
           f'>= 1; balance {balance} is invalid')
   if num_devices is not None:
-    check_devices(len(balance), num_devices)
+    CheckDevices(len(balance), num_devices)
   total = sum(balance)
   if total != num_layers:
     cells = min(len(balance), num_layers)
-    hint = (f'e.g. use balance={partition_balanced([1.0] * num_layers, cells)}'
+    hint = (f'e.g. use balance={PartitionBalanced([1.0] * num_layers, cells)}'
             if num_layers >= 1 else 'the model needs at least one layer')
     raise PartitionError(f'balance {balance} sums to {total} but the model has '
                          f'{num_layers} layers; {hint}')
   return [int(count) for count in balance]
 
 
-def split_by_balance(items: Sequence[T], balance: Sequence[int]) -> list[list[T]]:
+def SplitByBalance(items: Sequence[T], balance: Sequence[int]) -> list[list[T]]:
   """Splits items (layers, layer Params, costs, ...) into consecutive groups.
 
   Args:
@@ -239,13 +241,13 @@ def split_by_balance(items: Sequence[T], balance: Sequence[int]) -> list[list[T]
     balance: layer counts per cell, summing to L.
 
   Returns:
-    One list per cell, e.g. split_by_balance('abcde', [3, 2]) gives
+    One list per cell, e.g. SplitByBalance('abcde', [3, 2]) gives
     [['a', 'b', 'c'], ['d', 'e']].
 
   Raises:
     PartitionError: if the balance is invalid for len(items) layers.
   """
-  balance = validate_balance(balance, len(items))
+  balance = ValidateBalance(balance, len(items))
   groups, start = [], 0
   for count in balance:
     groups.append(list(items[start:start + count]))
@@ -253,7 +255,7 @@ def split_by_balance(items: Sequence[T], balance: Sequence[int]) -> list[list[T]
   return groups
 
 
-def cell_costs(costs: Sequence[float], balance: Sequence[int]) -> list[float]:
+def CellCosts(costs: Sequence[float], balance: Sequence[int]) -> list[float]:
   """Sums per-layer costs into per-cell costs.
 
   Args:
@@ -261,11 +263,11 @@ def cell_costs(costs: Sequence[float], balance: Sequence[int]) -> list[float]:
     balance: layer counts per cell, summing to L.
 
   Returns:
-    The total cost of each cell, e.g. cell_costs([10, 1, 1, 1, 1, 1], [1, 2, 2, 1])
+    The total cost of each cell, e.g. CellCosts([10, 1, 1, 1, 1, 1], [1, 2, 2, 1])
     gives [10.0, 2.0, 2.0, 1.0].
 
   Raises:
     PartitionError: if a cost is invalid or the balance does not fit len(costs).
   """
-  values = _validated_costs(costs)
-  return [math.fsum(group) for group in split_by_balance(values, balance)]
+  values = _ValidatedCosts(costs)
+  return [math.fsum(group) for group in SplitByBalance(values, balance)]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import tensorflow as tf
 
-from gpipe_tf import devices as devices_lib
-from gpipe_tf import distribute
+from gpipe_tf.runtime import devices as devices_lib
+from gpipe_tf.runtime import distribute
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.pipeline import cost as cost_lib
@@ -49,7 +48,7 @@ class PipeliningLayer(base_layer.BaseLayer):
   After construction, ``balance`` (layers per cell) and ``devices`` (one
   device string per cell) tell where everything went.
 
-  Under a tf.distribute strategy with R > 1 replicas (gpipe_tf.distribute)
+  Under a tf.distribute strategy with R > 1 replicas (gpipe_tf.runtime.distribute)
   and without explicit ``devices``, replica r runs cell k on device r*K + k
   of the default devices (``ReplicaDevices``); ``devices`` then names the
   cells of replica 0.
@@ -116,23 +115,23 @@ class PipeliningLayer(base_layer.BaseLayer):
     p = self.p
     num_layers = len(p.layers)
     if p.balance is not None:
-      balance = partition.validate_balance(list(p.balance), num_layers,
+      balance = partition.ValidateBalance(list(p.balance), num_layers,
                                            num_devices)
       if p.num_partitions not in (1, len(balance)):
         raise partition.PartitionError(
             f'balance {list(p.balance)} has {len(balance)} cells but '
             f'num_partitions={p.num_partitions}; make them agree.')
       return balance
-    partition.check_devices(p.num_partitions, num_devices)
+    partition.CheckDevices(p.num_partitions, num_devices)
     if num_layers < p.num_partitions:
       # Let the partitioner raise its named error saying what would fit.
-      return partition.partition_balanced([1.0] * num_layers,
+      return partition.PartitionBalanced([1.0] * num_layers,
                                           p.num_partitions)
     if p.num_partitions == 1:
       return [num_layers]
     costs = cost_lib.LayerCosts(p.layers, p.cost, p.input_shapes,
                                 p.profile_batch_size)
-    return partition.partition_balanced(costs, p.num_partitions)
+    return partition.PartitionBalanced(costs, p.num_partitions)
 
   def _CheckSchedule(self) -> None:
     for k in range(len(self._balance)):
@@ -181,6 +180,22 @@ class PipeliningLayer(base_layer.BaseLayer):
             for c, d in zip(self._cells, replica_devices)]
 
   @classmethod
+  def NumDevicesOf(cls, params) -> int:
+    """K, the devices one replica of a model built from `params` pipelines over.
+
+    The one place that answers "how many devices does this model need per
+    replica": the length of an explicit ``balance``, else ``num_partitions``
+    for Params of a PipeliningLayer (or subclass), and 1 for any other layer
+    (or None). Pure Python: nothing is built.
+    """
+    if params is None or not isinstance(params.cls, type) or not issubclass(
+        params.cls, cls):
+      return 1
+    if params.balance is not None:
+      return len(params.balance)
+    return int(params.num_partitions)
+
+  @classmethod
   def FPropMeta(cls, p, *shapes):
     metas = core.MetaOfSequence(list(p.layers), shapes)
     return base_layer.LayerMeta(sum(m.flops for m in metas),
@@ -195,9 +210,9 @@ class PipeliningLayer(base_layer.BaseLayer):
         p.layers)
     metas = core.MetaOfSequence(list(p.layers), shapes)
     k = num_partitions or p.num_partitions
-    balance = (partition.validate_balance(list(p.balance), len(metas))
+    balance = (partition.ValidateBalance(list(p.balance), len(metas))
                if p.balance is not None and num_partitions is None else
-               partition.partition_balanced(
+               partition.PartitionBalanced(
                    [float(m.flops) for m in metas], k))
     out, start = [], 0
     for n in balance:

@@ -9,7 +9,7 @@ the paper's. Arrange them as birdsnap/<split>/<species>/<image>.jpg (test:
 the images listed in the release's test_images.txt) and write them once,
 offline::
 
-  from gpipe_tf import datasets
+  from gpipe_tf.data import datasets
   datasets.PrepareImageFolder('birdsnap', 'birdsnap', DATA_DIR)
 
 NUM_CLASSES is checked against the written dataset, so a download missing a

@@ -12,7 +12,7 @@ init_from_checkpoint) to the ImageNet run.
 from __future__ import annotations
 
 from gpipe_tf import hyperparams
-from gpipe_tf import inputs
+from gpipe_tf.data import inputs
 from gpipe_tf import model_registry
 from params.image import imagenet
 

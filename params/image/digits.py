@@ -15,7 +15,7 @@ minutes, a third of which is building the pipelined step (for comparison,
 on this split scikit-learn's SVC gets 94% and 3-nearest-neighbours 97%).
 
 The data is written on first use: the input generator (``DigitsInput``) calls
-``gpipe_tf.datasets.PrepareDigits(data_dir)`` before reading, which stores the
+``gpipe_tf.data.datasets.PrepareDigits(data_dir)`` before reading, which stores the
 digits as the TFDS dataset 'digits' in data_dir (default DATA_DIR,
 ~/tensorflow_datasets) unless it is already there; it is offline and
 idempotent. Training images are shifted at random by up to 2 pixels
@@ -43,12 +43,12 @@ import os
 import tensorflow as tf
 
 from gpipe_tf import base_experiment
-from gpipe_tf import datasets
+from gpipe_tf.data import datasets
 from gpipe_tf import hyperparams
-from gpipe_tf import inputs
+from gpipe_tf.data import inputs
 from gpipe_tf import model_registry
-from gpipe_tf import optimizers
-from gpipe_tf import schedules
+from gpipe_tf.tasks import optimizers
+from gpipe_tf.tasks import lr_schedules
 from gpipe_tf import tasks
 from gpipe_tf.models import amoebanet
 from gpipe_tf.pipeline import PipeliningLayer
@@ -157,7 +157,7 @@ class AmoebaNetTiny(base_experiment.SingleTaskModelParams):
         model=model, label_smoothing=0.1, clip_gradient_norm_to_value=5.0,
         random_seed=1)
     p.optimizer = optimizers.Adam.Params()
-    p.learning_rate_schedule = schedules.Cosine.Params().Set(
+    p.learning_rate_schedule = lr_schedules.Cosine.Params().Set(
         learning_rate=self.LEARNING_RATE, warmup_steps=self.WARMUP_STEPS,
         total_steps=self.TOTAL_STEPS, final_learning_rate=0.0)
     return p

@@ -8,7 +8,7 @@ al. 2013) and write them once, offline, as a TFDS dataset::
 
   # aircraft/train/<variant>/<image>.jpg  (from images_variant_trainval.txt)
   # aircraft/test/<variant>/<image>.jpg   (from images_variant_test.txt)
-  from gpipe_tf import datasets
+  from gpipe_tf.data import datasets
   datasets.PrepareImageFolder('aircraft', 'fgvc_aircraft', DATA_DIR)
 
 (variant folder names must not contain '/'; e.g. 'F-16A/B' -> 'F-16A_B').

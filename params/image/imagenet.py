@@ -22,7 +22,7 @@ a flip, evaluation images the central 87.5% crop, both resized to IMAGE_SIZE.
 
 ``TransferFromImageNet`` (not registered) is the paper's transfer learning
 (Section 4.1, Table 4): AmoebaNet-B(18, 512) at 480x480, initialised from an
-ImageNet run's checkpoint (INIT_FROM_CHECKPOINT, see gpipe_tf.warm_start)
+ImageNet run's checkpoint (INIT_FROM_CHECKPOINT, see gpipe_tf.train.warm_start)
 except the softmax layer, which gets the target's class count, then trained
 on the target set. params/image/<dataset>.py subclass it per dataset
 (cifar10, cifar100, stanford_cars, oxford_pets, food101, fgvc_aircraft,
@@ -34,9 +34,9 @@ from __future__ import annotations
 from gpipe_tf import base_experiment
 from gpipe_tf import hyperparams
 from gpipe_tf import model_registry
-from gpipe_tf import optimizers
-from gpipe_tf import schedules
-from gpipe_tf import streaming_inputs
+from gpipe_tf.tasks import optimizers
+from gpipe_tf.tasks import lr_schedules
+from gpipe_tf.data import streaming_inputs
 from gpipe_tf import tasks
 from gpipe_tf.models import amoebanet
 from gpipe_tf.pipeline import PipeliningLayer
@@ -108,7 +108,7 @@ class AmoebaNetImageNet(base_experiment.SingleTaskModelParams):
     p.optimizer = optimizers.RMSProp.Params().Set(decay=0.9, momentum=0.9,
                                                   epsilon=1.0)
     steps_per_epoch = self.NUM_TRAIN_EXAMPLES // self.BATCH_SIZE
-    p.learning_rate_schedule = schedules.Cosine.Params().Set(
+    p.learning_rate_schedule = lr_schedules.Cosine.Params().Set(
         learning_rate=self.LEARNING_RATE_PER_EXAMPLE * self.BATCH_SIZE,
         warmup_steps=int(self.WARMUP_EPOCHS * steps_per_epoch),
         total_steps=int(self.NUM_EPOCHS * steps_per_epoch),
@@ -193,7 +193,7 @@ class TransferFromImageNet(AmoebaNetB_18_512):  # pylint: disable=invalid-name
   def Task(self) -> hyperparams.Params:
     p = super().Task()
     p.optimizer = optimizers.SGD.Params().Set(momentum=self.MOMENTUM)
-    p.learning_rate_schedule = schedules.Cosine.Params().Set(
+    p.learning_rate_schedule = lr_schedules.Cosine.Params().Set(
         learning_rate=self.LEARNING_RATE, warmup_steps=self.WARMUP_STEPS,
         total_steps=self.TRAIN_STEPS, final_learning_rate=0.0)
     p.init_from_checkpoint = self.INIT_FROM_CHECKPOINT

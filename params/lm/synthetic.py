@@ -15,7 +15,7 @@ its mean square and its momentum), partitioned as Table 1's columns:
 M = 32 cuts the batch of 32 into single sequences: these are the paper's
 largest-model-that-fits experiments, where the micro-batch size sets the
 activation memory. The data are noisy arithmetic token sequences
-(sequence_tasks.SyntheticTokenInput); the paper reports no LM quality here.
+(sequence.SyntheticTokenInput); the paper reports no LM quality here.
 
 Shrink a model for a laptop by subclassing and overriding the class
 attributes (NUM_LAYERS, MODEL_DIM, ...); `--model_params_override` edits the
@@ -24,9 +24,9 @@ built Params, e.g. ``model.num_micro_batches : 8`` or ``train.batch_size : 8``.
 
 from gpipe_tf import base_experiment
 from gpipe_tf import model_registry
-from gpipe_tf import optimizers
-from gpipe_tf import schedules
-from gpipe_tf import sequence_tasks
+from gpipe_tf.tasks import optimizers
+from gpipe_tf.tasks import lr_schedules
+from gpipe_tf.tasks import sequence
 from gpipe_tf.models import transformer
 from gpipe_tf.pipeline import PipeliningLayer
 
@@ -51,7 +51,7 @@ class TransformerLBase(base_experiment.SingleTaskModelParams):
   NUM_EXAMPLES = 256
 
   def _Input(self, data_seed: int):
-    return sequence_tasks.SyntheticTokenInput.Params().Set(
+    return sequence.SyntheticTokenInput.Params().Set(
         vocab_size=self.VOCAB_SIZE, seq_len=self.SEQ_LEN,
         num_examples=self.NUM_EXAMPLES, noise=0.05, data_seed=data_seed,
         batch_size=self.BATCH_SIZE)
@@ -73,11 +73,11 @@ class TransformerLBase(base_experiment.SingleTaskModelParams):
         name='lm', layers=layers, num_partitions=self.NUM_PARTITIONS,
         num_micro_batches=self.NUM_MICRO_BATCHES, remat=self.REMAT,
         input_shapes=transformer.LMInputShapes(self.SEQ_LEN))
-    p = sequence_tasks.LanguageModelTask.Params().Set(model=model,
+    p = sequence.LanguageModelTask.Params().Set(model=model,
                                                       random_seed=1)
     p.optimizer = optimizers.RMSProp.Params().Set(decay=0.9, momentum=0.9,
                                                   epsilon=1e-6)
-    p.learning_rate_schedule = schedules.LinearWarmupRsqrtDecay.Params().Set(
+    p.learning_rate_schedule = lr_schedules.LinearWarmupRsqrtDecay.Params().Set(
         learning_rate=self.LEARNING_RATE, warmup_steps=self.WARMUP_STEPS)
     p.clip_gradient_norm_to_value = 1.0
     return p

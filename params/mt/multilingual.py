@@ -3,7 +3,7 @@
 ``mt.multilingual.T_<L>_<H>_<A>``: L encoder and L decoder layers,
 feed-forward size H, A attention heads (64 channels each), model dimension
 1024, a 64k subword vocabulary shared by all languages, with a '<2xx>'
-target-language token starting each source (gpipe_tf.text_inputs):
+target-language token starting each source (gpipe_tf.data.text_inputs):
 
   experiment        params (built, untied softmax)   K    M
   T_6_8192_16       408M  (paper: 400M)              1    1
@@ -33,10 +33,10 @@ Shrink a model by subclassing and overriding the class attributes.
 
 from gpipe_tf import base_experiment
 from gpipe_tf import model_registry
-from gpipe_tf import optimizers
-from gpipe_tf import schedules
-from gpipe_tf import sequence_tasks
-from gpipe_tf import text_inputs
+from gpipe_tf.tasks import optimizers
+from gpipe_tf.tasks import lr_schedules
+from gpipe_tf.tasks import sequence
+from gpipe_tf.data import text_inputs
 from gpipe_tf.models import transformer
 from gpipe_tf.pipeline import PipeliningLayer
 
@@ -86,11 +86,11 @@ class TransformerMTBase(base_experiment.SingleTaskModelParams):
         num_micro_batches=self.NUM_MICRO_BATCHES, remat=self.REMAT,
         input_shapes=transformer.NMTInputShapes(self.MAX_LENGTH,
                                                 self.MAX_LENGTH))
-    p = sequence_tasks.TranslationTask.Params().Set(
+    p = sequence.TranslationTask.Params().Set(
         model=model, label_smoothing=self.LABEL_SMOOTHING, random_seed=1)
     p.optimizer = optimizers.Adam.Params().Set(beta1=0.9, beta2=0.98,
                                                epsilon=1e-9)
-    p.learning_rate_schedule = schedules.LinearWarmupRsqrtDecay.Params().Set(
+    p.learning_rate_schedule = lr_schedules.LinearWarmupRsqrtDecay.Params().Set(
         learning_rate=self.LEARNING_RATE, warmup_steps=self.WARMUP_STEPS)
     return p
 

@@ -26,14 +26,14 @@ import tempfile
 import tensorflow as tf
 
 from gpipe_tf import base_experiment
-from gpipe_tf import checkpoints
+from gpipe_tf.train import checkpoints
 from gpipe_tf import hyperparams
-from gpipe_tf import metrics
+from gpipe_tf.tasks import metrics
 from gpipe_tf import model_registry
-from gpipe_tf import optimizers
-from gpipe_tf import schedules
-from gpipe_tf import sequence_tasks
-from gpipe_tf import text_inputs
+from gpipe_tf.tasks import optimizers
+from gpipe_tf.tasks import lr_schedules
+from gpipe_tf.tasks import sequence
+from gpipe_tf.data import text_inputs
 from gpipe_tf.models import transformer
 from gpipe_tf.pipeline import PipeliningLayer
 
@@ -115,11 +115,11 @@ class TinyTransformer(base_experiment.SingleTaskModelParams):
         num_micro_batches=self.NUM_MICRO_BATCHES,
         input_shapes=transformer.NMTInputShapes(self.MAX_LENGTH,
                                                 self.MAX_LENGTH))
-    p = sequence_tasks.TranslationTask.Params()
+    p = sequence.TranslationTask.Params()
     p.Set(model=model, random_seed=1, clip_gradient_norm_to_value=1.0,
           label_smoothing=0.0)
     p.optimizer = optimizers.Adam.Params().Set(beta2=0.98)
-    p.learning_rate_schedule = schedules.LinearWarmupRsqrtDecay.Params().Set(
+    p.learning_rate_schedule = lr_schedules.LinearWarmupRsqrtDecay.Params().Set(
         learning_rate=3e-3, warmup_steps=100)
     return p
 
@@ -177,7 +177,7 @@ if __name__ == '__main__':
 
   def _Main(argv):
     del argv
-    from gpipe_tf import devices  # pylint: disable=g-import-not-at-top
+    from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
     devices.SplitCpu(flags.FLAGS.num_logical_devices)
     result = EvaluateBleu(globals()[flags.FLAGS.model], flags.FLAGS.logdir,
                           flags.FLAGS.max_batches)

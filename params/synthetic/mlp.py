@@ -6,11 +6,11 @@ test: 16-dim inputs labelled by a random linear teacher into 4 classes, a
 """
 
 from gpipe_tf import base_experiment
-from gpipe_tf import inputs
+from gpipe_tf.data import inputs
 from gpipe_tf import model_registry
-from gpipe_tf import optimizers
+from gpipe_tf.tasks import optimizers
 from gpipe_tf import pipeline
-from gpipe_tf import schedules
+from gpipe_tf.tasks import lr_schedules
 from gpipe_tf import tasks
 from gpipe_tf.layers import core
 
@@ -54,7 +54,7 @@ class Tiny(base_experiment.SingleTaskModelParams):
     p = tasks.ClassificationTask.Params()
     p.Set(model=model, random_seed=1, clip_gradient_norm_to_value=5.0)
     p.optimizer = optimizers.Adam.Params()
-    p.learning_rate_schedule = schedules.Constant.Params().Set(
+    p.learning_rate_schedule = lr_schedules.Constant.Params().Set(
         learning_rate=0.01)
     return p
 

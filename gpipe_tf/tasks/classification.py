@@ -1,0 +1,38 @@
+"""ClassificationTask: softmax cross-entropy of a network's logits against integer labels."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from gpipe_tf.layers import losses
+from gpipe_tf.tasks import base_task
+
+
+class ClassificationTask(base_task.BaseTask):
+  """Softmax classification of ``batch['inputs']`` into ``batch['labels']``.
+
+  The model maps inputs to logits [B, C]. Loss: mean softmax cross-entropy
+  (with optional label smoothing and logit clipping). Metrics: ``loss``,
+  ``accuracy`` (top-1) and, when C >= 5, ``top5_accuracy``.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('label_smoothing', 0.0, 'Label smoothing in [0, 1).')
+    p.Define('logits_clip', None,
+             'If set, logits are soft-clipped to +-this before the loss.')
+    return p
+
+  def ComputeLoss(self, batch, training=False):
+    logits = self.model.FProp(batch['inputs'], training=training)
+    labels = batch['labels']
+    per_example = losses.SoftmaxCrossEntropy(
+        logits, labels, label_smoothing=self.p.label_smoothing,
+        logits_clip=self.p.logits_clip)
+    loss = tf.reduce_mean(per_example)
+    metrics = {'loss': loss, 'accuracy': losses.Accuracy(logits, labels)}
+    num_classes = logits.shape[-1]
+    if num_classes is not None and num_classes >= 5:
+      metrics['top5_accuracy'] = losses.Accuracy(logits, labels, top_k=5)
+    return loss, metrics

@@ -1,0 +1,273 @@
+"""R replicas x K cells (gpipe_tf.runtime.distribute) train exactly like one device on the global batch."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import json  # pylint: disable=g-import-not-at-top
+import subprocess
+import sys
+
+import tensorflow as tf
+
+from gpipe_tf.runtime import distribute
+from gpipe_tf import pipeline
+from gpipe_tf.train import loop
+from gpipe_tf.layers import normalization
+from gpipe_tf.pipeline import engine
+from params.synthetic import mlp
+
+NUM_STEPS = 3
+_REPO_ROOT = test_utils.REPO_ROOT
+
+
+class _Plain(mlp.Tiny):
+  """Tiny without dropout: one device, SequentialLayer."""
+
+  WITH_BATCH_NORM = False
+
+  def Task(self):
+    p = super().Task()
+    layers = [l for l in p.model.layers if l.name != 'dropout']
+    if self.WITH_BATCH_NORM:
+      # First, on the inputs: its statistics do not depend on the weights.
+      layers.insert(0, normalization.BatchNormLayer.Params().Set(
+          name='bn', dim=self.INPUT_DIM, decay=0.0))
+    p.model.layers = layers
+    return p
+
+
+class _Piped(_Plain):
+  """The same layers as a 2-cell pipeline over 2 micro-batches."""
+
+  def Task(self):
+    p = super().Task()
+    p.model = pipeline.PipeliningLayer.Params().Set(
+        name=p.model.name, layers=p.model.layers, num_partitions=2,
+        num_micro_batches=2, remat='always',
+        input_shapes=[(None, self.INPUT_DIM)])
+    return p
+
+
+class _PlainBatchNorm(_Plain):
+  WITH_BATCH_NORM = True
+
+
+class _PipedBatchNorm(_Piped):
+  WITH_BATCH_NORM = True
+
+
+class DistributeTest(tf.test.TestCase):
+
+  def testTwoReplicasOfTwoCellsEqualOneDevice(self):
+    plain, dist = self.get_temp_dir() + '/plain', self.get_temp_dir() + '/dist'
+    loop.train_and_evaluate(_Plain, plain, 'train', max_steps=NUM_STEPS)
+    result = loop.train_and_evaluate(_Piped, dist, 'train',
+                                          max_steps=NUM_STEPS, num_replicas=2)
+    self.assertEqual(result.global_step, NUM_STEPS)
+    a, b = (test_utils.CheckpointValues(plain),
+            test_utils.CheckpointValues(dist))
+    self.assertEqual(sorted(a), sorted(b))
+    self.assertGreater(len(a), 6)  # Weights, Adam slots, global step.
+    for name in a:
+      self.assertAllClose(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+    self.assertGreater(result.train_metrics['grad_norm'], 0.0)
+
+  def testResumedDistributedRunEqualsUninterruptedOne(self):
+    resumed, straight = (self.get_temp_dir() + '/resumed',
+                         self.get_temp_dir() + '/straight')
+    loop.train(_Piped, resumed, 2, num_replicas=2)
+    second = loop.train(_Piped, resumed, 4, num_replicas=2)
+    self.assertEqual(second.start_step, 2)
+    loop.train(_Piped, straight, 4, num_replicas=2)
+    a, b = (test_utils.CheckpointValues(resumed),
+            test_utils.CheckpointValues(straight))
+    self.assertEqual(sorted(a), sorted(b))
+    for name in a:
+      self.assertAllEqual(a[name], b[name], msg=name)
+
+  def testCrossReplicaBatchNormStatisticsAreTheGlobalBatchs(self):
+    plain, dist = self.get_temp_dir() + '/bnp', self.get_temp_dir() + '/bnd'
+    loop.train_and_evaluate(_PlainBatchNorm, plain, 'train', max_steps=2)
+    loop.train_and_evaluate(_PipedBatchNorm, dist, 'train', max_steps=2,
+                                 num_replicas=2)
+    a, b = (test_utils.CheckpointValues(plain),
+            test_utils.CheckpointValues(dist))
+    stats = [k for k in a if 'moving_' in k]
+    self.assertLen(stats, 2)
+    # decay=0: the moving statistics are exactly those of the last (2nd)
+    # global batch, and the same as one device's.
+    batch = list(_PlainBatchNorm().Train().Instantiate().GetDataset().take(2))
+    x = batch[-1]['inputs'].numpy()
+    mean = [a[k] for k in stats if 'moving_mean' in k][0]
+    variance = [a[k] for k in stats if 'moving_variance' in k][0]
+    self.assertAllClose(mean, x.mean(0), atol=1e-5)
+    self.assertAllClose(variance, x.var(0), atol=1e-4)
+    for k in stats:
+      self.assertAllClose(a[k], b[k], atol=1e-5, msg=k)
+
+  def testEachReplicaPipelinesOnItsOwnDevices(self):
+    cpus = test_utils.devices.LogicalCpus()
+    strategy = distribute.MakeStrategy(2, 2)
+    self.assertEqual(strategy.num_replicas_in_sync, 2)
+    with strategy.scope():
+      pipe = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=_Plain().Task().model.layers, num_partitions=2,
+          num_micro_batches=2).Instantiate()
+    for v in pipe.trainable_variables:  # Components on each replica's device 0.
+      self.assertEqual([tf.DeviceSpec.from_string(c.device).device_index
+                        for c in v.values], [0, 2])
+    seen = {}
+    run_pipeline = engine.RunPipeline
+
+    def _Recording(cells, *args, **kwargs):
+      replica = distribute.ReplicaId()
+      seen[replica] = [c.device for c in cells]
+      return run_pipeline(cells, *args, **kwargs)
+
+    engine.RunPipeline = _Recording
+    try:
+      x = tf.random.stateless_normal([8, 16], [1, 2])
+      tf.function(lambda: strategy.run(
+          lambda: pipe.FProp(x, training=True)))()
+    finally:
+      engine.RunPipeline = run_pipeline
+    self.assertEqual(seen, {0: cpus[0:2], 1: cpus[2:4]})
+
+  def testTrainerFlagLogsTheLayout(self):
+    out = subprocess.run(
+        [sys.executable, '-m', 'gpipe_tf.trainer',
+         '--model=synthetic.mlp.TinyPipelined', '--mode=train',
+         f'--logdir={self.get_temp_dir()}/cli', '--max_steps=2',
+         '--num_replicas=2', '--num_logical_devices=4'],
+        cwd=_REPO_ROOT, capture_output=True, text=True, timeout=120,
+        check=True)
+    self.assertIn('MirroredStrategy: 2 replicas x 2 cells', out.stderr)
+    self.assertIn('Replica 1: cell 0 on /device:CPU:2, cell 1 on '
+                  '/device:CPU:3', out.stderr)
+    self.assertIn('Done at global step 2', out.stderr)
+
+  def testNumReplicasThatFitUsesEveryDevice(self):
+    four = [f'/device:CPU:{i}' for i in range(4)]
+    self.assertEqual(distribute.NumReplicasThatFit(1, four), 4)
+    self.assertEqual(distribute.NumReplicasThatFit(2, four), 2)
+    self.assertEqual(distribute.NumReplicasThatFit(3, four), 1)
+    self.assertEqual(distribute.NumReplicasThatFit(8, four), 1)
+    with self.assertRaises(distribute.ReplicaLayoutError):
+      distribute.NumReplicasThatFit(0, four)
+
+  def testNumReplicasZeroTrainsOnEveryDevice(self):
+    with self.assertLogs(level='INFO') as logs:
+      result = loop.train(_Piped, self.get_temp_dir() + '/auto', 1,
+                               num_replicas=0)
+    self.assertEqual(result.global_step, 1)
+    text = '\n'.join(logs.output)
+    self.assertIn('MirroredStrategy: 2 replicas x 2 cells', text)
+    self.assertIn('cell 1 on /device:CPU:3', text)
+    with self.assertRaisesRegex(ValueError, 'num_replicas'):
+      loop.train(_Piped, self.get_temp_dir() + '/bad', 1,
+                      num_replicas=-1)
+
+  def testTooFewDevicesIsANamedError(self):
+    with self.assertRaisesRegex(distribute.ReplicaLayoutError, '6 devices'):
+      distribute.MakeStrategy(3, 2)
+
+
+class SeveralHostsTest(tf.test.TestCase):
+  """The pure parts of the multi-worker set-up (the job itself: multi_worker_test)."""
+
+  def testClusterFromTfConfig(self):
+    cluster = {'chief': ['h0:1'], 'worker': ['h1:1', 'h2:1']}
+    env = {'TF_CONFIG': json.dumps({'cluster': cluster,
+                                    'task': {'type': 'worker', 'index': 1}})}
+    self.assertEqual(distribute.ClusterFromEnvironment(env)['cluster'],
+                     cluster)
+    self.assertEqual(distribute.NumTrainingTasks(env), 3)
+    self.assertEqual(distribute.TaskOrder(cluster),
+                     [('chief', 0), ('worker', 0), ('worker', 1)])
+    for unset in ({}, {'TF_CONFIG': ''}, {'TF_CONFIG': '{"task": {}}'}):
+      self.assertIsNone(distribute.ClusterFromEnvironment(unset))
+      self.assertEqual(distribute.NumTrainingTasks(unset), 0)
+    with self.assertRaisesRegex(distribute.ClusterConfigError, 'not valid JSON'):
+      distribute.ClusterFromEnvironment({'TF_CONFIG': '{"cluster": '})
+    with self.assertRaisesRegex(distribute.ClusterConfigError, 'no task'):
+      distribute.ClusterFromEnvironment(
+          {'TF_CONFIG': json.dumps({'cluster': cluster})})
+
+  def testMakeMultiWorkerStrategyRefusesWhatItCannotRun(self):
+    def Env(cluster, kind='worker'):
+      return {'TF_CONFIG': json.dumps({'cluster': cluster,
+                                       'task': {'type': kind, 'index': 0}})}
+    # All refused before TensorFlow is configured.
+    with self.assertRaisesRegex(distribute.ClusterConfigError, 'no cluster'):
+      distribute.MakeMultiWorkerStrategy(environ={})
+    with self.assertRaisesRegex(distribute.ClusterConfigError,
+                                'at least 2.*unset TF_CONFIG'):
+      distribute.MakeMultiWorkerStrategy(environ=Env({'worker': ['h:1']}))
+    with self.assertRaisesRegex(distribute.ClusterConfigError,
+                                'task worker:0 is not in its cluster'):
+      distribute.MakeMultiWorkerStrategy(environ=Env({'chief': ['h:1']}))
+    with self.assertRaisesRegex(distribute.ClusterConfigError, 'evaluator'):
+      distribute.MakeMultiWorkerStrategy(environ=Env(
+          {'worker': ['h:1', 'h:2'], 'evaluator': ['h:3']}, 'evaluator'))
+
+  def testEveryReplicaPipelinesOnItsOwnTasksDevices(self):
+    names = ['/job:worker/replica:0/task:1/device:CPU:10',
+             '/job:worker/replica:0/task:1/device:CPU:0',
+             '/job:worker/replica:0/task:0/device:CPU:1',
+             '/job:chief/replica:0/task:0/device:CPU:0',
+             '/job:worker/replica:0/task:1/device:CPU:2',
+             '/job:worker/replica:0/task:0/device:CPU:0',
+             '/job:chief/replica:0/task:0/device:CPU:1']
+    order = [('chief', 0), ('worker', 0), ('worker', 1)]
+    self.assertEqual(distribute.WorkerGroups(order, names, 2), [
+        ['/job:chief/replica:0/task:0/device:CPU:0',
+         '/job:chief/replica:0/task:0/device:CPU:1'],
+        ['/job:worker/replica:0/task:0/device:CPU:0',
+         '/job:worker/replica:0/task:0/device:CPU:1'],
+        ['/job:worker/replica:0/task:1/device:CPU:0',   # By index: 0, 2, 10.
+         '/job:worker/replica:0/task:1/device:CPU:2']])
+    with self.assertRaisesRegex(
+        distribute.ReplicaLayoutError,
+        r'Task chief:0 has 2 devices .* each replica pipelines 3 cells'):
+      distribute.WorkerGroups(order, names, 3)
+
+  def testShareOfBatchSplitsRowsContiguously(self):
+    batch = {'inputs': tf.reshape(tf.range(20), [10, 2]),
+             'labels': tf.range(10), 'step': tf.constant(7)}
+    shares = [distribute.ShareOfBatch(batch, r, 4) for r in range(4)]
+    self.assertEqual([int(s['labels'].shape[0]) for s in shares],
+                     [3, 3, 2, 2])
+    self.assertAllEqual(tf.concat([s['inputs'] for s in shares], 0),
+                        batch['inputs'])
+    self.assertAllEqual(tf.concat([s['labels'] for s in shares], 0),
+                        batch['labels'])
+    for share in shares:
+      self.assertEqual(int(share['step']), 7)  # Rank 0: shared.
+    # Inside a traced dataset map, with an unknown batch size.
+    dataset = tf.data.Dataset.from_tensors(batch).map(
+        lambda b: distribute.ShareOfBatch(b, 1, 2))
+    self.assertAllEqual(next(iter(dataset))['labels'], [5, 6, 7, 8, 9])
+
+  def testTasksThatRestoredDifferentStepsAreNamed(self):
+    order = [('worker', 0), ('worker', 1)]
+    distribute.CheckValuesAgree(order, [20, 20], 'global step', 'hint')
+    with self.assertRaisesRegex(
+        distribute.WorkerMismatchError,
+        r'disagree on the global step \(worker:0=20, worker:1=0\); share it'):
+      distribute.CheckValuesAgree(order, [20, 0], 'global step', 'share it')
+
+  def testOneHostNeedsNoneOfIt(self):
+    strategy = distribute.MakeStrategy(2, 2)
+    for s in (None, strategy):
+      self.assertFalse(distribute.IsMultiWorker(s))
+      self.assertTrue(distribute.IsChief(s))
+      self.assertIsNone(distribute.ScratchDirectory(s, '/logdir'))
+      distribute.CheckTasksAgree(s, 3, 'step', '')  # No-op.
+    self.assertEqual(distribute.TaskName(strategy), '')
+    cpus = test_utils.devices.LogicalCpus()
+    self.assertEqual(distribute.Layout(strategy, 2), [cpus[0:2], cpus[2:4]])
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,1 @@
+"""Command-line tools: benchmark, schedule trace, model statistics (run as python -m tools.X)."""

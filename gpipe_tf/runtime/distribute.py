@@ -310,7 +310,8 @@ def MakeMultiWorkerStrategy(timeout_seconds: float = 0.0,
   config = ClusterFromEnvironment(environ)
   if config is None:
     raise ClusterConfigError('TF_CONFIG names no cluster; a multi-worker job '
-                             'needs one (see README, several hosts).')
+                             'needs one (see docs/distributed.md, Several '
+                             'hosts).')
   cluster, task = config['cluster'], config['task']
   if task['type'] not in TRAINING_TASK_TYPES:
     raise ClusterConfigError(

@@ -4,7 +4,7 @@ import setuptools
 
 setuptools.setup(
     name='gpipe_tf',
-    version='0.1.0',
+    version='0.2.0',
     description=('GPipe (micro-batch pipeline parallelism) for TensorFlow 2, '
                  'with Lingvo-style Params, layers and experiments.'),
     packages=setuptools.find_packages(include=['gpipe_tf', 'gpipe_tf.*',

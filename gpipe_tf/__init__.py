@@ -2,6 +2,9 @@
 
 Importing the package does not import TensorFlow; import the submodules you
 need (``gpipe_tf.layers``, ``gpipe_tf.pipeline``, ``gpipe_tf.trainer``).
+``gpipe_tf.Error`` is the base of every named error the library raises.
 """
 
-__version__ = '0.1.0'
+from gpipe_tf.errors import Error
+
+__version__ = '0.2.0'

@@ -168,9 +168,14 @@ class BatchNormLayer(base_layer.BaseLayer):
       else:
         batch_mean, batch_variance, _ = self.ComputeMoments(x)
       if self.p.use_moving_avg_in_training:
-        # Read before the update: normalise with the statistics so far.
-        mean = self.moving_mean.read_value()
-        variance = self.moving_variance.read_value()
+        # Read before the update: normalise with the statistics so far (in a
+        # pipeline, the values its first forward read, recomputations too).
+        deferred = _DEFERRED.get()
+        if deferred is not None:
+          mean, variance = deferred.MovingStats(self)
+        else:
+          mean = self.moving_mean.read_value()
+          variance = self.moving_variance.read_value()
       else:
         mean, variance = batch_mean, batch_variance
       self._TrainingStatsUpdate(x, batch_mean, batch_variance)
@@ -253,6 +258,19 @@ class DeferredMovingStats:
   def __init__(self) -> None:
     self._layers: list[BatchNormLayer] = []
     self._sums: dict[int, list[tf.Tensor]] = {}
+    self._reads: dict[int, tuple[tf.Tensor, tf.Tensor]] = {}
+
+  def MovingStats(self, layer: BatchNormLayer) -> tuple[tf.Tensor, tf.Tensor]:
+    """The layer's moving (mean, variance) as first read in this step.
+
+    A rematerialised forward runs after ``Apply`` may have moved them; it must
+    normalise with what the original forward used, or its gradients are wrong.
+    """
+    key = id(layer)
+    if key not in self._reads:
+      self._reads[key] = (layer.moving_mean.read_value(),
+                          layer.moving_variance.read_value())
+    return self._reads[key]
 
   def Add(self, layer: BatchNormLayer, total: tf.Tensor, total_sq: tf.Tensor,
           count: tf.Tensor) -> None:
@@ -281,12 +299,14 @@ _DEFERRED: contextvars.ContextVar = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def DeferMovingStats() -> Iterator[DeferredMovingStats]:
+def DeferMovingStats(deferred: DeferredMovingStats | None = None
+                     ) -> Iterator[DeferredMovingStats]:
   """BatchNorm layers in this scope record statistics instead of updating.
 
-  Call ``Apply()`` on the yielded object after the last micro-batch.
+  Call ``Apply()`` on the yielded object after the last micro-batch. Pass an
+  existing object to re-enter its scope (a recomputation in the backward).
   """
-  deferred = DeferredMovingStats()
+  deferred = DeferredMovingStats() if deferred is None else deferred
   token = _DEFERRED.set(deferred)
   try:
     yield deferred

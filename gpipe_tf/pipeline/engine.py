@@ -1,24 +1,24 @@
-"""Builds a pipelined forward and backward pass by following a schedule's clock table.
+"""Runs a pipelined step: the GradientTape path (fill-drain) and the loss-inside path (any schedule).
 
-One call of ``RunPipeline`` builds (in a tf.function) or runs (eagerly) the
-micro-batched forward pass of K cells, task by task in the schedule's clock
-order. Each task F(k, m) runs under ``tf.device(devices[k])`` and starts only
-after the previous task of the same cell (an explicit control dependency: the
-dataflow executor would otherwise run tasks in whatever order their inputs
-allow, see TF-NOTES), and after F(k-1, m) produced its input (data
-dependency). Only the cell-boundary tensors cross devices.
+Two entry points, one executor (executor.StepExecutor) and one action list
+(schedule.Schedule.Order()):
 
-In training the whole pipeline is one ``tf.custom_gradient`` op, so a plain
-``tf.GradientTape`` around it yields the pipelined gradients. Its backward
-function runs the B(k, m) tasks in the schedule's order, again pinned with
-control dependencies and placed on device k, and for a rematerialised
-micro-batch first recomputes the cell's forward from its saved boundary input
-(inside ``RecomputeScope`` with the same step seed, so dropout masks repeat
-and BatchNorm does not update twice). The recomputation of B(k, m) is gated
-on B(k, m+1) finishing, so at most one micro-batch's activations per cell are
-alive at a time: that is what makes remat save memory inside a tf.function.
-Variable gradients of all micro-batches are summed into one gradient per
-variable: one synchronous update per mini-batch.
+* ``RunPipeline`` returns the merged outputs of the last stage. In training the
+  whole pipeline is one ``tf.custom_gradient``, so a plain ``tf.GradientTape``
+  around it (and a loss computed after it) yields the pipelined gradients. The
+  loss exists only after every forward, so this path runs fill-drain schedules
+  only ('gpipe'): all F actions in the forward, the B/W/BW actions when the
+  tape asks for the gradient.
+
+* ``RunLossAndGradients`` computes the loss of each micro-batch on the last
+  stage's device right after its forward (pipeline/loss.py), so a backward can
+  start while later micro-batches are still in their forward: 1F1B,
+  interleaved 1F1B and zero-bubble schedules run here, as does GPipe.
+
+Both merge outputs, compute the loss and split output gradients on the last
+cell's device, so only cell-boundary tensors cross devices. BatchNorm moving
+statistics move once per step from all micro-batches (normalization.
+DeferMovingStats).
 """
 
 from __future__ import annotations
@@ -27,245 +27,119 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from gpipe_tf.layers import base_layer
+from gpipe_tf import errors
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.pipeline import cell as cell_lib
+from gpipe_tf.pipeline import executor as executor_lib
+from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import schedule as schedule_lib
 
-
-def _IsFloat(x: Any) -> bool:
-  return x is not None and x.dtype.is_floating
+Remat = Callable[[int, int], bool]
 
 
-def _Gate(tensors: Sequence[Any], after: Sequence[Any]) -> list[Any]:
-  """Identities of `tensors` (on the current device) that wait for `after`."""
-  after = [a for a in after if a is not None]
-  if not after or tf.executing_eagerly():
-    return [None if t is None else tf.identity(t) for t in tensors]
-  with tf.control_dependencies(after):
-    return [None if t is None else tf.identity(t) for t in tensors]
+class ScheduleNeedsLossError(errors.Error, ValueError):
+  """A schedule that interleaves forwards and backwards asked for outputs only."""
 
 
-class Cell:
-  """One cell: its layers, device, and the structure of its inputs."""
-
-  def __init__(self, index: int, layers: Sequence[base_layer.BaseLayer],
-               device: str) -> None:
-    self.index = index
-    self.layers = list(layers)
-    self.device = device
-    self.variables = [v for l in self.layers for v in l.trainable_variables]
-
-  def Run(self, structure: Any, flat: Sequence[Any], training: bool) -> tuple:
-    xs = tf.nest.pack_sequence_as(structure, list(flat))
-    return core.AsTuple(core.RunSequence(self.layers, xs, training))
+def _Flatten(inputs: Any) -> tuple[list, list[int], list[tf.Tensor]]:
+  flat = tf.nest.flatten(inputs)
+  idx = [i for i, x in enumerate(flat) if x is not None]
+  return flat, idx, [tf.convert_to_tensor(flat[i]) for i in idx]
 
 
-class PipelineRun:
-  """The state of one pipelined call: saved boundary inputs, tapes, outputs."""
-
-  def __init__(self, cells: Sequence[Cell],
-               schedule: schedule_lib.Schedule,
-               remat: Callable[[int, int], bool], training: bool,
-               trace: Any = None) -> None:
-    self.cells = list(cells)
-    self.trace = trace
-    self.schedule = schedule
-    self.remat = remat
-    self.training = training
-    k, m = len(cells), schedule.num_micro_batches
-    self.inputs = [[None] * m for _ in range(k)]     # flat inputs of F(k, m)
-    self.in_struct = [None] * k
-    self.outputs = [[None] * m for _ in range(k)]    # flat outputs of F(k, m)
-    self.passed = [[None] * m for _ in range(k)]     # what consumers read
-    self.out_struct = [None] * k
-    self.tapes = [[None] * m for _ in range(k)]
-    self.seeds = [None] * m
-
-  def _Tasks(self, kind: str):
-    for clock in self.schedule.clocks():
-      for task in clock:
-        if task.kind == kind:
-          yield task
-
-  def Forward(self, micro_inputs: Sequence[Sequence[Any]], structure: Any,
-              seed: tf.Tensor) -> list[list[Any]]:
-    """Runs every F(k, m); returns the flat outputs of the last cell per m."""
-    self.seeds = [random_seeds.FoldIn(seed, m) for m in range(len(micro_inputs))]
-    last_done = [[] for _ in self.cells]
-    for task in self._Tasks('F'):
-      k, m = task.cell, task.micro_batch
-      cell = self.cells[k]
-      if k == 0:
-        src, struct = micro_inputs[m], structure
-      else:
-        src, struct = self.passed[k - 1][m], self.out_struct[k - 1]
-      with tf.device(cell.device), tf.name_scope(f'cell{k}_fwd_mb{m}'):
-        x = _Gate(src, last_done[k])
-        if self.trace is not None:
-          x = self.trace.Start(task, x)
-        self.inputs[k][m], self.in_struct[k] = x, struct
-        with random_seeds.StepSeedScope(self.seeds[m]):
-          if self.training and not self.remat(k, m):
-            tape = tf.GradientTape()
-            with tape:
-              tape.watch([t for t in x if _IsFloat(t)])
-              y = cell.Run(struct, x, self.training)
-            self.tapes[k][m] = tape
-          else:
-            y = cell.Run(struct, x, self.training)
-        flat_y = tf.nest.flatten(y)
-        self.outputs[k][m], self.out_struct[k] = flat_y, y
-        if self.trace is not None:
-          flat_y = self.trace.End(task, flat_y)
-        self.passed[k][m] = flat_y
-        last_done[k] = [t for t in flat_y if t is not None]
-    return [self.passed[-1][m] for m in range(len(micro_inputs))]
-
-  def Backward(self, micro_dys: Sequence[Sequence[Any]]
-               ) -> tuple[list[list[Any]], dict]:
-    """Runs every B(k, m) in schedule order.
-
-    Args:
-      micro_dys: per micro-batch, the gradients of the last cell's flat outputs.
-
-    Returns:
-      (dx, grads): dx[m] the gradients of the first cell's flat inputs of
-      micro-batch m; grads maps variable.ref() to its gradient summed over
-      micro-batches (each cell's variables, computed on its device).
-    """
-    dys = [[None] * len(micro_dys) for _ in self.cells]
-    dys[-1] = [list(d) for d in micro_dys]
-    dxs = [None] * len(micro_dys)
-    acc: dict = {}
-    last_done = [[] for _ in self.cells]
-    for task in self._Tasks('B'):
-      k, m = task.cell, task.micro_batch
-      cell = self.cells[k]
-      with tf.device(cell.device), tf.name_scope(f'cell{k}_bwd_mb{m}'):
-        dy = dys[k][m]
-        outs = self.outputs[k][m]
-        # Only float outputs that received a gradient take part.
-        pairs = [(o, g) for o, g in zip(outs, dy)
-                 if _IsFloat(o) and g is not None]
-        x = self.inputs[k][m]
-        float_idx = [i for i, t in enumerate(x) if _IsFloat(t)]
-        if self.remat(k, m) or self.tapes[k][m] is None:
-          gate_on = last_done[k] + [g for _, g in pairs]
-          x = _Gate(x, gate_on)
-          if self.trace is not None:
-            x = self.trace.Start(task, x)
-          tape = tf.GradientTape()
-          with tape:
-            tape.watch([x[i] for i in float_idx])
-            with base_layer.RecomputeScope(), random_seeds.StepSeedScope(
-                self.seeds[m]):
-              y = tf.nest.flatten(cell.Run(self.in_struct[k], x,
-                                           self.training))
-          pairs = [(o, g) for o, g in zip(y, dy)
-                   if _IsFloat(o) and g is not None]
-        else:
-          tape = self.tapes[k][m]
-          self.tapes[k][m] = None
-          gated = _Gate([g for _, g in pairs], last_done[k])
-          if self.trace is not None:
-            gated = self.trace.Start(task, gated)
-          pairs = [(o, g) for (o, _), g in zip(pairs, gated)]
-        sources = [x[i] for i in float_idx] + cell.variables
-        if pairs:
-          grads = tape.gradient([o for o, _ in pairs], sources,
-                                output_gradients=[g for _, g in pairs])
-        else:
-          grads = [None] * len(sources)
-        dx = [None] * len(x)
-        for j, i in enumerate(float_idx):
-          dx[i] = grads[j]
-        done = [g for g in dx if g is not None]
-        for v, g in zip(cell.variables, grads[len(float_idx):]):
-          if g is None:
-            continue
-          if isinstance(g, tf.IndexedSlices):
-            g = tf.convert_to_tensor(g)
-          prev = acc.get(v.ref())
-          acc[v.ref()] = g if prev is None else prev + g
-          done.append(acc[v.ref()])
-        if self.trace is not None:
-          dx = self.trace.End(task, dx)
-          done = [g for g in dx if g is not None] + done
-        last_done[k] = done
-        if k > 0:
-          dys[k - 1][m] = dx
-        else:
-          dxs[m] = dx
-    self.outputs = self.inputs = self.passed = None  # Release references.
-    return dxs, acc
+def _Fill(flat: list, idx: list[int], tensors: Sequence[Any]) -> list:
+  full = list(flat)
+  for i, t in zip(idx, tensors):
+    full[i] = t
+  return full
 
 
-def RunPipeline(cells: Sequence[Cell], schedule: schedule_lib.Schedule,
-                remat: Callable[[int, int], bool], inputs: tuple,
+def _StepSeed() -> tf.Tensor:
+  seed = random_seeds.CurrentStepSeed()
+  return random_seeds.NewStepSeed() if seed is None else seed
+
+
+def _Actions(schedule: schedule_lib.Schedule, forward: bool) -> list:
+  return [a for a in schedule.Order()
+          if (a.kind == schedule_lib.F) == forward]
+
+
+def _MergeOutputs(run: executor_lib.StepExecutor, cells) -> Any:
+  with tf.device(cells[-1].device):
+    merged = microbatch.Merge(run.outputs[-1])
+  return core.FromTuple(tf.nest.pack_sequence_as(run.out_struct[-1], merged))
+
+
+def RunPipeline(cells: Sequence[cell_lib.Cell],
+                schedule: schedule_lib.Schedule, remat: Remat, inputs: tuple,
                 training: bool, trace: Any = None) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
 
   Args:
-    cells: the K cells, cell k on its device.
-    schedule: the clock table to follow; every forward of a cell must precede
-      its backwards (GPipe), since the loss is computed after the pipeline.
-    remat: remat(k, m) is True when F(k, m) is recomputed in the backward pass.
+    cells: the S cells (stages), cell s on its device.
+    schedule: the schedule to follow; in training it must be fill-drain.
+    remat: remat(s, m) is True when F(s, m) is recomputed in the backward.
     inputs: the positional inputs of the first layer (any nest of tensors).
     training: training mode (dropout, batch statistics, custom gradient).
-    trace: optional trace.ScheduleTrace recording each task's start and end.
+    trace: optional trace.ScheduleTrace recording each action.
+
+  Raises:
+    ScheduleNeedsLossError: training with a schedule that is not fill-drain.
   """
-  num_micro = schedule.num_micro_batches
-  flat = tf.nest.flatten(inputs)
-  tensor_idx = [i for i, x in enumerate(flat) if x is not None]
-  tensors = [tf.convert_to_tensor(flat[i]) for i in tensor_idx]
-
-  def _Full(ts):
-    full = list(flat)
-    for i, t in zip(tensor_idx, ts):
-      full[i] = t
-    return full
-
-  seed = random_seeds.CurrentStepSeed()
-  if seed is None:
-    seed = random_seeds.NewStepSeed()
+  if training and not schedule.IsFillDrain():
+    raise ScheduleNeedsLossError(
+        f"Schedule '{schedule.name}' starts backward passes before the last "
+        'forward, so the loss must be computed inside the pipeline: train with '
+        'PipeliningLayer.ComputeLossAndGradients(inputs, labels, loss_fn) (the '
+        "tasks do this for you), or use schedule='gpipe'.")
   if trace is not None and trace.schedule is None:
     trace.schedule = schedule
-  run = PipelineRun(cells, schedule, remat, training, trace)
+  flat, idx, tensors = _Flatten(inputs)
+  num_micro = schedule.num_micro_batches
+  seed = _StepSeed()
 
   if not training:
-    micro = microbatch.Split(_Full(tensors), num_micro)
-    outs = run.Forward(micro, inputs, seed)
-    return core.FromTuple(tf.nest.pack_sequence_as(run.out_struct[-1],
-                                                   microbatch.Merge(outs)))
+    run = executor_lib.StepExecutor(cells, schedule, remat, False, seed,
+                                    trace=trace)
+    run.Run(_Actions(schedule, True),
+            microbatch.Split(_Fill(flat, idx, tensors), num_micro), inputs)
+    return _MergeOutputs(run, cells)
+
+  # BatchNorm: each micro-batch is normalised with its own statistics; the
+  # moving statistics move once, from all micro-batches (and replicas).
+  bn_stats = normalization.DeferredMovingStats()
+  run = executor_lib.StepExecutor(cells, schedule, remat, True, seed,
+                                  trace=trace, bn_stats=bn_stats)
 
   @tf.custom_gradient
   def _Pipeline(*ts):
-    micro = microbatch.Split(_Full(ts), num_micro)
-    # BatchNorm: each micro-batch is normalised with its own statistics; the
-    # moving statistics move once, from all micro-batches (and replicas).
-    with normalization.DeferMovingStats() as bn_stats:
-      outs = run.Forward(micro, inputs, seed)
+    micro = microbatch.Split(_Fill(flat, idx, ts), num_micro)
+    with normalization.DeferMovingStats(bn_stats):
+      run.Run(_Actions(schedule, True), micro, inputs)
     bn_stats.Apply()
-    merged = microbatch.Merge(outs)
+    with tf.device(cells[-1].device):
+      merged = microbatch.Merge(run.outputs[-1])
 
     def _Grad(*dys, variables=None):
-      micro_dys = microbatch.SplitLike(list(dys), outs)
-      dxs, acc = run.Backward(micro_dys)
+      with tf.device(cells[-1].device):
+        micro_dys = microbatch.SplitLike(list(dys), run.outputs[-1])
+      for m, dy in enumerate(micro_dys):
+        run.dys[-1][m] = dy
+      run.Run(_Actions(schedule, False))
       input_grads = []
-      for j, i in enumerate(tensor_idx):
-        parts = [dx[i] for dx in dxs]
-        if not _IsFloat(ts[j]) or any(p is None for p in parts):
+      for j, t in enumerate(ts):
+        parts = [dx[idx[j]] for dx in run.dxs]
+        if not executor_lib.IsFloat(t) or any(p is None for p in parts):
           input_grads.append(None)
-        elif ts[j].shape.rank == 0:
+        elif t.shape.rank == 0:
           input_grads.append(tf.add_n(parts))
         else:
           input_grads.append(tf.concat(parts, axis=0) if len(parts) > 1
                              else parts[0])
-      var_grads = [acc.get(v.ref()) for v in (variables or [])]
-      return input_grads, var_grads
+      return input_grads, [run.Gradient(v) for v in (variables or [])]
 
     return merged, _Grad
 
@@ -274,3 +148,60 @@ def RunPipeline(cells: Sequence[Cell], schedule: schedule_lib.Schedule,
     merged = [merged]
   return core.FromTuple(
       tf.nest.pack_sequence_as(run.out_struct[-1], list(merged)))
+
+
+def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
+                        schedule: schedule_lib.Schedule, remat: Remat,
+                        inputs: tuple, labels: Any,
+                        loss_fn: loss_lib.LossFn,
+                        variables: Sequence[tf.Variable], trace: Any = None
+                        ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
+  """One training step's loss, metrics and gradients, the loss inside the pipeline.
+
+  Args:
+    cells, schedule, remat, inputs, trace: as for RunPipeline; any valid
+      schedule runs.
+    labels: any nest of tensors split into micro-batches like the inputs
+      (rank-0 leaves are shared); loss_fn sees micro-batch m's.
+    loss_fn: (outputs, labels) -> loss.LossTerms of one micro-batch.
+    variables: the variables to return gradients for.
+
+  Returns:
+    (loss, metrics, grads): the weighted mean loss and metrics over the
+    mini-batch, and the gradient of the loss for each of `variables` (None
+    for a variable the pipeline does not read), summed over micro-batches.
+  """
+  if trace is not None and trace.schedule is None:
+    trace.schedule = schedule
+  num_micro = schedule.num_micro_batches
+  flat, idx, tensors = _Flatten(inputs)
+  micro = microbatch.Split(_Fill(flat, idx, tensors), num_micro)
+  label_flat = tf.nest.flatten(labels)
+  with tf.device(cells[-1].device):
+    micro_labels = microbatch.Split(label_flat, num_micro)
+  bn_stats = normalization.DeferredMovingStats()
+  run = executor_lib.StepExecutor(
+      cells, schedule, remat, True, _StepSeed(), loss_fn=loss_fn,
+      input_grads=False, trace=trace, bn_stats=bn_stats)
+  run.labels = [tf.nest.pack_sequence_as(labels, mb) for mb in micro_labels]
+  with normalization.DeferMovingStats(bn_stats):
+    run.Run(schedule.Order(), micro, inputs)
+  bn_stats.Apply()
+  with tf.device(cells[-1].device):
+    total = loss_lib.Total(run.loss_sums)
+    loss, metrics = loss_lib.Means(total)
+    scale = 1.0 / tf.maximum(total.weight, 1e-12)
+  grads = []
+  for v in variables:
+    g = run.Gradient(v)
+    if g is None:
+      grads.append(None)
+      continue
+    with tf.device(v.device):
+      if isinstance(g, tf.IndexedSlices):
+        grads.append(tf.IndexedSlices(g.values * tf.cast(scale, g.values.dtype),
+                                      g.indices, g.dense_shape))
+      else:
+        grads.append(g * tf.cast(scale, g.dtype))
+  run.Release()
+  return loss, metrics, grads

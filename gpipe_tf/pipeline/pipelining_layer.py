@@ -9,8 +9,10 @@ from gpipe_tf.runtime import devices as devices_lib
 from gpipe_tf.runtime import distribute
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
+from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
+from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
 
@@ -42,11 +44,18 @@ class PipeliningLayer(base_layer.BaseLayer):
   same variable paths, so checkpoints move between a SequentialLayer and a
   PipeliningLayer of any K and M.
 
-  It does NOT compute the loss inside the pipeline; hence schedules that
-  interleave forwards and backwards (1F1B) are not runnable yet.
+  ``schedule`` names the order of the work (gpipe_tf.pipeline.schedule):
+  'gpipe' (above), '1f1b' (PipeDream-Flush: cell k holds at most K-k
+  micro-batches' activations), 'interleaved_1f1b' (``num_virtual_stages`` V
+  cells per device, a smaller bubble) and 'zb_h1' (zero-bubble: the backward
+  split into input- and weight-gradient halves), or a ``Schedule`` object
+  (e.g. loaded from CSV). ``FProp`` + a GradientTape trains with fill-drain
+  schedules; every schedule trains through ``ComputeLossAndGradients``, which
+  computes the loss of each micro-batch inside the pipeline.
 
-  After construction, ``balance`` (layers per cell) and ``devices`` (one
-  device string per cell) tell where everything went.
+  After construction, ``balance`` (layers per cell), ``devices`` (one device
+  string per cell) and ``schedule`` tell where everything went. With V > 1
+  there are K x V cells; cell s runs on device s % K.
 
   Under a tf.distribute strategy with R > 1 replicas (gpipe_tf.runtime.distribute)
   and without explicit ``devices``, replica r runs cell k on device r*K + k
@@ -80,7 +89,14 @@ class PipeliningLayer(base_layer.BaseLayer):
              "'profile' costs; inferred from the first layer's input_dim when "
              'unset.')
     p.Define('profile_batch_size', 8, "Sample batch size of cost='profile'.")
-    p.Define('schedule', 'gpipe', "Pipeline schedule: 'gpipe' (fill-drain).")
+    p.Define('schedule', 'gpipe',
+             "Pipeline schedule: a registered name ('gpipe', '1f1b', "
+             "'interleaved_1f1b', 'zb_h1'; schedule.Names()) or a "
+             'schedule.Schedule object (e.g. schedule.Load(csv_path)) for '
+             'K devices, M micro-batches and K x V stages.')
+    p.Define('num_virtual_stages', 1,
+             'V: cells per device (interleaved schedules); the layers are cut '
+             'into K x V cells, cell s on device s % K.')
     return p
 
   def __init__(self, params, parent_path=None):
@@ -94,53 +110,71 @@ class PipeliningLayer(base_layer.BaseLayer):
     if p.num_micro_batches < 1:
       raise ValueError(f"PipeliningLayer '{self.path}': num_micro_batches "
                        f'must be >= 1, got {p.num_micro_batches}.')
+    if not isinstance(p.num_virtual_stages, int) or p.num_virtual_stages < 1:
+      raise ValueError(f"PipeliningLayer '{self.path}': num_virtual_stages "
+                       f'must be an int >= 1, got {p.num_virtual_stages}.')
     all_devices = list(p.devices) if p.devices else (
         devices_lib.DefaultDevices())
     self._balance = self._Balance(len(all_devices))
-    self._devices = [all_devices[k] for k in range(len(self._balance))]
-    per_layer = [d for d, n in zip(self._devices, self._balance)
-                 for _ in range(n)]
+    num_stages = len(self._balance)
+    num_devices = num_stages // p.num_virtual_stages
+    self._schedule = self._MakeSchedule(num_devices)
+    self._devices = [all_devices[k] for k in range(num_devices)]
+    per_layer = [self._devices[self._schedule.DeviceOf(s)]
+                 for s, n in enumerate(self._balance) for _ in range(n)]
     self.CreateChildren('layers', p.layers, devices=per_layer)
-    self._schedule = schedule_lib.make_schedule(
-        p.schedule, len(self._balance), p.num_micro_batches)
-    self._CheckSchedule()
     self._cells = []
     start = 0
-    for k, n in enumerate(self._balance):
-      self._cells.append(engine.Cell(k, self.layers[start:start + n],
-                                     self._devices[k]))
+    for s, n in enumerate(self._balance):
+      self._cells.append(cell_lib.Cell(
+          s, self.layers[start:start + n],
+          self._devices[self._schedule.DeviceOf(s)]))
       start += n
 
-  def _Balance(self, num_devices: int) -> list[int]:
+  def _MakeSchedule(self, num_devices: int) -> schedule_lib.Schedule:
+    """The schedule: a registered name, a CSV file, or a Schedule object."""
     p = self.p
+    sched = p.schedule
+    if isinstance(sched, str) and sched.endswith('.csv'):
+      sched = schedule_lib.Load(sched)
+    if isinstance(sched, schedule_lib.Schedule):
+      sched.Validate()
+      if (sched.num_devices, sched.num_stages, sched.num_micro_batches) != (
+          num_devices, len(self._balance), p.num_micro_batches):
+        raise schedule_lib.ScheduleError(
+            f"PipeliningLayer '{self.path}': the schedule has "
+            f'{sched.num_devices} devices, {sched.num_stages} stages and '
+            f'{sched.num_micro_batches} micro-batches; the layer has '
+            f'{num_devices} devices, {len(self._balance)} cells and '
+            f'num_micro_batches={p.num_micro_batches}: make them agree.')
+      return sched
+    return schedule_lib.Make(p.schedule, num_devices, p.num_micro_batches,
+                             p.num_virtual_stages)
+
+  def _Balance(self, num_devices: int) -> list[int]:
+    """Layers per cell: K x V cells (V = num_virtual_stages)."""
+    p = self.p
+    v = p.num_virtual_stages
     num_layers = len(p.layers)
     if p.balance is not None:
       balance = partition.ValidateBalance(list(p.balance), num_layers,
-                                           num_devices)
-      if p.num_partitions not in (1, len(balance)):
+                                          num_devices * v)
+      if len(balance) % v or p.num_partitions not in (1, len(balance) // v):
         raise partition.PartitionError(
             f'balance {list(p.balance)} has {len(balance)} cells but '
-            f'num_partitions={p.num_partitions}; make them agree.')
+            f'num_partitions={p.num_partitions} x num_virtual_stages={v} '
+            f'needs {p.num_partitions * v}; make them agree.')
       return balance
     partition.CheckDevices(p.num_partitions, num_devices)
-    if num_layers < p.num_partitions:
+    num_cells = p.num_partitions * v
+    if num_layers < num_cells:
       # Let the partitioner raise its named error saying what would fit.
-      return partition.PartitionBalanced([1.0] * num_layers,
-                                          p.num_partitions)
-    if p.num_partitions == 1:
+      return partition.PartitionBalanced([1.0] * num_layers, num_cells)
+    if num_cells == 1:
       return [num_layers]
     costs = cost_lib.LayerCosts(p.layers, p.cost, p.input_shapes,
                                 p.profile_batch_size)
-    return partition.PartitionBalanced(costs, p.num_partitions)
-
-  def _CheckSchedule(self) -> None:
-    for k in range(len(self._balance)):
-      kinds = [t.kind for t in self._schedule.order_for_cell(k)]
-      if 'B' in kinds and 'F' in kinds[kinds.index('B'):]:
-        raise NotImplementedError(
-            f'Schedule {self.p.schedule!r} interleaves forward and backward '
-            'passes; PipeliningLayer computes the loss after the pipeline and '
-            "supports only fill-drain schedules ('gpipe').")
+    return partition.PartitionBalanced(costs, num_cells)
 
   @property
   def balance(self) -> list[int]:
@@ -156,8 +190,19 @@ class PipeliningLayer(base_layer.BaseLayer):
   def schedule(self) -> schedule_lib.Schedule:
     return self._schedule
 
-  def _Remat(self, k: int, m: int) -> bool:
-    del k
+  @property
+  def cells(self) -> list[cell_lib.Cell]:
+    """The K x V cells (stages), in order."""
+    return list(self._cells)
+
+  @property
+  def needs_loss_inside(self) -> bool:
+    """True when training must use ComputeLossAndGradients (not FProp + tape):
+    the schedule runs a backward before the last forward."""
+    return not self._schedule.IsFillDrain()
+
+  def _Remat(self, s: int, m: int) -> bool:
+    del s
     if self.p.remat == 'always':
       return True
     if self.p.remat == 'never':
@@ -165,19 +210,62 @@ class PipeliningLayer(base_layer.BaseLayer):
     return m != self.p.num_micro_batches - 1
 
   def FProp(self, *inputs, training=False, trace=None):
-    """Runs the pipeline. `trace`: an optional trace.ScheduleTrace."""
+    """Runs the pipeline; returns the last cell's outputs, merged.
+
+    In training a GradientTape around it yields the pipelined gradients; only
+    fill-drain schedules ('gpipe') train this way (others raise
+    engine.ScheduleNeedsLossError: use ComputeLossAndGradients).
+
+    Args:
+      *inputs: the first layer's inputs (any nests of tensors).
+      training: training mode.
+      trace: an optional trace.ScheduleTrace recording each action.
+    """
     return engine.RunPipeline(self._ReplicaCells(), self._schedule,
                               self._Remat, inputs, training, trace)
 
-  def _ReplicaCells(self) -> list[engine.Cell]:
+  def ComputeLossAndGradients(self, inputs, labels, loss_fn: loss_lib.LossFn,
+                              variables=None, trace=None):
+    """Trains one step with the loss inside the pipeline; any schedule.
+
+    The loss of micro-batch m is computed on the last cell's device right after
+    its forward, and its backward starts when the schedule says, so 1F1B,
+    interleaved and zero-bubble schedules run as well as GPipe.
+
+    Args:
+      inputs: the first layer's input (a tensor or a tuple of them).
+      labels: any nest of tensors with the same batch dimension, split into
+        micro-batches like the inputs.
+      loss_fn: (outputs, labels) of one micro-batch -> loss.LossTerms
+        (per-example losses, weights, per-example metrics).
+      variables: the variables to differentiate; default
+        ``self.trainable_variables``.
+      trace: an optional trace.ScheduleTrace recording each action.
+
+    Returns:
+      (loss, metrics, grads): the mini-batch's weighted mean loss, its metrics
+      (weighted means, 'loss' included) and one gradient per variable, equal to
+      those of the same loss computed on the whole mini-batch.
+
+    Raises:
+      loss.LossNotSplittableError: loss_fn does not return per-example terms.
+    """
+    if variables is None:
+      variables = self.trainable_variables
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    return engine.RunLossAndGradients(
+        self._ReplicaCells(), self._schedule, self._Remat, inputs, labels,
+        loss_fn, list(variables), trace)
+
+  def _ReplicaCells(self) -> list[cell_lib.Cell]:
     """The cells, placed on this replica's devices when data-parallel."""
     if self.p.devices:
       return self._cells
-    replica_devices = distribute.ReplicaDevices(len(self._cells))
+    replica_devices = distribute.ReplicaDevices(len(self._devices))
     if replica_devices is None:
       return self._cells
-    return [engine.Cell(c.index, c.layers, d)
-            for c, d in zip(self._cells, replica_devices)]
+    return [c.OnDevice(replica_devices[self._schedule.DeviceOf(c.index)])
+            for c in self._cells]
 
   @classmethod
   def NumDevicesOf(cls, params) -> int:
@@ -192,7 +280,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         params.cls, cls):
       return 1
     if params.balance is not None:
-      return len(params.balance)
+      return len(params.balance) // max(1, int(params.num_virtual_stages))
     return int(params.num_partitions)
 
   @classmethod

@@ -1,22 +1,25 @@
-"""Records when each pipeline task really started and ended, from inside a real step.
+"""Records when each pipeline action really started and ended, from inside a real step.
 
-Pass a ``ScheduleTrace`` to ``PipeliningLayer.FProp(..., trace=t)``: every
-forward task F(k, m) and, once the gradient is taken, every backward task
-B(k, m) gets a ``tf.timestamp()`` that runs just before the task's first op
-(its inputs wait for it) and one that runs after its last output (its
-consumers wait for it). Return ``t.Tensors()`` from the step, then
-``Timeline.FromValues`` gives per-task intervals, the measured bubble fraction
-and an ASCII chart.
+Pass a ``ScheduleTrace`` to ``PipeliningLayer.FProp(..., trace=t)`` or
+``ComputeLossAndGradients(..., trace=t)``: every action (F, B, W, BW of a
+stage on a micro-batch) gets a ``tf.timestamp()`` that runs once the action's
+inputs are ready and one that runs once its outputs are. The stamps only
+observe: nothing waits for them, so a trace never adds an ordering the engine
+did not pin itself (a stamp may run a little after the moment it marks).
+Return ``t.Tensors()`` from the step; ``Timeline.FromValues`` gives per-action
+intervals, the measured bubble fraction, an ASCII chart and a Chrome-trace
+(Perfetto) JSON with one track per device.
 
 Build a traced step with ``TracedStep`` (``tf.compat.v1.wrap_function``), NOT
 ``tf.function``: ``tf.timestamp`` is a stateful op, and tf.function chains all
 stateful ops in program order (automatic control dependencies), which would
-serialise every task and show a schedule that never overlaps.
+serialise every action and show a schedule that never overlaps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -25,85 +28,71 @@ from gpipe_tf.pipeline import schedule as schedule_lib
 
 
 class ScheduleTrace:
-  """Collects start/end timestamp tensors per task while the graph is built."""
+  """Collects start/end timestamp tensors per action while the graph is built."""
 
   def __init__(self, schedule: schedule_lib.Schedule | None = None) -> None:
     self.schedule = schedule
-    self.tasks: list[schedule_lib.Task] = []
+    self.actions: list[schedule_lib.Action] = []
     self._starts: list[tf.Tensor] = []
-    self._ends: list[tf.Tensor] = []
+    self._ends: list[tf.Tensor | None] = []
 
-  def Start(self, task: schedule_lib.Task, inputs: Sequence[Any]) -> list:
-    """Stamps the start of `task`; returns `inputs` made to wait for the stamp.
-
-    The stamp also waits for the end stamps of the task's dependencies in the
-    schedule, so a dependency's end is never stamped after this start.
-    """
-    ready = [t for t in inputs if t is not None]
-    if self.schedule is not None:
-      for dep in self.schedule.dependencies(task):
-        if dep in self.tasks:
-          end = self._ends[self.tasks.index(dep)]
-          if end is not None:
-            ready.append(end)
-    with tf.control_dependencies(ready):
+  def Start(self, action: schedule_lib.Action, inputs: Sequence[Any]) -> None:
+    """Stamps the start of `action` once `inputs` are ready."""
+    with tf.control_dependencies([t for t in inputs if t is not None]):
       stamp = tf.timestamp()
-    self.tasks.append(task)
+    self.actions.append(action)
     self._starts.append(stamp)
     self._ends.append(None)
-    with tf.control_dependencies([stamp]):
-      return [None if t is None else tf.identity(t) for t in inputs]
 
-  def End(self, task: schedule_lib.Task, outputs: Sequence[Any]) -> list:
-    """Stamps the end of `task`; returns `outputs` made to wait for the stamp."""
-    done = [t for t in outputs if t is not None]
-    with tf.control_dependencies(done):
+  def End(self, action: schedule_lib.Action, outputs: Sequence[Any]) -> None:
+    """Stamps the end of `action` once `outputs` (and its start stamp) are."""
+    i = self.actions.index(action)
+    with tf.control_dependencies([t for t in outputs if t is not None] +
+                                 [self._starts[i]]):
       stamp = tf.timestamp()
-    self._ends[self.tasks.index(task)] = stamp
-    with tf.control_dependencies([stamp]):
-      return [None if t is None else tf.identity(t) for t in outputs]
+    self._ends[i] = stamp
 
   def Tensors(self) -> tuple[tf.Tensor, tf.Tensor]:
-    """(starts, ends) as float64 vectors in the order of ``tasks``."""
+    """(starts, ends) as float64 vectors in the order of ``actions``."""
     return tf.stack(self._starts), tf.stack(self._ends)
 
 
 def TracedStep(fn: Callable[[], Any]) -> Callable[[], Any]:
   """Builds `fn` (no arguments) into a graph function without automatic
-  control dependencies, so the timestamps do not order the tasks."""
+  control dependencies, so the timestamps do not order the actions."""
   return tf.compat.v1.wrap_function(fn, [])
 
 
 @dataclasses.dataclass
 class Timeline:
-  """Measured intervals of every task, in seconds from the first start."""
-  tasks: list
+  """Measured intervals of every action, in seconds from the first start."""
+  schedule: schedule_lib.Schedule
+  actions: list
   start: list
   end: list
-  num_cells: int
-  num_micro_batches: int
 
   @classmethod
   def FromValues(cls, trace: ScheduleTrace, starts, ends) -> 'Timeline':
     t0 = float(min(starts))
-    tasks = list(trace.tasks)
-    return cls(tasks, [float(s) - t0 for s in starts],
-               [float(e) - t0 for e in ends],
-               1 + max(t.cell for t in tasks),
-               1 + max(t.micro_batch for t in tasks))
+    return cls(trace.schedule, list(trace.actions),
+               [float(s) - t0 for s in starts], [float(e) - t0 for e in ends])
 
   @property
   def makespan(self) -> float:
     return max(self.end)
 
+  def _Rows(self):
+    for d in range(self.schedule.num_devices):
+      yield d, [(a, s, e) for a, s, e in zip(self.actions, self.start,
+                                              self.end)
+                if self.schedule.DeviceOf(a.stage) == d]
+
   def BubbleFraction(self) -> float:
-    """Idle fraction of the cells x makespan area (busy = inside some task)."""
+    """Idle fraction of the devices x makespan area (busy = inside an action)."""
     busy = 0.0
-    for k in range(self.num_cells):
-      spans = sorted((s, e) for t, s, e in zip(self.tasks, self.start,
-                                                self.end) if t.cell == k)
-      cur_s, cur_e = None, None
-      for s, e in spans:  # Union of intervals, in case tasks overlap.
+    for _, row in self._Rows():
+      cur_s = cur_e = None
+      for s, e in sorted((s, e) for _, s, e in row):  # Union of intervals.
         if cur_e is None or s > cur_e:
           busy += 0.0 if cur_e is None else cur_e - cur_s
           cur_s, cur_e = s, e
@@ -111,24 +100,47 @@ class Timeline:
           cur_e = max(cur_e, e)
       if cur_e is not None:
         busy += cur_e - cur_s
-    return 1.0 - busy / (self.num_cells * self.makespan)
+    return 1.0 - busy / (self.schedule.num_devices * self.makespan)
 
-  def TheoreticalBubble(self) -> float:
-    k, m = self.num_cells, self.num_micro_batches
-    return (k - 1) / (m + k - 1)
+  def SimulatedBubble(self) -> float:
+    """The schedule's bubble with unit-time F, B and W (BW = 2)."""
+    return schedule_lib.Simulate(self.schedule).bubble_fraction
 
   def ToAscii(self, width: int = 100) -> str:
+    """One row per device; forwards drawn as digits, backwards as letters."""
     scale = width / self.makespan
     rows = []
-    for k in range(self.num_cells):
+    for d, row in self._Rows():
       line = [' '] * (width + 1)
-      for t, s, e in zip(self.tasks, self.start, self.end):
-        if t.cell != k:
-          continue
-        a, b = int(s * scale), max(int(s * scale) + 1, int(e * scale))
-        ch = str(t.micro_batch % 10) if t.kind == 'F' else chr(
-            ord('a') + t.micro_batch % 26)
-        for i in range(a, min(b, width + 1)):
+      for a, s, e in row:
+        lo, hi = int(s * scale), max(int(s * scale) + 1, int(e * scale))
+        ch = (str(a.micro_batch % 10) if a.kind == schedule_lib.F else
+              chr(ord('a' if a.kind != schedule_lib.W else 'A') +
+                  a.micro_batch % 26))
+        for i in range(lo, min(hi, width + 1)):
           line[i] = ch
-      rows.append(f'cell {k} |' + ''.join(line))
+      rows.append(f'dev {d} |' + ''.join(line))
     return '\n'.join(rows)
+
+  def ToChromeTrace(self) -> dict:
+    """The timeline as Chrome-trace JSON (chrome://tracing, ui.perfetto.dev).
+
+    One track (thread) per device; each action is a complete ('X') event
+    named like 'F3' / 'BW3' (stage in its args), times in microseconds.
+    """
+    events = [{'name': 'thread_name', 'ph': 'M', 'pid': 0, 'tid': d,
+               'args': {'name': f'device {d}'}}
+              for d in range(self.schedule.num_devices)]
+    for d, row in self._Rows():
+      for a, s, e in row:
+        events.append({'name': f'{a.kind}{a.micro_batch}', 'cat': a.kind,
+                       'ph': 'X', 'pid': 0, 'tid': d, 'ts': s * 1e6,
+                       'dur': max(e - s, 0.0) * 1e6,
+                       'args': {'stage': a.stage,
+                                'micro_batch': a.micro_batch}})
+    return {'traceEvents': events, 'displayTimeUnit': 'ms',
+            'otherData': {'schedule': self.schedule.name}}
+
+  def WriteChromeTrace(self, path: str) -> None:
+    with open(path, 'w') as f:
+      json.dump(self.ToChromeTrace(), f)

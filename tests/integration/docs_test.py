@@ -36,7 +36,6 @@ _THIS_FILE = os.path.join('tests', 'integration', 'docs_test.py')
 # Files whose owners replace their citations in other branches; delete each
 # entry once its file cites docs/tensorflow-notes.md.
 _CITES_OUTSIDE_NOTES_FOR_NOW = frozenset([
-    os.path.join('gpipe_tf', 'pipeline', 'engine.py'),
     os.path.join('gpipe_tf', 'runtime', 'devices.py'),
 ])
 

@@ -67,12 +67,13 @@ class PlacementTest(tf.test.TestCase):
     for fn_graph in metadata.function_graphs:
       for graph in fn_graph.partition_graphs:
         for node in graph.node:
-          match = re.search(r'cell(\d+)_(fwd|bwd)_mb(\d+)', node.name)
+          match = re.search(r'stage(\d+)_(F|BW)_mb(\d+)', node.name)
           if not match or node.op in _TRANSFER_OPS:
             continue
           if re.search(r'/_\d+$', node.name):  # Runtime-inserted copies.
             continue
-          cell, phase = int(match.group(1)), match.group(2)
+          cell = int(match.group(1))
+          phase = 'fwd' if match.group(2) == 'F' else 'bwd'
           where = tf.DeviceSpec.from_string(node.device).device_index
           self.assertEqual(
               where, cell, f'{node.name} ({node.op}) of cell {cell} ran on '

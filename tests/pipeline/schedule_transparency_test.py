@@ -1,0 +1,205 @@
+"""Keystone for every schedule: the loss inside the pipeline gives SequentialLayer's loss and gradients.
+
+For 'gpipe', '1f1b', 'interleaved_1f1b' (2 virtual stages) and 'zb_h1', every
+remat policy, K in {1, 2, 4} and M in {1, 2, 3, 8}:
+``PipeliningLayer.ComputeLossAndGradients`` equals the mean loss of a
+SequentialLayer over the same layers on the whole mini-batch, and its
+gradients. Layers whose forward depends on the micro-batch split (BatchNorm
+with batch statistics, dropout) are compared with the GradientTape path of the
+same K and M: the schedule changes the order of the work, never its result.
+"""
+
+import itertools
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf.layers import core
+from gpipe_tf.layers import losses
+from gpipe_tf.layers import normalization
+from gpipe_tf.layers import random_seeds
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import loss as loss_lib
+
+SCHEDULES = (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1))
+REMATS = ('always', 'except_last', 'never')
+_SEED = [3, 4]
+
+
+def _Fc(i, din, dout, act='TANH'):
+  return core.FCLayer.Params().Set(name=f'fc{i}', input_dim=din,
+                                   output_dim=dout, activation=act)
+
+
+def _MlpLayers():
+  dims = [6, 12, 12, 10, 12, 12, 8, 8, 5]
+  acts = ['TANH', 'RELU', 'SIGMOID', 'GELU', 'TANH', 'RELU', 'TANH', 'NONE']
+  return [_Fc(i, dims[i], dims[i + 1], acts[i]) for i in range(len(acts))]
+
+
+def _BatchNormLayers(moving_avg):
+  layers = []
+  for i in range(8):
+    layers.append(_Fc(i, 6 if i == 0 else 8, 8 if i < 7 else 5, 'NONE'))
+    if i % 2 == 0:
+      layers.append(normalization.BatchNormLayer.Params().Set(
+          name=f'bn{i}', dim=8, use_moving_avg_in_training=moving_avg,
+          decay=0.5))
+  return layers
+
+
+def _DropoutLayers():
+  layers = []
+  for i in range(8):
+    layers.append(_Fc(i, 6 if i == 0 else 8, 8 if i < 7 else 5))
+    layers.append(core.DropoutLayer.Params().Set(name=f'drop{i}',
+                                                 keep_prob=0.7))
+  return layers[:-1]
+
+
+def _LossFn(logits, labels):
+  per_example = losses.SoftmaxCrossEntropy(logits, labels)
+  # Uneven weights: a permuted or dropped example would show.
+  weights = 1.0 + tf.cast(labels, tf.float32)
+  return loss_lib.LossTerms(per_example, weights, {
+      'accuracy': tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                                   labels), tf.float32)})
+
+
+def _Data(n=11):
+  x = tf.random.stateless_normal([n, 6], seed=[1, 2])
+  y = tf.random.stateless_uniform([n], [5, 6], 0, 5, tf.int32)
+  return x, y
+
+
+def _Pipe(layers, k, m, remat, schedule='gpipe', v=1):
+  return PipeliningLayer.Params().Set(
+      name='net', layers=layers, num_partitions=k, num_micro_batches=m,
+      remat=remat, schedule=schedule, num_virtual_stages=v).Instantiate()
+
+
+def _TapeLossAndGrads(model, x, y):
+  """The reference: the whole mini-batch's loss after the model, a tape."""
+  with random_seeds.StepSeedScope(tf.constant(_SEED, tf.int64)):
+    with tf.GradientTape() as tape:
+      loss, metrics = loss_lib.ReduceTerms(
+          _LossFn(model.FProp(x, training=True), y))
+  return loss, metrics, tape.gradient(loss, model.trainable_variables)
+
+
+def _InsideLossAndGrads(pipe, x, y):
+  with random_seeds.StepSeedScope(tf.constant(_SEED, tf.int64)):
+    return pipe.ComputeLossAndGradients(x, y, _LossFn)
+
+
+class ScheduleTransparencyTest(tf.test.TestCase):
+
+  def _AssertSame(self, want, got):
+    (l1, m1, g1), (l2, m2, g2) = want, got
+    self.assertAllClose(l1, l2, rtol=1e-5, atol=1e-6)
+    self.assertAllClose(m1['accuracy'], m2['accuracy'], rtol=1e-5)
+    self.assertLen(g2, len(g1))
+    for a, b in zip(g1, g2):
+      self.assertIsNotNone(b)
+      self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+  def testFullGridEager(self):
+    x, y = _Data()
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=_MlpLayers()).Instantiate()
+    want = _TapeLossAndGrads(seq, x, y)
+    for (name, v), remat, k, m in itertools.product(
+        SCHEDULES, REMATS, (1, 2, 4), (1, 2, 3, 8)):
+      if k * v > 8:
+        continue  # 8 layers: at most 8 cells.
+      with self.subTest(schedule=name, remat=remat, k=k, m=m):
+        pipe = _Pipe(_MlpLayers(), k, m, remat, name, v)
+        self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
+
+  def testInFunction(self):
+    # The graph path pins every device's order with control dependencies and
+    # defers zb_h1's weight-gradient ops; a subset of the grid (tracing costs).
+    x, y = _Data()
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=_MlpLayers()).Instantiate()
+    want = _TapeLossAndGrads(seq, x, y)
+    for (name, v), (k, m, remat) in itertools.product(
+        SCHEDULES, [(2, 3, 'except_last'), (4, 8, 'always'), (2, 8, 'never')]):
+      with self.subTest(schedule=name, remat=remat, k=k, m=m):
+        pipe = _Pipe(_MlpLayers(), k, m, remat, name, v)
+        got = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
+        self._AssertSame(want, got)
+
+  def testBatchNormMovingAverageRows(self):
+    # Normalising with the moving statistics makes the forward independent of
+    # the split: equal to SequentialLayer for every schedule and remat.
+    x, y = _Data()
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=_BatchNormLayers(True)).Instantiate()
+    want = _TapeLossAndGrads(seq, x, y)
+    for (name, v), remat in itertools.product(SCHEDULES, REMATS):
+      with self.subTest(schedule=name, remat=remat):
+        pipe = _Pipe(_BatchNormLayers(True), 2, 4, remat, name, v)
+        got = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
+        self._AssertSame(want, got)
+
+  def testSplitDependentRowsEqualTheTapePath(self):
+    # Batch statistics per micro-batch and dropout masks per micro-batch: every
+    # schedule equals the GPipe GradientTape path of the same K and M.
+    x, y = _Data(12)
+    for layers_fn in (lambda: _BatchNormLayers(False), _DropoutLayers):
+      want = _TapeLossAndGrads(_Pipe(layers_fn(), 2, 3, 'always'), x, y)
+      for (name, v), remat in itertools.product(SCHEDULES, REMATS):
+        with self.subTest(layers=layers_fn.__name__, schedule=name,
+                          remat=remat):
+          pipe = _Pipe(layers_fn(), 2, 3, remat, name, v)
+          self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
+
+  def testBatchNormMovingStatsMoveOnce(self):
+    x, y = _Data(12)
+    ref = _Pipe(_BatchNormLayers(False), 2, 3, 'always')
+    _TapeLossAndGrads(ref, x, y)
+    for name, v in SCHEDULES:
+      with self.subTest(schedule=name):
+        pipe = _Pipe(_BatchNormLayers(False), 2, 3, 'always', name, v)
+        tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
+        for a, b in zip(ref.variables, pipe.variables):
+          if 'moving' in a.name:
+            self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+          if 'moving_variance' in a.name:  # Moved away from its initial 1.
+            self.assertNotAllClose(b, tf.ones_like(b))
+
+  def testTapePathRefusesInterleavedSchedules(self):
+    x, _ = _Data()
+    pipe = _Pipe(_MlpLayers(), 2, 4, 'always', '1f1b')
+    self.assertTrue(pipe.needs_loss_inside)
+    self.assertFalse(_Pipe(_MlpLayers(), 2, 4, 'always').needs_loss_inside)
+    from gpipe_tf.pipeline import engine  # pylint: disable=g-import-not-at-top
+    with self.assertRaisesRegex(engine.ScheduleNeedsLossError,
+                                'ComputeLossAndGradients'):
+      pipe.FProp(x, training=True)
+    # Inference needs no loss: every schedule evaluates.
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=_MlpLayers()).Instantiate()
+    self.assertAllClose(seq.FProp(x), pipe.FProp(x), rtol=1e-5, atol=1e-6)
+
+  def testScalarLossIsANamedError(self):
+    x, y = _Data()
+    pipe = _Pipe(_MlpLayers(), 2, 4, 'always', '1f1b')
+
+    def _MeanLoss(logits, labels):
+      return loss_lib.LossTerms(
+          tf.reduce_mean(losses.SoftmaxCrossEntropy(logits, labels)))
+
+    with self.assertRaisesRegex(loss_lib.LossNotSplittableError,
+                                'per-example'):
+      pipe.ComputeLossAndGradients(x, y, _MeanLoss)
+    with self.assertRaisesRegex(loss_lib.LossNotSplittableError, 'LossTerms'):
+      pipe.ComputeLossAndGradients(x, y, lambda o, l: tf.reduce_sum(o))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -82,12 +82,10 @@ def SoftmaxCrossEntropy(logits: tf.Tensor, labels: tf.Tensor,
   return (1.0 - label_smoothing) * nll + label_smoothing * uniform
 
 
-def Accuracy(logits: tf.Tensor, labels: tf.Tensor, top_k: int = 1,
-             weights: tf.Tensor | None = None) -> tf.Tensor:
-  """Fraction of examples whose label is among the top_k logits (a scalar).
+def Hits(logits: tf.Tensor, labels: tf.Tensor, top_k: int = 1) -> tf.Tensor:
+  """1.0 where the label is among the top_k logits, else 0.0 (labels' shape).
 
-  Ties are broken towards the lower class id. `weights` (shape of labels, e.g.
-  1 - paddings) makes it a weighted fraction; all-zero weights give 0.
+  Ties are broken towards the lower class id.
   """
   logits = tf.convert_to_tensor(logits)
   labels = tf.convert_to_tensor(labels)
@@ -98,7 +96,17 @@ def Accuracy(logits: tf.Tensor, labels: tf.Tensor, top_k: int = 1,
   _, top = tf.math.top_k(tf.cast(logits, tf.float32), k=top_k)
   hit = tf.reduce_any(tf.equal(top, tf.cast(labels, tf.int32)[..., None]),
                       axis=-1)
-  hit = tf.cast(hit, tf.float32)
+  return tf.cast(hit, tf.float32)
+
+
+def Accuracy(logits: tf.Tensor, labels: tf.Tensor, top_k: int = 1,
+             weights: tf.Tensor | None = None) -> tf.Tensor:
+  """Fraction of examples whose label is among the top_k logits (a scalar).
+
+  Ties are broken towards the lower class id. `weights` (shape of labels, e.g.
+  1 - paddings) makes it a weighted fraction; all-zero weights give 0.
+  """
+  hit = Hits(logits, labels, top_k)
   if weights is None:
     return tf.reduce_mean(hit)
   weights = tf.cast(weights, tf.float32)

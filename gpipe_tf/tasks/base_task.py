@@ -22,6 +22,7 @@ from gpipe_tf import hyperparams
 from gpipe_tf.tasks import optimizers
 from gpipe_tf.tasks import lr_schedules
 from gpipe_tf.layers import base_layer
+from gpipe_tf.pipeline import loss as loss_lib
 
 Metrics = dict[str, tf.Tensor]
 
@@ -103,14 +104,80 @@ class BaseTask(base_layer.BaseLayer):
       grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=norm)
     return list(grads), norm
 
+  # A task that splits its loss per example declares which batch entries are
+  # the model's positional inputs and which the loss reads, and implements
+  # LossTerms; ComputeLoss and ComputeLossAndGradients then work for every
+  # model and pipeline schedule. A task may instead override ComputeLoss
+  # alone, which trains any model except pipelines whose schedule needs the
+  # loss inside (1F1B, interleaved, zero-bubble).
+  INPUT_KEYS: tuple[str, ...] = ()
+  LABEL_KEYS: tuple[str, ...] = ()
+
+  def ModelInputs(self, batch: dict[str, tf.Tensor]) -> tuple:
+    """The model's positional inputs: ``batch[k]`` for k in INPUT_KEYS."""
+    return tuple(batch[k] for k in self.INPUT_KEYS)
+
+  def Labels(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """What LossTerms reads besides the outputs: LABEL_KEYS of `batch`."""
+    return {k: batch[k] for k in self.LABEL_KEYS}
+
+  def LossTerms(self, outputs: Any, labels: dict[str, tf.Tensor]
+                ) -> loss_lib.LossTerms:
+    """Per-example (or per-token) losses, weights and metrics of a batch.
+
+    Called on the whole batch, or inside a pipeline on each micro-batch.
+    """
+    raise loss_lib.LossNotSplittableError(
+        f'{type(self).__name__} computes its loss in ComputeLoss only; a '
+        'pipeline schedule that runs backward passes between forwards needs '
+        'the loss per micro-batch: implement INPUT_KEYS, LABEL_KEYS and '
+        "LossTerms (see ClassificationTask), or use schedule='gpipe'.")
+
+  def BatchMetrics(self, batch: dict[str, tf.Tensor]) -> Metrics:
+    """Metrics of the batch alone (no model outputs), added to the others."""
+    del batch
+    return {}
+
   def ComputeLoss(self, batch: dict[str, tf.Tensor], training: bool = False
                   ) -> tuple[tf.Tensor, Metrics]:
     """Returns (scalar float32 loss, {metric name: scalar}).
 
     Metrics are means over the batch; the evaluator averages them over the
-    evaluation set weighted by batch size.
+    evaluation set weighted by batch size. The default runs the model on
+    ModelInputs and reduces LossTerms to weighted means.
     """
-    raise NotImplementedError(f'{type(self).__name__}.ComputeLoss')
+    if type(self).LossTerms is BaseTask.LossTerms:
+      raise NotImplementedError(
+          f'{type(self).__name__}: implement LossTerms (with INPUT_KEYS and '
+          'LABEL_KEYS), or override ComputeLoss.')
+    outputs = self.model.FProp(*self.ModelInputs(batch), training=training)
+    loss, metrics = loss_lib.ReduceTerms(
+        self.LossTerms(outputs, self.Labels(batch)))
+    metrics.update(self.BatchMetrics(batch))
+    return loss, metrics
+
+  def ComputeLossAndGradients(self, batch: dict[str, tf.Tensor],
+                              variables: list[tf.Variable]
+                              ) -> tuple[tf.Tensor, Metrics, list]:
+    """(loss, metrics, gradients of `variables`) of one training batch.
+
+    A pipelined model whose schedule starts backwards before the last forward
+    computes the loss inside the pipeline
+    (PipeliningLayer.ComputeLossAndGradients); anything else runs
+    ComputeLoss under a GradientTape.
+    """
+    if getattr(self.model, 'needs_loss_inside', False):
+      if type(self).LossTerms is BaseTask.LossTerms:
+        self.LossTerms(None, {})  # Raises LossNotSplittableError.
+      loss, metrics, grads = self.model.ComputeLossAndGradients(
+          self.ModelInputs(batch), self.Labels(batch), self.LossTerms,
+          variables)
+      metrics = dict(metrics)
+      metrics.update(self.BatchMetrics(batch))
+      return loss, metrics, grads
+    with tf.GradientTape() as tape:
+      loss, metrics = self.ComputeLoss(batch, training=True)
+    return loss, metrics, tape.gradient(loss, variables)
 
   def FProp(self, batch: dict[str, tf.Tensor], training: bool = False
             ) -> tuple[tf.Tensor, Metrics]:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from gpipe_tf.layers import losses
+from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.tasks import base_task
 
 
@@ -24,15 +23,16 @@ class ClassificationTask(base_task.BaseTask):
              'If set, logits are soft-clipped to +-this before the loss.')
     return p
 
-  def ComputeLoss(self, batch, training=False):
-    logits = self.model.FProp(batch['inputs'], training=training)
-    labels = batch['labels']
+  INPUT_KEYS = ('inputs',)
+  LABEL_KEYS = ('labels',)
+
+  def LossTerms(self, outputs, labels):
+    logits, labels = outputs, labels['labels']
     per_example = losses.SoftmaxCrossEntropy(
         logits, labels, label_smoothing=self.p.label_smoothing,
         logits_clip=self.p.logits_clip)
-    loss = tf.reduce_mean(per_example)
-    metrics = {'loss': loss, 'accuracy': losses.Accuracy(logits, labels)}
+    metrics = {'accuracy': losses.Hits(logits, labels)}
     num_classes = logits.shape[-1]
     if num_classes is not None and num_classes >= 5:
-      metrics['top5_accuracy'] = losses.Accuracy(logits, labels, top_k=5)
-    return loss, metrics
+      metrics['top5_accuracy'] = losses.Hits(logits, labels, top_k=5)
+    return loss_lib.LossTerms(per_example, None, metrics)

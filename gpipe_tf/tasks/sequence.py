@@ -29,6 +29,7 @@ from gpipe_tf.data import inputs
 from gpipe_tf.tasks import base_task
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
+from gpipe_tf.pipeline import loss as loss_lib
 
 Metrics = base_task.Metrics
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -56,47 +57,42 @@ class _TokenTask(base_task.BaseTask):
       raise ValueError(f"Task '{self.p.name}': label_smoothing must be in "
                        f'[0, 1), got {self.p.label_smoothing}.')
 
-  def TokenLossAndMetrics(self, logits: tf.Tensor, labels: tf.Tensor,
-                          paddings: tf.Tensor) -> tuple[tf.Tensor, Metrics]:
-    """Means over unpadded tokens (logits already clipped by the model).
+  def LossTerms(self, outputs, labels):
+    """Per-token terms over unpadded positions (logits clipped by the model).
 
-    Returns:
-      (loss, metrics): loss is the smoothed cross-entropy; metrics hold
-      ``loss``, ``log_pplx`` (unsmoothed negative log-likelihood per token),
-      ``accuracy`` (top-1 per token) and ``num_tokens`` (unpadded tokens per
-      example, so the batch-weighted average the evaluator takes is right).
+    The loss is the smoothed cross-entropy; metrics ``log_pplx`` (unsmoothed
+    negative log-likelihood) and ``accuracy`` (top-1), all weighted by
+    1 - paddings.
     """
-    labels = tf.convert_to_tensor(labels)
-    weights = 1.0 - tf.cast(paddings, tf.float32)
-    total = tf.reduce_sum(weights)
-
-    def _Mean(per_token):
-      return tf.math.divide_no_nan(tf.reduce_sum(per_token * weights), total)
-
+    logits = _Logits(outputs)
+    targets = tf.convert_to_tensor(labels[self.LABEL_KEYS[0]])
+    weights = 1.0 - tf.cast(labels[self.LABEL_KEYS[1]], tf.float32)
     # One log-softmax serves the smoothed loss and the unsmoothed metric
     # (losses.SoftmaxCrossEntropy's formula; [B, T, V] is large).
     log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-    nll = -tf.gather(log_probs, labels, axis=-1, batch_dims=labels.shape.rank)
+    nll = -tf.gather(log_probs, targets, axis=-1,
+                     batch_dims=targets.shape.rank)
+    loss = nll
     smoothing = self.p.label_smoothing
-    log_pplx = loss = _Mean(nll)
     if smoothing:
       uniform = -tf.reduce_mean(log_probs, axis=-1)
-      loss = _Mean((1.0 - smoothing) * nll + smoothing * uniform)
-    batch = tf.cast(base_task.BatchSize(labels), tf.float32)
-    return loss, {'loss': loss, 'log_pplx': log_pplx,
-                  'accuracy': losses.Accuracy(logits, labels, weights=weights),
-                  'num_tokens': total / batch}
+      loss = (1.0 - smoothing) * nll + smoothing * uniform
+    return loss_lib.LossTerms(loss, weights, {
+        'log_pplx': nll, 'accuracy': losses.Hits(logits, targets)})
+
+  def BatchMetrics(self, batch):
+    """``num_tokens``: unpadded tokens per example (the evaluator weighs
+    metrics by batch size, so this averages right)."""
+    weights = 1.0 - tf.cast(batch[self.LABEL_KEYS[1]], tf.float32)
+    return {'num_tokens': tf.reduce_sum(weights) /
+                          tf.cast(base_task.BatchSize(weights), tf.float32)}
 
 
 class LanguageModelTask(_TokenTask):
   """Next-token prediction: ``labels[t]`` is the token after ``ids[t]``."""
 
-  def ComputeLoss(self, batch: dict[str, tf.Tensor], training: bool = False
-                  ) -> tuple[tf.Tensor, Metrics]:
-    logits = _Logits(self.model.FProp(batch['ids'], batch['paddings'],
-                                      training=training))
-    return self.TokenLossAndMetrics(logits, batch['labels'],
-                                    batch['paddings'])
+  INPUT_KEYS = ('ids', 'paddings')
+  LABEL_KEYS = ('labels', 'paddings')
 
 
 class TranslationTask(_TokenTask):
@@ -111,12 +107,8 @@ class TranslationTask(_TokenTask):
     p.Define('pad_id', PAD_ID, 'Decode fills a row with this after its EOS.')
     return p
 
-  def ComputeLoss(self, batch, training=False):
-    logits = _Logits(self.model.FProp(
-        batch['src_ids'], batch['src_paddings'], batch['tgt_ids'],
-        batch['tgt_paddings'], training=training))
-    return self.TokenLossAndMetrics(logits, batch['tgt_labels'],
-                                    batch['tgt_paddings'])
+  INPUT_KEYS = ('src_ids', 'src_paddings', 'tgt_ids', 'tgt_paddings')
+  LABEL_KEYS = ('tgt_labels', 'tgt_paddings')
 
   def _RunModel(self, *xs: tf.Tensor) -> tf.Tensor:
     layers = getattr(self.model, 'layers', None)

@@ -12,8 +12,9 @@ Layout of a logdir::
 One training step (a single tf.function)::
 
   seed = [task.step_seed, global_step]            (StepSeedScope: dropout masks
-  loss, metrics = task.ComputeLoss(batch, True)    depend on the step only)
-  grads = d loss / d task.trainable_variables     (GradientTape)
+  loss, metrics, grads =                          depend on the step only)
+      task.ComputeLossAndGradients(batch, vars)   (GradientTape, or the loss
+                                                   inside the pipeline)
   grads = clip(grads, clip_gradient_norm_to_value)
   if loss and grads are finite:                   (else: 'skip' or 'stop')
     optimizer.apply_gradients(grads)              (once per step)
@@ -196,9 +197,9 @@ class _Runner:
     seed = tf.stack([tf.constant(task.step_seed, tf.int64),
                      self.global_step.read_value()])
     with random_seeds.StepSeedScope(seed):
-      with tf.GradientTape() as tape:
-        loss, metrics = task.ComputeLoss(batch, training=True)
-      grads = tape.gradient(loss, self.variables)
+      # The loss inside the pipeline when the model's schedule needs it.
+      loss, metrics, grads = task.ComputeLossAndGradients(batch,
+                                                          self.variables)
     self._trained = [v for g, v in zip(grads, self.variables) if g is not None]
     unused = [v.name for g, v in zip(grads, self.variables) if g is None]
     if unused:

@@ -28,6 +28,20 @@ class _PlainNoDropout(mlp.Tiny):
     return p
 
 
+class _NoDropoutSchedule(_NoDropout):
+  """The same model with a schedule that needs the loss inside the pipeline."""
+  SCHEDULE = '1f1b'
+
+  def Task(self):
+    p = super().Task()
+    p.model.schedule = self.SCHEDULE
+    return p
+
+
+class _NoDropoutZeroBubble(_NoDropoutSchedule):
+  SCHEDULE = 'zb_h1'
+
+
 class PipelinedTrainingTest(tf.test.TestCase):
 
   def testPipelinedExperimentLearnsAndResumes(self):
@@ -55,6 +69,23 @@ class PipelinedTrainingTest(tf.test.TestCase):
     for name in a:
       np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5,
                                  err_msg=name)
+
+  def testEveryScheduleTrainsLikePlainTraining(self):
+    # 1F1B and ZB-H1 go through the task's loss-inside path in the trainer.
+    plain = self.get_temp_dir() + '/plain_s'
+    loop.train_and_evaluate(_PlainNoDropout, plain, mode='train', max_steps=5)
+    want = test_utils.CheckpointValues(plain)
+    for experiment in (_NoDropoutSchedule, _NoDropoutZeroBubble):
+      with self.subTest(schedule=experiment.SCHEDULE):
+        logdir = self.get_temp_dir() + '/' + experiment.SCHEDULE
+        result = loop.train_and_evaluate(experiment, logdir, mode='train',
+                                         max_steps=5)
+        self.assertEqual(result.global_step, 5)
+        got = test_utils.CheckpointValues(logdir)
+        self.assertEqual(sorted(want), sorted(got))
+        for name in want:
+          np.testing.assert_allclose(want[name], got[name], rtol=1e-4,
+                                     atol=1e-5, err_msg=name)
 
 
 if __name__ == '__main__':

@@ -126,19 +126,12 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
     def _Grad(*dys, variables=None):
       with tf.device(cells[-1].device):
         micro_dys = microbatch.SplitLike(list(dys), run.outputs[-1])
+      run.ClearGradients()
       for m, dy in enumerate(micro_dys):
         run.dys[-1][m] = dy
       run.Run(_Actions(schedule, False))
-      input_grads = []
-      for j, t in enumerate(ts):
-        parts = [dx[idx[j]] for dx in run.dxs]
-        if not executor_lib.IsFloat(t) or any(p is None for p in parts):
-          input_grads.append(None)
-        elif t.shape.rank == 0:
-          input_grads.append(tf.add_n(parts))
-        else:
-          input_grads.append(tf.concat(parts, axis=0) if len(parts) > 1
-                             else parts[0])
+      with tf.device(cells[0].device):
+        input_grads = _InputGrads(run, ts, idx)
       return input_grads, [run.Gradient(v) for v in (variables or [])]
 
     return merged, _Grad
@@ -148,6 +141,22 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
     merged = [merged]
   return core.FromTuple(
       tf.nest.pack_sequence_as(run.out_struct[-1], list(merged)))
+
+
+def _InputGrads(run: executor_lib.StepExecutor, ts: Sequence[tf.Tensor],
+                idx: list[int]) -> list:
+  """Gradients of the pipeline's tensor inputs, merged over micro-batches."""
+  input_grads = []
+  for j, t in enumerate(ts):
+    parts = [dx[idx[j]] for dx in run.dxs]
+    if not executor_lib.IsFloat(t) or any(p is None for p in parts):
+      input_grads.append(None)
+    elif t.shape.rank == 0:
+      input_grads.append(tf.add_n(parts))
+    else:
+      input_grads.append(tf.concat(parts, axis=0) if len(parts) > 1
+                         else parts[0])
+  return input_grads
 
 
 def RunLossAndGradients(cells: Sequence[cell_lib.Cell],

@@ -311,6 +311,12 @@ class StepExecutor:
       done.append(self.grads[v.ref()])
     return done
 
+  def ClearGradients(self) -> None:
+    """Starts a new backward of the same forward (a persistent tape asking
+    again): its gradients are summed afresh."""
+    self.grads, self.sparse, self.deferred = {}, {}, {}
+    self.dxs = [None] * len(self.dxs)
+
   def Gradient(self, variable: tf.Variable) -> Any:
     """The summed gradient of `variable` (None if nothing read it)."""
     ref = variable.ref()

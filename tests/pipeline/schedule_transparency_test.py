@@ -127,7 +127,7 @@ class ScheduleTransparencyTest(tf.test.TestCase):
         name='net', layers=_MlpLayers()).Instantiate()
     want = _TapeLossAndGrads(seq, x, y)
     for (name, v), (k, m, remat) in itertools.product(
-        SCHEDULES, [(2, 3, 'except_last'), (4, 8, 'always'), (2, 8, 'never')]):
+        SCHEDULES, [(2, 3, 'except_last'), (4, 8, 'always')]):
       with self.subTest(schedule=name, remat=remat, k=k, m=m):
         pipe = _Pipe(_MlpLayers(), k, m, remat, name, v)
         got = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
@@ -143,8 +143,10 @@ class ScheduleTransparencyTest(tf.test.TestCase):
     for (name, v), remat in itertools.product(SCHEDULES, REMATS):
       with self.subTest(schedule=name, remat=remat):
         pipe = _Pipe(_BatchNormLayers(True), 2, 4, remat, name, v)
-        got = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
-        self._AssertSame(want, got)
+        step = lambda p=pipe: _InsideLossAndGrads(p, x, y)
+        if remat == 'always':  # The graph path once per schedule.
+          step = tf.function(step)
+        self._AssertSame(want, step())
 
   def testSplitDependentRowsEqualTheTapePath(self):
     # Batch statistics per micro-batch and dropout masks per micro-batch: every
@@ -165,7 +167,7 @@ class ScheduleTransparencyTest(tf.test.TestCase):
     for name, v in SCHEDULES:
       with self.subTest(schedule=name):
         pipe = _Pipe(_BatchNormLayers(False), 2, 3, 'always', name, v)
-        tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
+        _InsideLossAndGrads(pipe, x, y)
         for a, b in zip(ref.variables, pipe.variables):
           if 'moving' in a.name:
             self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)

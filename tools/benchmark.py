@@ -125,6 +125,7 @@ def main(argv):
                           _INFERENCE.value),
       lib.ReplicaConfigs(_NUM_DEVICES.value, _Ints(_REPLICAS), _Ints(_MICRO),
                          _REMAT.value, _BATCH.value))
+  load = [os.getloadavg()[0]]
   if _COMPARE_SINGLE_CORE.value:
     rows, baseline_rounds = baseline_lib.MeasureWithBaseline(
         spec, configs, _NUM_DEVICES.value, _ROUNDS.value, _STEPS.value,
@@ -132,11 +133,14 @@ def main(argv):
   else:
     rows, baseline_rounds = lib.Measure(
         spec, configs, _NUM_DEVICES.value, _ROUNDS.value, _STEPS.value), []
+  load.append(os.getloadavg()[0])
   rows = tables.WithSpeedups(rows)
   print(f'\n{_NUM_BLOCKS.value} x {_BLOCK.value} blocks, dim {_DIM.value}, '
         f'batch {_BATCH.value}, {_NUM_DEVICES.value} logical devices, '
         f"{os.cpu_count()} cores, {threads['intra_op_threads']} intra-op and "
-        f"{threads['inter_op_threads']} inter-op threads\n")
+        f"{threads['inter_op_threads']} inter-op threads; 1-minute load "
+        f'average {load[0]:.1f} before, {load[1]:.1f} after (this run counts '
+        'too; other load slows multi-threaded rows more than the baseline)\n')
   partitions, micro = _Ints(_PARTITIONS), _Ints(_MICRO)
   print(tables.Table2(rows, partitions, micro, _REMAT.value, _INFERENCE.value))
   print(tables.Table1(rows))
@@ -148,7 +152,7 @@ def main(argv):
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(dict(dataclasses.asdict(spec), num_devices=_NUM_DEVICES.value,
-                     **threads,
+                     **threads, load_average_before_after=load,
                      single_core_examples_per_sec_rounds=baseline_rounds,
                      rows=rows), f, indent=1)
 

@@ -15,11 +15,26 @@ configuration alike), with the CPU split into --num_devices logical devices,
 each given its share of the cores (intra-op threads = cores // devices,
 inter-op threads = devices). tools/benchmark_lib.py builds and times the steps.
 
+Every configuration is also compared with a single-core baseline: a plain
+SequentialLayer on one device with one thread in total (intra-op = inter-op =
+1), timed in a child process of its own (thread pools are fixed per process)
+whose rounds are interleaved with the grid's (tools/benchmark_baseline.py).
+Each row's examples/sec over the baseline's (of the same mode, training or
+inference) is its ``x single-core``; on C cores C x is the physical limit.
+--nocompare_single_core leaves the baseline out.
+
 Prints the paper's Table 2 (throughput normalised to K=2, M=1 with the same
 remat policy, beside the bubble-bound ideal K*M/(M+K-1)) and Table 1 (peak
-memory), the target checks, and with --replicas the R x K table (throughput
-normalised to R=1, K=D at the first M of the same remat). --json PATH writes
-one row per configuration.
+memory, examples/sec and x single-core), the target checks, the best
+ratios to the single-core baseline beside their targets, and with --replicas
+the R x K table (throughput normalised to R=1, K=D at the first M of the same
+remat). --json PATH writes one row per configuration (the baseline's rows
+have ``single_core`` true; every row has ``speedup_vs_single_core``).
+
+Threads: by default each of the D logical devices gets cores // D intra-op
+threads and there are D inter-op threads (gpipe_tf.runtime.devices.SplitCpu),
+i.e. as many busy threads as cores. --intra_op_threads and --inter_op_threads
+override them for the grid (never for the baseline).
 
 Peak memory is the most the process allocator held during one step beyond what
 it held before the step (activations, gradients, temporaries; the weights and
@@ -29,6 +44,8 @@ devices share one allocator, so this is the total over all cells and replicas.
     python -m tools.benchmark                      # 32 FC blocks, K in {1,2}
     python -m tools.benchmark --block=transformer  # 32 Transformer blocks
     python -m tools.benchmark --replicas=1,2       # also 1 x 2 vs 2 x 1
+    python -m tools.benchmark --partitions=2 --micro_batches=8 \
+        --remat=never,always --noinference         # just the targets' rows
 """
 
 from __future__ import annotations
@@ -36,13 +53,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
+import tensorflow as tf
 
 
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
 from gpipe_tf.runtime import devices
+from tools import benchmark_baseline as baseline_lib
 from tools import benchmark_lib as lib
 from tools import benchmark_tables as tables
 
@@ -70,35 +90,70 @@ _REPLICAS = flags.DEFINE_list(
 _INFERENCE = flags.DEFINE_bool(
     'inference', True,
     'Also time inference (forward only, training=False) for remat=never.')
+_COMPARE_SINGLE_CORE = flags.DEFINE_bool(
+    'compare_single_core', True,
+    'Also time the single-core baseline in a child process, interleaved '
+    'with the grid, and print every row as a ratio to it.')
+_SINGLE_CORE_BASELINE = flags.DEFINE_bool(
+    'single_core_baseline', False,
+    'Internal: be the single-core baseline child process (one device, one '
+    'thread), timing a round per "round" line on stdin.')
+_INTRA_OP = flags.DEFINE_integer(
+    'intra_op_threads', 0, 'Intra-op threads of the grid; 0: cores // D.')
+_INTER_OP = flags.DEFINE_integer(
+    'inter_op_threads', 0, 'Inter-op threads of the grid; 0: D.')
 
 
 def main(argv):
   del argv
-  devices.SplitCpu(_NUM_DEVICES.value)
-
   spec = lib.ModelSpec(block=_BLOCK.value, num_blocks=_NUM_BLOCKS.value,
                        dim=_DIM.value, seq_len=_SEQ_LEN.value,
                        batch_size=_BATCH.value)
+  if _SINGLE_CORE_BASELINE.value:
+    devices.SplitCpu(1, intra_op_threads=1, inter_op_threads=1)
+    baseline_lib.Serve(spec, _STEPS.value, _INFERENCE.value, sys.stdin,
+                       sys.stdout)
+    return
+  devices.SplitCpu(_NUM_DEVICES.value, _INTRA_OP.value or None,
+                   _INTER_OP.value or None)
+  threads = dict(
+      intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads(),
+      inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads())
+
   configs = lib.Merge(
       lib.PipelineConfigs(_Ints(_PARTITIONS), _Ints(_MICRO), _REMAT.value,
                           _INFERENCE.value),
       lib.ReplicaConfigs(_NUM_DEVICES.value, _Ints(_REPLICAS), _Ints(_MICRO),
                          _REMAT.value, _BATCH.value))
-  rows = lib.Measure(spec, configs, _NUM_DEVICES.value, _ROUNDS.value,
-                     _STEPS.value)
+  load = [os.getloadavg()[0]]
+  if _COMPARE_SINGLE_CORE.value:
+    rows, baseline_rounds = baseline_lib.MeasureWithBaseline(
+        spec, configs, _NUM_DEVICES.value, _ROUNDS.value, _STEPS.value,
+        _INFERENCE.value)
+  else:
+    rows, baseline_rounds = lib.Measure(
+        spec, configs, _NUM_DEVICES.value, _ROUNDS.value, _STEPS.value), []
+  load.append(os.getloadavg()[0])
+  rows = tables.WithSpeedups(rows)
   print(f'\n{_NUM_BLOCKS.value} x {_BLOCK.value} blocks, dim {_DIM.value}, '
         f'batch {_BATCH.value}, {_NUM_DEVICES.value} logical devices, '
-        f'{os.cpu_count()} cores\n')
+        f"{os.cpu_count()} cores, {threads['intra_op_threads']} intra-op and "
+        f"{threads['inter_op_threads']} inter-op threads; 1-minute load "
+        f'average {load[0]:.1f} before, {load[1]:.1f} after (this run counts '
+        'too; other load slows multi-threaded rows more than the baseline)\n')
   partitions, micro = _Ints(_PARTITIONS), _Ints(_MICRO)
   print(tables.Table2(rows, partitions, micro, _REMAT.value, _INFERENCE.value))
   print(tables.Table1(rows))
   print(tables.Targets(rows, partitions, micro))
+  print(tables.SingleCoreTargets(rows, os.cpu_count() or 1, baseline_rounds))
   if _REPLICAS.value:
     print(tables.ReplicaTable(rows, _NUM_DEVICES.value, _Ints(_REPLICAS), micro,
                               _REMAT.value))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(dict(dataclasses.asdict(spec), num_devices=_NUM_DEVICES.value,
+                     **threads, load_average_before_after=load,
+                     single_core_examples_per_sec_rounds=baseline_rounds,
                      rows=rows), f, indent=1)
 
 

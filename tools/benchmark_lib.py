@@ -15,6 +15,8 @@ module turns a ModelSpec and a list of configurations into result rows:
         replica 1: cells on devices K .. 2K-1     examples N/R .. 2N/R-1
         ...        -> mean of the R gradients -> one SGD update
 
+  * ``single_core`` marks the single-core baseline (a SequentialLayer timed
+    in its own one-thread process, tools/benchmark_baseline.py);
   * a row is the configuration plus ``examples_per_sec`` (global examples
     over the median step time) and ``peak_memory_bytes``.
 
@@ -52,11 +54,11 @@ class ModelSpec:
 
 def Config(pipeline: bool, num_partitions: int = 1, num_micro_batches: int = 1,
            remat: str = 'none', mode: str = 'train',
-           num_replicas: int = 1) -> dict:
+           num_replicas: int = 1, single_core: bool = False) -> dict:
   """One configuration of the grid (see the module docstring for the keys)."""
   return dict(pipeline=pipeline, num_partitions=num_partitions,
               num_micro_batches=num_micro_batches, remat=remat, mode=mode,
-              num_replicas=num_replicas)
+              num_replicas=num_replicas, single_core=single_core)
 
 
 def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
@@ -107,9 +109,10 @@ def Merge(*grids: Sequence[dict]) -> list[dict]:
 
 def Label(cfg: dict) -> str:
   if not cfg['pipeline']:
-    return 'SequentialLayer'
-  label = (f"K={cfg['num_partitions']} M={cfg['num_micro_batches']} "
-           f"remat={cfg['remat']}")
+    label = 'SequentialLayer' + (', single core' if cfg['single_core'] else '')
+  else:
+    label = (f"K={cfg['num_partitions']} M={cfg['num_micro_batches']} "
+             f"remat={cfg['remat']}")
   if cfg['num_replicas'] > 1:
     label = f"R={cfg['num_replicas']} " + label
   return label + (' (inference)' if cfg['mode'] == 'inference' else '')
@@ -117,13 +120,12 @@ def Label(cfg: dict) -> str:
 
 def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
             rounds: int, steps_per_round: int,
-            log: Callable[[str], None] | None = None) -> list[dict]:
+            log: Callable[[str], None] | None = None,
+            also_time: Sequence[Callable[[], None]] = ()) -> list[dict]:
   """Builds every configuration's step, then times them round by round.
 
-  Each step is traced and run once, then its peak memory is read over one
-  more step: the most the (process-wide) allocator held during the step
-  beyond what it held before it. Then, ``rounds`` times, every step runs
-  ``steps_per_round`` times in turn; the time per step is the median round.
+  ``rounds`` times, every step runs ``steps_per_round`` times in turn; the
+  time per step is the median round (see Build for the peak memory).
 
   Args:
     spec: the model and global batch.
@@ -133,13 +135,35 @@ def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
     rounds: timed rounds per configuration.
     steps_per_round: steps per timed round.
     log: called with a line after each configuration is built.
+    also_time: called first in every round, each to time one round of
+      something measured elsewhere (the single-core baseline in its own
+      process), so that it sees the same machine as the grid. They keep
+      their own results.
 
   Returns:
     One row per configuration, in order: the configuration plus
     ``examples_per_sec`` and ``peak_memory_bytes``.
   """
+  steps, peaks = Build(spec, configs,
+                       devices_lib.DefaultDevices()[:num_devices], log)
+  times = [[] for _ in configs]
+  for _ in range(rounds):
+    for time_round in also_time:
+      time_round()
+    for i, step in enumerate(steps):
+      times[i].append(TimeRound(step, steps_per_round))
+  return Rows(spec, configs, times, peaks)
+
+
+def Build(spec: ModelSpec, configs: Sequence[dict], all_devices: Sequence[str],
+          log: Callable[[str], None] | None = None
+          ) -> tuple[list[Callable[[], tf.Tensor]], list[int]]:
+  """Every configuration's step, traced and warmed up, and its peak memory.
+
+  The peak is read over one more step: the most the (process-wide) allocator
+  held during the step beyond what it held before it.
+  """
   log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-  all_devices = devices_lib.DefaultDevices()[:num_devices]
   steps, peaks = [], []
   for cfg in configs:
     step = MakeStep(spec, cfg, all_devices)
@@ -147,18 +171,25 @@ def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
     tf.config.experimental.reset_memory_stats('CPU:0')
     before = tf.config.experimental.get_memory_info('CPU:0')['current']
     step().numpy()
-    peaks.append(tf.config.experimental.get_memory_info('CPU:0')['peak'] -
-                 before)
+    peaks.append(int(tf.config.experimental.get_memory_info('CPU:0')['peak'] -
+                     before))
     steps.append(step)
     log(f'built {Label(cfg)}')
-  times = [[] for _ in configs]
-  for _ in range(rounds):
-    for i, step in enumerate(steps):
-      start = time.perf_counter()
-      for _ in range(steps_per_round):
-        loss = step()
-      loss.numpy()
-      times[i].append((time.perf_counter() - start) / steps_per_round)
+  return steps, peaks
+
+
+def TimeRound(step: Callable[[], tf.Tensor], steps_per_round: int) -> float:
+  """Seconds per step of ``steps_per_round`` steps run back to back."""
+  start = time.perf_counter()
+  for _ in range(steps_per_round):
+    loss = step()
+  loss.numpy()
+  return (time.perf_counter() - start) / steps_per_round
+
+
+def Rows(spec: ModelSpec, configs: Sequence[dict],
+         times: Sequence[Sequence[float]], peaks: Sequence[int]) -> list[dict]:
+  """The result rows: each configuration with its median throughput and peak."""
   return [dict(cfg, examples_per_sec=spec.batch_size / statistics.median(ts),
                peak_memory_bytes=int(peak))
           for cfg, ts, peak in zip(configs, times, peaks)]

@@ -54,13 +54,79 @@ def Table2(rows: Sequence[dict], partitions: Sequence[int],
 
 
 def Table1(rows: Sequence[dict]) -> str:
-  """Peak step memory and examples/sec of every row."""
-  lines = ['\nTable 1 (peak step memory, MiB; examples/sec)',
-           '| configuration | peak MiB | examples/sec |', '|---|---|---|']
+  """Peak step memory, examples/sec and (when measured) x single-core of every row."""
+  speedups = any(r.get('speedup_vs_single_core') is not None for r in rows)
+  lines = ['\nTable 1 (peak step memory, MiB; examples/sec' +
+           ('; x single-core: examples/sec over the single-core baseline of '
+            'the same mode)' if speedups else ')'),
+           '| configuration | peak MiB | examples/sec |' +
+           (' x single-core |' if speedups else ''),
+           '|---|---|---|' + ('---|' if speedups else '')]
   for r in rows:
-    lines.append(f"| {lib.Label(r)} | {r['peak_memory_bytes'] / 2**20:.1f} | "
-                 f"{r['examples_per_sec']:.0f} |")
+    line = (f"| {lib.Label(r)} | {r['peak_memory_bytes'] / 2**20:.1f} | "
+            f"{r['examples_per_sec']:.0f} |")
+    if speedups:
+      line += f" {_Times(r.get('speedup_vs_single_core'))} |"
+    lines.append(line)
   return '\n'.join(lines)
+
+
+def WithSpeedups(rows: Sequence[dict]) -> list[dict]:
+  """The rows, each with ``speedup_vs_single_core``.
+
+  Its examples/sec over the single-core baseline row of the same mode (None
+  where there is no such baseline).
+  """
+  base = {r['mode']: r['examples_per_sec'] for r in rows if r['single_core']}
+  return [dict(r, speedup_vs_single_core=(
+      r['examples_per_sec'] / base[r['mode']] if r['mode'] in base else None))
+          for r in rows]
+
+
+def SingleCoreTargets(rows: Sequence[dict], num_cores: int,
+                      baseline_rounds: Sequence[float] = ()) -> str:
+  """The issue's targets against the single-core baseline, measured, as text.
+
+  ``rows`` come from WithSpeedups. The best K=2 training row (R=1) should
+  reach 1.85x the baseline and the best K=2 row with remat 'always' 1.5x; on
+  ``num_cores`` cores ``num_cores``x is the physical limit.
+  ``baseline_rounds``: the training baseline's examples/sec in every round.
+  """
+  train = [r for r in rows if r['mode'] == 'train' and not r['single_core']
+           and r.get('speedup_vs_single_core') is not None]
+  if not train:
+    return '\nSingle-core baseline: not measured.'
+  lines = [f'\nVersus the single-core baseline (SequentialLayer, one device, '
+           f'one thread; {num_cores} cores make {num_cores:.1f}x the physical '
+           'limit)']
+  if baseline_rounds:
+    lines.append(f'  baseline examples/sec per round, interleaved with the '
+                 f"grid's: {', '.join(f'{v:.0f}' for v in baseline_rounds)}")
+  lines.append('  best training: ' + _Described(_Best(train)))
+  k2 = [r for r in train if r['pipeline'] and r['num_partitions'] == 2 and
+        r['num_replicas'] == 1]
+  for text, candidates, target in (
+      ('best K=2 training', k2, 1.85),
+      ("best K=2 training with remat 'always'",
+       [r for r in k2 if r['remat'] == 'always'], 1.5)):
+    if candidates:
+      best = _Best(candidates)
+      ok = best['speedup_vs_single_core'] >= target
+      lines.append(f"  [{'ok' if ok else 'MISSED'}] {text}: "
+                   f'{_Described(best)}, target >= {target}x')
+  return '\n'.join(lines)
+
+
+def _Best(rows: Sequence[dict]) -> dict:
+  return max(rows, key=lambda r: r['speedup_vs_single_core'])
+
+
+def _Described(row: dict) -> str:
+  return f"{_Times(row['speedup_vs_single_core'])} ({lib.Label(row)})"
+
+
+def _Times(speedup: float | None) -> str:
+  return 'n/a' if speedup is None else f'{speedup:.2f}x'
 
 
 def ReplicaTable(rows: Sequence[dict], num_devices: int,
@@ -89,7 +155,7 @@ def ReplicaTable(rows: Sequence[dict], num_devices: int,
 def Targets(rows: Sequence[dict], partitions: Sequence[int],
             micro_batches: Sequence[int]) -> str:
   """The issue's performance targets, measured, as text."""
-  seq = [r for r in rows if not r['pipeline']][0]
+  seq = [r for r in rows if not r['pipeline'] and not r['single_core']][0]
   checks = []
   for mode in ('train', 'inference'):
     k2m1 = Find(rows, 2, 1, 'never', mode)

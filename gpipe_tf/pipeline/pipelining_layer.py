@@ -83,17 +83,25 @@ class PipeliningLayer(base_layer.BaseLayer):
              'cores, else the logical CPU devices.')
     p.Define('cost', 'flops',
              "Layer cost for balancing: 'flops' (FPropMeta), 'params', or "
-             "'profile' (timed on a sample batch).")
+             "'profile' (forward + backward of each layer timed on a sample "
+             'micro-batch, without the cost of calling a function).')
     p.Define('input_shapes', None,
-             "Shapes of FProp's inputs (batch dim None) for the 'flops' and "
-             "'profile' costs; inferred from the first layer's input_dim when "
-             'unset.')
-    p.Define('profile_batch_size', 8, "Sample batch size of cost='profile'.")
+             "Shapes of FProp's inputs for the 'flops' and 'profile' costs; "
+             'the batch dimension may be None, or the mini-batch size N (then '
+             "cost='profile' times N / num_micro_batches examples). Inferred "
+             "from the first layer's input_dim when unset.")
+    p.Define('profile_batch_size', None,
+             "Examples per micro-batch that cost='profile' times each layer "
+             "at (Lingvo's micro_batch_size; torchgpipe's balance_by_time "
+             'sample): the training mini-batch / num_micro_batches, as layer '
+             'costs do not scale alike with the batch. None: from a batch '
+             'dimension in input_shapes, else 8.')
     p.Define('schedule', 'gpipe',
              "Pipeline schedule: a registered name ('gpipe', '1f1b', "
-             "'interleaved_1f1b', 'zb_h1'; schedule.Names()) or a "
-             'schedule.Schedule object (e.g. schedule.Load(csv_path)) for '
-             'K devices, M micro-batches and K x V stages.')
+             "'interleaved_1f1b', 'zb_h1'; schedule.Names()), the path of a "
+             "CSV file (ending in '.csv', schedule.Dump's format) or a "
+             'schedule.Schedule, for K devices, M micro-batches and K x V '
+             'cells.')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              'into K x V cells, cell s on device s % K.')
@@ -173,7 +181,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     if num_cells == 1:
       return [num_layers]
     costs = cost_lib.LayerCosts(p.layers, p.cost, p.input_shapes,
-                                p.profile_batch_size)
+                                p.profile_batch_size, p.num_micro_batches)
     return partition.PartitionBalanced(costs, num_cells)
 
   @property

@@ -1,4 +1,7 @@
-"""tools/benchmark_lib and benchmark_tables: the grids, the measured rows and the R x K table."""
+"""tools/benchmark*: the grids, the measured rows, the single-core baseline and the tables."""
+
+import statistics
+import sys
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -6,13 +9,21 @@ test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+from tools import benchmark_baseline as baseline_lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_lib as lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_tables as tables  # pylint: disable=g-import-not-at-top
 
 # Tiny: the rows, not the timings, are under test.
 _TINY = lib.ModelSpec(num_blocks=4, dim=8, batch_size=16)
 _ROW_KEYS = ('pipeline', 'num_partitions', 'num_micro_batches', 'remat',
-             'mode', 'num_replicas', 'examples_per_sec', 'peak_memory_bytes')
+             'mode', 'num_replicas', 'single_core', 'examples_per_sec',
+             'peak_memory_bytes')
+
+
+def _Row(examples_per_sec, pipeline=True, k=2, m=8, remat='never',
+         mode='train', single_core=False):
+  return dict(lib.Config(pipeline, k, m, remat, mode, single_core=single_core),
+              examples_per_sec=examples_per_sec, peak_memory_bytes=0)
 
 
 class ConfigsTest(tf.test.TestCase):
@@ -69,6 +80,83 @@ class MeasureTest(tf.test.TestCase):
       losses[r] = [float(step()) for _ in range(3)]
     self.assertNotAllClose(losses[1][0], losses[1][2])
     self.assertAllClose(losses[1], losses[2], rtol=1e-5)
+
+
+class SingleCoreTablesTest(tf.test.TestCase):
+  """Pure functions of made-up rows: no TensorFlow op runs."""
+
+  _ROWS = [_Row(100.0, pipeline=False, single_core=True),
+           _Row(300.0, pipeline=False, mode='inference', single_core=True),
+           _Row(120.0, pipeline=False, k=1, m=1),
+           _Row(190.0), _Row(160.0, remat='always'),
+           _Row(130.0, m=1, remat='always'),
+           _Row(195.0, k=1, m=4),
+           _Row(450.0, mode='inference')]
+
+  def testSpeedupsDivideByTheBaselineOfTheSameMode(self):
+    rows = tables.WithSpeedups(self._ROWS)
+    self.assertEqual([r['speedup_vs_single_core'] for r in rows],
+                     [1.0, 1.0, 1.2, 1.9, 1.6, 1.3, 1.95, 1.5])
+    no_inference_baseline = tables.WithSpeedups(
+        [self._ROWS[0], _Row(450.0, mode='inference')])
+    self.assertIsNone(no_inference_baseline[1]['speedup_vs_single_core'])
+
+  def testTable1HasTheRatioColumn(self):
+    table = tables.Table1(tables.WithSpeedups(self._ROWS))
+    self.assertIn('| configuration | peak MiB | examples/sec | x single-core |',
+                  table)
+    self.assertIn('| SequentialLayer, single core | 0.0 | 100 | 1.00x |', table)
+    self.assertIn('| K=2 M=8 remat=always | 0.0 | 160 | 1.60x |', table)
+    self.assertNotIn('x single-core', tables.Table1(self._ROWS))
+
+  def testBestRatiosBesideTheirTargets(self):
+    text = tables.SingleCoreTargets(tables.WithSpeedups(self._ROWS), 2,
+                                    [101.0, 99.0])
+    self.assertIn('2.0x the physical limit', text)
+    self.assertIn('per round, interleaved with the grid\'s: 101, 99', text)
+    self.assertIn('best training: 1.95x (K=1 M=4 remat=never)', text)
+    self.assertIn('[ok] best K=2 training: 1.90x (K=2 M=8 remat=never), '
+                  'target >= 1.85x', text)
+    self.assertIn("[ok] best K=2 training with remat 'always': 1.60x "
+                  '(K=2 M=8 remat=always), target >= 1.5x', text)
+    slower = [dict(r, examples_per_sec=r['examples_per_sec'] / 2)
+              if r['pipeline'] else r for r in self._ROWS]
+    self.assertIn('[MISSED] best K=2 training: 0.95x',
+                  tables.SingleCoreTargets(tables.WithSpeedups(slower), 2))
+
+
+class SingleCoreBaselineTest(tf.test.TestCase):
+
+  def testBaselineRowsAndRatiosToThem(self):
+    # The baseline runs in a child process, python -m tools.benchmark
+    # --single_core_baseline; the grid (one K=2 row) in this one.
+    rows, rounds = baseline_lib.MeasureWithBaseline(
+        _TINY, [lib.Config(True, 2, 2, 'always')], num_devices=2, rounds=2,
+        steps_per_round=1, inference=False)
+    self.assertLen(rounds, 2)
+    self.assertEqual([(r['single_core'], r['pipeline']) for r in rows],
+                     [(True, False), (False, True)])
+    base, pipe = tables.WithSpeedups(rows)
+    self.assertEqual(set(base), set(_ROW_KEYS + ('speedup_vs_single_core',)))
+    self.assertEqual(base['mode'], 'train')
+    # The median of two rounds' step times is their mean, so the row's
+    # throughput is the harmonic mean of the rounds' throughputs.
+    self.assertAllClose(base['examples_per_sec'],
+                        statistics.harmonic_mean(rounds))
+    self.assertEqual(pipe['speedup_vs_single_core'],
+                     pipe['examples_per_sec'] / base['examples_per_sec'])
+    self.assertIn(f"| K=2 M=2 remat=always | "
+                  f"{pipe['peak_memory_bytes'] / 2**20:.1f} | "
+                  f"{pipe['examples_per_sec']:.0f} | "
+                  f"{pipe['speedup_vs_single_core']:.2f}x |",
+                  tables.Table1([base, pipe]))
+
+  def testAChildThatDiesIsANamedError(self):
+    base = baseline_lib.SingleCoreBaseline(
+        _TINY, 1, False, command=[sys.executable, '-c', 'exit(3)'])
+    with self.assertRaisesRegex(baseline_lib.BaselineError, 'exit code 3'):
+      base.Round()
+    base.Close()
 
 
 if __name__ == '__main__':

@@ -283,6 +283,10 @@ class DeferredMovingStats:
         self._sums[key] = [a + b for a, b in
                            zip(self._sums[key], (total, total_sq, count))]
 
+  def Export(self) -> tuple[list[BatchNormLayer], list[list[tf.Tensor]]]:
+    """(layers, their [total, total_sq, count]) recorded so far."""
+    return list(self._layers), [self._sums[id(l)] for l in self._layers]
+
   def Apply(self) -> None:
     """Moves every layer's moving statistics once, from all its micro-batches
     (and all replicas)."""
@@ -296,6 +300,11 @@ class DeferredMovingStats:
 
 _DEFERRED: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_deferred_bn', default=None)
+
+
+def CurrentDeferral() -> DeferredMovingStats | None:
+  """The DeferredMovingStats in scope, or None."""
+  return _DEFERRED.get()
 
 
 @contextlib.contextmanager

@@ -75,7 +75,8 @@ def _MergeOutputs(run: executor_lib.StepExecutor, cells) -> Any:
 
 def RunPipeline(cells: Sequence[cell_lib.Cell],
                 schedule: schedule_lib.Schedule, remat: Remat, inputs: tuple,
-                training: bool, trace: Any = None) -> Any:
+                training: bool, trace: Any = None,
+                trace_once: bool = False) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
 
   Args:
@@ -85,6 +86,7 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
     inputs: the positional inputs of the first layer (any nest of tensors).
     training: training mode (dropout, batch statistics, custom gradient).
     trace: optional trace.ScheduleTrace recording each action.
+    trace_once: build each cell once (a tf.function called per micro-batch).
 
   Raises:
     ScheduleNeedsLossError: training with a schedule that is not fill-drain.
@@ -103,7 +105,7 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
 
   if not training:
     run = executor_lib.StepExecutor(cells, schedule, remat, False, seed,
-                                    trace=trace)
+                                    trace=trace, trace_once=trace_once)
     run.Run(_Actions(schedule, True),
             microbatch.Split(_Fill(flat, idx, tensors), num_micro), inputs)
     return _MergeOutputs(run, cells)
@@ -112,7 +114,8 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
   # moving statistics move once, from all micro-batches (and replicas).
   bn_stats = normalization.DeferredMovingStats()
   run = executor_lib.StepExecutor(cells, schedule, remat, True, seed,
-                                  trace=trace, bn_stats=bn_stats)
+                                  trace=trace, bn_stats=bn_stats,
+                                  trace_once=trace_once)
 
   @tf.custom_gradient
   def _Pipeline(*ts):
@@ -163,13 +166,14 @@ def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
                         schedule: schedule_lib.Schedule, remat: Remat,
                         inputs: tuple, labels: Any,
                         loss_fn: loss_lib.LossFn,
-                        variables: Sequence[tf.Variable], trace: Any = None
+                        variables: Sequence[tf.Variable], trace: Any = None,
+                        trace_once: bool = False
                         ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
   """One training step's loss, metrics and gradients, the loss inside the pipeline.
 
   Args:
-    cells, schedule, remat, inputs, trace: as for RunPipeline; any valid
-      schedule runs.
+    cells, schedule, remat, inputs, trace, trace_once: as for RunPipeline;
+      any valid schedule runs.
     labels: any nest of tensors split into micro-batches like the inputs
       (rank-0 leaves are shared); loss_fn sees micro-batch m's.
     loss_fn: (outputs, labels) -> loss.LossTerms of one micro-batch.
@@ -191,7 +195,8 @@ def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
   bn_stats = normalization.DeferredMovingStats()
   run = executor_lib.StepExecutor(
       cells, schedule, remat, True, _StepSeed(), loss_fn=loss_fn,
-      input_grads=False, trace=trace, bn_stats=bn_stats)
+      input_grads=False, trace=trace, bn_stats=bn_stats,
+      trace_once=trace_once)
   run.labels = [tf.nest.pack_sequence_as(labels, mb) for mb in micro_labels]
   with normalization.DeferMovingStats(bn_stats):
     run.Run(schedule.Order(), micro, inputs)

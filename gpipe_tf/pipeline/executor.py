@@ -30,6 +30,7 @@ embedding lookups) stay sparse until the end.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -93,6 +94,9 @@ class StepExecutor:
     trace: optional trace.ScheduleTrace stamping every action.
     bn_stats: the normalization.DeferredMovingStats of this step; re-entered
       by recomputations so BatchNorm reads what its forward read.
+    trace_once: run each cell through its tf.function (Cell.RunTraced),
+      traced once and called for every micro-batch, instead of building its
+      ops M times.
   """
 
   def __init__(self, cells: Sequence[cell_lib.Cell],
@@ -100,7 +104,7 @@ class StepExecutor:
                remat: Callable[[int, int], bool], training: bool,
                seed: tf.Tensor, loss_fn: loss_lib.LossFn | None = None,
                input_grads: bool = True, trace: Any = None,
-               bn_stats: Any = None) -> None:
+               bn_stats: Any = None, trace_once: bool = False) -> None:
     self.cells = list(cells)
     self.schedule = schedule
     self.remat = remat
@@ -109,6 +113,7 @@ class StepExecutor:
     self.input_grads = input_grads
     self.trace = trace
     self.bn_stats = bn_stats
+    self.trace_once = trace_once
     s, m = len(cells), schedule.num_micro_batches
     self.seeds = [random_seeds.FoldIn(seed, i) for i in range(m)]
     self.inputs = [[None] * m for _ in range(s)]    # flat inputs of F(s, m)
@@ -158,20 +163,19 @@ class StepExecutor:
       x = _Gate(src, self.device_done.get(d, []))
       self._Stamp('Start', action, x)
       self.inputs[s][m], self.in_struct[s] = x, struct
-      with random_seeds.StepSeedScope(self.seeds[m]):
-        if self.training and not self.remat(s, m):
-          tape = tf.GradientTape()
-          with tape:
-            tape.watch([t for t in x if IsFloat(t)])
-            y = cell.Run(struct, x, self.training)
-          self.tapes[s][m] = tape
-        elif self.training:
-          # Nothing records a rematerialised forward, not even a tape around
-          # the whole step: eagerly it would keep every activation alive.
-          with record.stop_recording():
-            y = cell.Run(struct, x, self.training)
-        else:
-          y = cell.Run(struct, x, self.training)
+      if self.training and not self.remat(s, m):
+        tape = tf.GradientTape()
+        with tape:
+          tape.watch([t for t in x if IsFloat(t)])
+          y = self._RunCell(cell, struct, x, self.seeds[m])
+        self.tapes[s][m] = tape
+      elif self.training:
+        # Nothing records a rematerialised forward, not even a tape around
+        # the whole step: eagerly it would keep every activation alive.
+        with record.stop_recording():
+          y = self._RunCell(cell, struct, x, self.seeds[m])
+      else:
+        y = self._RunCell(cell, struct, x, self.seeds[m])
       flat_y = tf.nest.flatten(y)
       self.outputs[s][m], self.out_struct[s] = flat_y, y
       done = [t for t in flat_y if t is not None]
@@ -215,10 +219,9 @@ class StepExecutor:
         tape = tf.GradientTape()
         with tape:
           tape.watch([t for t in x if IsFloat(t)])
-          with base_layer.RecomputeScope(), self._BnScope(), (
-              random_seeds.StepSeedScope(seed)):
-            outs = tf.nest.flatten(cell.Run(self.in_struct[s], x,
-                                            self.training))
+          with self._BnScope():
+            outs = tf.nest.flatten(self._RunCell(
+                cell, self.in_struct[s], x, seed, recompute=True))
       else:
         dy = _Gate(dy, before)
         self._Stamp('Start', action, dy)
@@ -261,6 +264,17 @@ class StepExecutor:
         self.dys[s - 1][m] = dx
       else:
         self.dxs[m] = dx
+
+  def _RunCell(self, cell: cell_lib.Cell, struct: Any, x: Sequence[Any],
+               seed: tf.Tensor, recompute: bool = False) -> Any:
+    """The cell's forward with micro-batch seed `seed` (a recompute: no side
+    effects), through the cell's traced function when trace_once."""
+    if self.trace_once:
+      return cell.RunTraced(struct, x, self.training, seed, recompute)
+    scope = base_layer.RecomputeScope() if recompute else (
+        contextlib.nullcontext())
+    with scope, random_seeds.StepSeedScope(seed):
+      return cell.Run(struct, x, self.training)
 
   def _BnScope(self):
     from gpipe_tf.layers import normalization  # pylint: disable=g-import-not-at-top

@@ -102,6 +102,12 @@ class PipeliningLayer(base_layer.BaseLayer):
              "CSV file (ending in '.csv', schedule.Dump's format) or a "
              'schedule.Schedule, for K devices, M micro-batches and K x V '
              'cells.')
+    p.Define('trace_once', False,
+             'Build each cell once, as a tf.function called for every '
+             'micro-batch (graph size and tracing time independent of M), '
+             'instead of unrolling its ops M times. Not with BatchNorm '
+             'use_moving_avg_in_training; with zb_h1 the B action computes '
+             "the whole backward (a function's gradient is one op).")
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              'into K x V cells, cell s on device s % K.')
@@ -230,7 +236,8 @@ class PipeliningLayer(base_layer.BaseLayer):
       trace: an optional trace.ScheduleTrace recording each action.
     """
     return engine.RunPipeline(self._ReplicaCells(), self._schedule,
-                              self._Remat, inputs, training, trace)
+                              self._Remat, inputs, training, trace,
+                              self.p.trace_once)
 
   def ComputeLossAndGradients(self, inputs, labels, loss_fn: loss_lib.LossFn,
                               variables=None, trace=None):
@@ -263,7 +270,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     return engine.RunLossAndGradients(
         self._ReplicaCells(), self._schedule, self._Remat, inputs, labels,
-        loss_fn, list(variables), trace)
+        loss_fn, list(variables), trace, self.p.trace_once)
 
   def _ReplicaCells(self) -> list[cell_lib.Cell]:
     """The cells, placed on this replica's devices when data-parallel."""

@@ -96,7 +96,8 @@ def ApplyOverrides(params: hyperparams.Params, text: str) -> hyperparams.Params:
 
   Raises:
     hyperparams.ParamsParseError: a malformed statement (named in the error).
-    AttributeError: an unknown path, with the closest defined ones.
+    hyperparams.UnknownParamError: an unknown path, with the closest defined
+      ones (an AttributeError).
   """
   statements = []
   for statement in _SplitStatements(text):

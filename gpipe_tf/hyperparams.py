@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Self
 from gpipe_tf import errors
 
 __all__ = ['FrozenParamsError', 'InstantiableParams', 'Params',
-           'ParamsParseError']
+           'ParamsParseError', 'UnknownParamError']
 
 
 class FrozenParamsError(errors.Error, TypeError):
@@ -50,6 +50,11 @@ class FrozenParamsError(errors.Error, TypeError):
 
 class ParamsParseError(errors.Error, ValueError):
   """FromText cannot parse a statement; the message gives its line and text."""
+
+
+class UnknownParamError(errors.Error, AttributeError):
+  """A path names no field (the message suggests close ones) or indexes past a
+  list's end. An AttributeError, so ``hasattr`` and ``getattr`` defaults work."""
 
 
 _KEY_RE = re.compile(r'[^\W\d]\w*(?:\.[^\W\d]\w*|\[\d+\])*')
@@ -64,8 +69,8 @@ class Params:
   Read and write fields as attributes (``p.dim = 4``) or by path
   (``p.Set(**{'encoder.dim': 4, 'layers[0].name': 'fc'})``). A path is names
   joined by '.', with ``[i]`` to index a list or tuple. Writing a path never
-  defines a field or adds a list element; unknown names raise AttributeError
-  naming the closest defined ones.
+  defines a field or adds a list element; unknown names raise
+  UnknownParamError (an AttributeError) naming the closest defined ones.
 
   ``Freeze()`` makes this object and every Params nested in it (also inside
   lists, tuples and dict values) read-only. Lists and dicts themselves are
@@ -223,8 +228,8 @@ class Params:
       ParamsParseError: a statement lacks the ':' after its path, has an
         invalid path, or a value that is not a literal, inf/nan or an
         importable module.QualName.
-      AttributeError: a path names no field (the message suggests close ones)
-        or indexes past a list's end.
+      UnknownParamError: a path names no field (the message suggests close
+        ones) or indexes past a list's end (an AttributeError).
       FrozenParamsError: a path reaches frozen Params.
     """
     parsed = []
@@ -246,8 +251,8 @@ class Params:
     for where, key, tokens, value in parsed:
       try:
         _Assign(self, self, tokens, 0, value, key)
-      except AttributeError as e:
-        raise AttributeError(f'{where}: {e}') from e
+      except UnknownParamError as e:
+        raise UnknownParamError(f'{where}: {e}') from e
     return self
 
   # ---- Paths --------------------------------------------------------------
@@ -302,7 +307,7 @@ def _JoinKey(tokens: _Path) -> str:
 
 
 def _UnknownParam(root: Params, node: Params, prefix: _Path, name: str,
-                  key: str) -> AttributeError:
+                  key: str) -> UnknownParamError:
   where = _JoinKey(prefix)
   qualify = lambda n: f'{where}.{n}' if where else n
   close = difflib.get_close_matches(name, list(node._values), n=3)
@@ -312,26 +317,27 @@ def _UnknownParam(root: Params, node: Params, prefix: _Path, name: str,
     hint = 'Defined params: ' + ', '.join(map(qualify, node._values)) + '.'
   else:
     hint = f"'{where}' defines no params." if where else 'None are defined.'
-  return AttributeError(f"{type(root).__name__} has no param '{key}'. {hint}")
+  return UnknownParamError(
+      f"{type(root).__name__} has no param '{key}'. {hint}")
 
 
 def _Step(root: Params, node: Any, tokens: _Path, depth: int, key: str) -> Any:
-  """The child of `node` at tokens[depth]; AttributeError if there is none."""
+  """The child of `node` at tokens[depth]; UnknownParamError if there is none."""
   token, where = tokens[depth], _JoinKey(tokens[:depth])
   missing = f"{type(root).__name__} has no param '{key}'"
   if isinstance(token, str):
     if not isinstance(node, Params):
-      raise AttributeError(f"{missing}: '{where}' holds a "
-                           f'{type(node).__name__}, not Params.')
+      raise UnknownParamError(f"{missing}: '{where}' holds a "
+                              f'{type(node).__name__}, not Params.')
     if token not in node._values:
       raise _UnknownParam(root, node, tokens[:depth], token, key)
     return node._values[token]
   if not isinstance(node, (list, tuple)):
-    raise AttributeError(f"{missing}: '{where}' holds a "
-                         f'{type(node).__name__}, not a list or tuple.')
+    raise UnknownParamError(f"{missing}: '{where}' holds a "
+                            f'{type(node).__name__}, not a list or tuple.')
   if token >= len(node):
-    raise AttributeError(f"{missing}: '{where}' has {len(node)} elements; "
-                         'paths never add list elements.')
+    raise UnknownParamError(f"{missing}: '{where}' has {len(node)} "
+                            'elements; paths never add list elements.')
   return node[token]
 
 

@@ -40,6 +40,10 @@ class DuplicateModelError(errors.Error, ValueError):
   """Two different classes were registered under one name."""
 
 
+class UnknownDatasetError(errors.Error, ValueError):
+  """GetParams was asked for a dataset other than 'Train', 'Test' or 'Task'."""
+
+
 def ModelName(cls: type) -> str:
   """The registry name of experiment class `cls`."""
   module = cls.__module__
@@ -149,13 +153,13 @@ def GetParams(name: str, dataset: str | None = None) -> hyperparams.Params:
 
   Raises:
     ModelNotFoundError: unknown `name`.
-    ValueError: the experiment has no method `dataset`.
+    UnknownDatasetError: the experiment has no method `dataset`.
   """
   experiment = GetClass(name)()
   if dataset is None:
     return experiment.ExperimentParams()
   method = getattr(experiment, dataset, None)
   if not dataset[:1].isupper() or not callable(method):
-    raise ValueError(f"Experiment '{name}' has no method {dataset!r}; use "
-                     "'Train', 'Test' or 'Task'.")
+    raise UnknownDatasetError(f"Experiment '{name}' has no method "
+                              f"{dataset!r}; use 'Train', 'Test' or 'Task'.")
   return method()

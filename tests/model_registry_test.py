@@ -1,4 +1,4 @@
-"""Tests of gpipe_tf.model_registry and base_experiment: names, overrides."""
+"""Tests of gpipe_tf.model_registry: names from module paths, lookups, closest names."""
 
 import types
 
@@ -6,7 +6,6 @@ import types
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf import base_experiment  # pylint: disable=g-import-not-at-top
-from gpipe_tf import hyperparams  # pylint: disable=g-import-not-at-top
 from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
 from params.synthetic import mlp  # pylint: disable=g-import-not-at-top
 
@@ -92,49 +91,9 @@ class RegistryTest(tf.test.TestCase):
     self.assertTrue(train.repeat)
     self.assertFalse(model_registry.GetParams('synthetic.mlp.Tiny',
                                               'Test').repeat)
-    with self.assertRaisesRegex(ValueError, "'Train', 'Test' or 'Task'"):
+    with self.assertRaisesRegex(model_registry.UnknownDatasetError,
+                                "'Train', 'Test' or 'Task'"):
       model_registry.GetParams('synthetic.mlp.Tiny', 'Dev')
-
-
-class ExperimentParamsTest(tf.test.TestCase):
-
-  def testAsExperimentParams(self):
-    from_class = base_experiment.AsExperimentParams(mlp.Tiny)
-    from_instance = base_experiment.AsExperimentParams(mlp.Tiny())
-    self.assertEqual(from_class, from_instance)
-    self.assertEqual([k for k, _ in from_class.IterParams()],
-                     ['train', 'test', 'task'])
-    copied = base_experiment.AsExperimentParams(from_class)
-    copied.train.batch_size = 1
-    self.assertEqual(from_class.train.batch_size, mlp.Tiny.BATCH_SIZE)
-    with self.assertRaises(TypeError):
-      base_experiment.AsExperimentParams(hyperparams.Params())
-    with self.assertRaises(NotImplementedError):
-      base_experiment.SingleTaskModelParams().ExperimentParams()
-
-  def testOverrideKeys(self):
-    p = model_registry.GetParams('synthetic.mlp.Tiny')
-    base_experiment.ApplyOverrides(
-        p, 'learning_rate_schedule.learning_rate : 0.5;'
-        ' train.batch_size : 8\n task.label_smoothing : 0.1 # comment\n'
-        "test.name : 'a;b#c'; model.layers[0].output_dim : 7")
-    self.assertEqual(p.task.learning_rate_schedule.learning_rate, 0.5)
-    self.assertEqual(p.train.batch_size, 8)
-    self.assertEqual(p.task.label_smoothing, 0.1)
-    self.assertEqual(p.test.name, 'a;b#c')
-    self.assertEqual(p.task.model.layers[0].output_dim, 7)
-
-  def testOverrideErrors(self):
-    p = model_registry.GetParams('synthetic.mlp.Tiny')
-    with self.assertRaisesRegex(AttributeError,
-                                r"task\.modle.*Did you mean: task\.model"):
-      base_experiment.ApplyOverrides(p, 'modle.name : "x"')
-    with self.assertRaisesRegex(hyperparams.ParamsParseError,
-                                "line 2: 'train.batch_size = 3'"):
-      base_experiment.ApplyOverrides(p, 'label_smoothing : 0.2\n'
-                                     'train.batch_size = 3')
-    # A parse error changes nothing.
-    self.assertEqual(p.task.label_smoothing, 0.0)
 
 
 if __name__ == '__main__':

@@ -40,9 +40,10 @@ import tensorflow_datasets as tfds
 from gpipe_tf import errors
 from gpipe_tf import hyperparams
 
-__all__ = ['BaseInputGenerator', 'Cutout', 'DatasetNotFoundError',
-           'InputConfigError', 'SyntheticClassificationInput',
-           'TFDSImageInput']
+__all__ = ['BaseInputGenerator', 'CheckFeatureKeys', 'CheckNumClasses',
+           'CheckTFDSImageParams', 'Cutout', 'DatasetNotFoundError',
+           'DefineTFDSImageParams', 'InputConfigError', 'NotPreparedMessage',
+           'SyntheticClassificationInput', 'TFDSBuilder', 'TFDSImageInput']
 
 # Salts that keep the shuffle and the augmentation streams of one seed apart.
 _SHUFFLE_SALT = 0x5348
@@ -260,6 +261,151 @@ class SyntheticClassificationInput(BaseInputGenerator):
             'labels': np.argmax(logits, axis=1).astype(np.int32)}
 
 
+# ---- TFDS image sources: what TFDSImageInput and -------------------------
+# ---- streaming_inputs.TFDSStreamingImageInput share ------------------------
+
+
+def DefineTFDSImageParams(p: hyperparams.InstantiableParams,
+                          keep_stored: bool) -> None:
+  """Defines the Params fields every TFDS image input has, in this order.
+
+  Which dataset, split and features are read (dataset_name, split, data_dir,
+  download, image_key, label_key), the output image (image_size,
+  num_channels, augment, cutout_size, mean, std) and the class check
+  (num_classes). The inputs then define their own fields after these.
+
+  Args:
+    p: the input generator's Params.
+    keep_stored: whether image_size and num_channels may be None, meaning the
+      stored size and channels are kept (their default then); else they
+      default to 224 and 3.
+  """
+  p.Define('dataset_name', None,
+           "TFDS name, optionally with config/version ('cifar10', "
+           "'mnist:3.*.*', 'oxford_iiit_pet:4.*.*', 'digits').")
+  p.Define('split', 'train',
+           "TFDS split string: 'train', 'test', 'validation', "
+           "'train[:90%]', ...")
+  p.Define('data_dir', None, 'TFDS data directory; None: the TFDS default.')
+  p.Define('download', False,
+           'Download and prepare the dataset if missing (needs network; '
+           'ImageNet needs a manual download anyway). False: raise '
+           'DatasetNotFoundError instead.')
+  p.Define('image_key', 'image', 'Feature holding the image.')
+  p.Define('label_key', 'label', 'Feature holding the class id.')
+  p.Define('image_size', None if keep_stored else 224,
+           'Output height = width (bilinear resize).' +
+           (' None: keep the stored size.' if keep_stored else ''))
+  p.Define('num_channels', None if keep_stored else 3,
+           'Output channels (1 or 3), converting grey <-> RGB.' +
+           (' None: keep the stored ones.' if keep_stored else ''))
+  p.Define('augment', False,
+           'Training preprocessing: a random crop (resized to image_size) '
+           'and a random horizontal flip. False: no randomness.')
+  p.Define('cutout_size', 0,
+           'With augment: side of a square set to 0 after normalisation (in '
+           'output pixels); 0 = off.')
+  p.Define('mean', None,
+           'Per-channel mean on the [0, 1] scale, subtracted; None: 0.')
+  p.Define('std', None,
+           'Per-channel std on the [0, 1] scale, divided by; None: 1.')
+  p.Define('num_classes', None,
+           'Expected number of classes; checked against the label feature '
+           'and the labels. None: no check.')
+
+
+def CheckTFDSImageParams(p: hyperparams.InstantiableParams,
+                         keep_stored: bool) -> None:
+  """Checks the fields DefineTFDSImageParams defined (before any reading).
+
+  Raises:
+    InputConfigError: naming the field and the value that cannot work.
+  """
+
+  def _Check(ok: bool, what: str) -> None:
+    if not ok:
+      raise InputConfigError(f'{p.name}: {what}')
+
+  optional = ' or None' if keep_stored else ''
+  _Check(bool(p.dataset_name), 'set dataset_name.')
+  _Check((keep_stored and p.image_size is None) or (
+      isinstance(p.image_size, int) and p.image_size >= 1),
+         f'image_size must be a positive int{optional}, got '
+         f'{p.image_size!r}.')
+  _Check(p.num_channels in ((None, 1, 3) if keep_stored else (1, 3)),
+         f'num_channels must be 1, 3{optional}, got {p.num_channels!r}.')
+  _Check(isinstance(p.cutout_size, int) and p.cutout_size >= 0,
+         f'cutout_size must be an int >= 0, got {p.cutout_size!r}.')
+  for field in ('mean', 'std'):
+    values = getattr(p, field)
+    _Check(values is None or p.num_channels is None or
+           len(values) == p.num_channels,
+           f'{field} needs {p.num_channels} values, got {values!r}.')
+  _Check(p.std is None or all(s > 0 for s in p.std),
+         f'std must be positive, got {p.std!r}.')
+
+
+def TFDSBuilder(p: hyperparams.InstantiableParams,
+                hint: str) -> tfds.core.DatasetBuilder:
+  """``tfds.builder(p.dataset_name, data_dir=p.data_dir)``, or a named error.
+
+  Raises:
+    DatasetNotFoundError: no TFDS dataset of that name, and none prepared in
+      data_dir; the message ends with `hint` (how to write one).
+  """
+  try:
+    return tfds.builder(p.dataset_name, data_dir=p.data_dir)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    raise DatasetNotFoundError(
+        f'{p.name}: {p.dataset_name!r} is neither a TFDS dataset name nor '
+        f'a dataset prepared in data_dir {_DataDir(p)}. Check dataset_name '
+        f'and data_dir. {hint}') from e
+
+
+def NotPreparedMessage(p: hyperparams.InstantiableParams,
+                       builder: tfds.core.DatasetBuilder,
+                       manual_note: str = '') -> str:
+  """What DatasetNotFoundError says of a known dataset that is not prepared."""
+  where = _DataDir(p)
+  return (f'{p.name}: TFDS dataset {p.dataset_name!r} is not prepared in '
+          f'data_dir {where} (looked for {builder.data_dir}) and download is '
+          'False. Prepare it: pass download=True on a machine with network '
+          f'access{manual_note}, or prepare it elsewhere and copy its '
+          f'<name>/<version> folder into {where}.')
+
+
+def CheckFeatureKeys(p: hyperparams.InstantiableParams,
+                     features: Any) -> int | None:
+  """Checks that image_key and label_key name features; returns the classes.
+
+  Returns:
+    The label feature's num_classes, or None if it does not say.
+
+  Raises:
+    InputConfigError: a key names no feature.
+  """
+  for key in (p.image_key, p.label_key):
+    if key not in features:
+      raise InputConfigError(
+          f'{p.name}: dataset {p.dataset_name!r} has no feature {key!r}; '
+          f'its features are {sorted(features.keys())}. Set image_key / '
+          'label_key.')
+  return getattr(features[p.label_key], 'num_classes', None)
+
+
+def CheckNumClasses(p: hyperparams.InstantiableParams,
+                    known_classes: int | None) -> None:
+  """Raises InputConfigError if num_classes and the dataset's disagree."""
+  if p.num_classes is not None and known_classes not in (None, p.num_classes):
+    raise InputConfigError(
+        f'{p.name}: num_classes is {p.num_classes} but {p.dataset_name!r} '
+        f'has {known_classes} classes.')
+
+
+def _DataDir(p: hyperparams.InstantiableParams) -> str:
+  return p.data_dir or tfds.core.constants.DATA_DIR
+
+
 class TFDSImageInput(BaseInputGenerator):
   """An image classification split read through TensorFlow Datasets.
 
@@ -288,36 +434,9 @@ class TFDSImageInput(BaseInputGenerator):
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
     p = super().Params()
-    p.Define('dataset_name', None,
-             "TFDS name, optionally with config/version ('cifar10', "
-             "'mnist:3.*.*', 'digits').")
-    p.Define('split', 'train',
-             "TFDS split string: 'train', 'test', 'train[:90%]', ...")
-    p.Define('data_dir', None, 'TFDS data directory; None: the TFDS default.')
-    p.Define('download', False,
-             'Download and prepare the dataset if missing (needs network). '
-             'False: raise DatasetNotFoundError instead.')
-    p.Define('image_key', 'image', 'Feature holding the image.')
-    p.Define('label_key', 'label', 'Feature holding the class id.')
-    p.Define('image_size', None,
-             'Output height = width (bilinear resize). None: keep the stored '
-             'size.')
-    p.Define('num_channels', None,
-             'Output channels (1 or 3), converting grey <-> RGB. None: keep.')
-    p.Define('augment', False,
-             'Random crop + resize and horizontal flip (training only).')
+    DefineTFDSImageParams(p, keep_stored=True)
     p.Define('crop_min_fraction', 0.75,
              'With augment: smallest crop side as a fraction of the image.')
-    p.Define('cutout_size', 0,
-             'With augment: side of a square set to 0 after normalisation; '
-             '0 = off.')
-    p.Define('mean', None,
-             'Per-channel mean on the [0, 1] scale, subtracted; None: 0.')
-    p.Define('std', None,
-             'Per-channel std on the [0, 1] scale, divided by; None: 1.')
-    p.Define('num_classes', None,
-             'Expected number of classes; checked against the label feature '
-             '(or class_subset) and the labels. None: no check.')
     p.Define('class_subset', None,
              'Stored class ids to keep, relabelled 0..n-1 in this order; '
              'other examples are dropped. None: all classes.')
@@ -326,26 +445,11 @@ class TFDSImageInput(BaseInputGenerator):
   def __init__(self, params: hyperparams.InstantiableParams) -> None:
     super().__init__(params)
     p = self._params
-    if not p.dataset_name:
-      raise InputConfigError(f'{p.name}: set dataset_name.')
-    if p.image_size is not None and (not isinstance(p.image_size, int) or
-                                     p.image_size < 1):
-      raise InputConfigError(
-          f'{p.name}: image_size must be a positive int or None, got '
-          f'{p.image_size!r}.')
-    if p.num_channels not in (None, 1, 3):
-      raise InputConfigError(
-          f'{p.name}: num_channels must be 1, 3 or None, got '
-          f'{p.num_channels!r}.')
+    CheckTFDSImageParams(p, keep_stored=True)
     if not 0.0 < p.crop_min_fraction <= 1.0:
       raise InputConfigError(
           f'{p.name}: crop_min_fraction must be in (0, 1], got '
           f'{p.crop_min_fraction!r}.')
-    if not isinstance(p.cutout_size, int) or p.cutout_size < 0:
-      raise InputConfigError(
-          f'{p.name}: cutout_size must be an int >= 0, got {p.cutout_size!r}.')
-    if p.std is not None and any(s <= 0 for s in p.std):
-      raise InputConfigError(f'{p.name}: std must be positive, got {p.std!r}.')
     subset = p.class_subset
     if subset is not None and (
         not subset or len(set(subset)) != len(subset) or
@@ -362,16 +466,10 @@ class TFDSImageInput(BaseInputGenerator):
   def _Builder(self) -> tuple[tfds.core.DatasetBuilder, str | None]:
     """The TFDS builder, and the error message to raise if as_dataset fails."""
     p = self._params
-    where = p.data_dir or tfds.core.constants.DATA_DIR
-    try:
-      builder = tfds.builder(p.dataset_name, data_dir=p.data_dir)
-    except tfds.core.registered.DatasetNotFoundError as e:
-      raise DatasetNotFoundError(
-          f'{p.name}: {p.dataset_name!r} is neither a TFDS dataset name nor '
-          f'a dataset prepared in data_dir {where}. Check dataset_name and '
-          'data_dir; write a project dataset first (gpipe_tf.data.datasets.'
-          "PrepareDigits(data_dir) for 'digits') or copy a prepared "
-          f'<name>/<version> folder into {where}.') from e
+    builder = TFDSBuilder(
+        p, 'Write a project dataset first (gpipe_tf.data.datasets.'
+        f"PrepareDigits(data_dir) for 'digits') or copy a prepared "
+        f'<name>/<version> folder into {_DataDir(p)}.')
     if p.download:
       builder.download_and_prepare()
       return builder, None
@@ -379,23 +477,13 @@ class TFDSImageInput(BaseInputGenerator):
       return builder, None
     # Under tfds.testing.mock_data is_prepared() is False but as_dataset
     # works, so only as_dataset's own failure decides.
-    return builder, (
-        f'{p.name}: TFDS dataset {p.dataset_name!r} is not prepared in '
-        f'data_dir {where} (looked for {builder.data_dir}) and download is '
-        'False. Prepare it: pass download=True on a machine with network '
-        'access, or prepare it elsewhere and copy its <name>/<version> folder '
-        f'into {where}.')
+    return builder, NotPreparedMessage(p, builder)
 
   def _LoadExamples(self) -> dict[str, Any]:
     p = self._params
     builder, missing_message = self._Builder()
     features = builder.info.features
-    for key in (p.image_key, p.label_key):
-      if key not in features:
-        raise InputConfigError(
-            f'{p.name}: dataset {p.dataset_name!r} has no feature {key!r}; '
-            f'its features are {sorted(features.keys())}. Set image_key / '
-            'label_key.')
+    known_classes = CheckFeatureKeys(p, features)
     shape = tuple(features[p.image_key].shape)
     if len(shape) != 3 or None in shape:
       raise InputConfigError(
@@ -413,17 +501,12 @@ class TFDSImageInput(BaseInputGenerator):
         raise InputConfigError(
             f'{p.name}: {field} has {len(values)} values for {out_channels} '
             'output channels.')
-    known_classes = getattr(features[p.label_key], 'num_classes', None)
-    if p.class_subset is not None:
-      if known_classes is not None and max(p.class_subset) >= known_classes:
-        raise InputConfigError(
-            f'{p.name}: class_subset {p.class_subset} names classes beyond '
-            f'the {known_classes} of {p.dataset_name!r}.')
-    elif p.num_classes is not None and known_classes not in (None,
-                                                             p.num_classes):
+    if p.class_subset is None:
+      CheckNumClasses(p, known_classes)
+    elif known_classes is not None and max(p.class_subset) >= known_classes:
       raise InputConfigError(
-          f'{p.name}: num_classes is {p.num_classes} but {p.dataset_name!r} '
-          f'has {known_classes} classes.')
+          f'{p.name}: class_subset {p.class_subset} names classes beyond '
+          f'the {known_classes} of {p.dataset_name!r}.')
     try:
       ds = builder.as_dataset(
           split=p.split, shuffle_files=False,

@@ -149,24 +149,7 @@ class TFDSStreamingImageInput(inputs.BaseInputGenerator):
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
     p = super().Params()
-    p.Define('dataset_name', None,
-             "TFDS name, optionally with config/version ('imagenet2012', "
-             "'cars196', 'oxford_iiit_pet:4.*.*').")
-    p.Define('split', 'train',
-             "TFDS split string: 'train', 'validation', 'train[:90%]', ...")
-    p.Define('data_dir', None, 'TFDS data directory; None: the TFDS default.')
-    p.Define('download', False,
-             'Download and prepare the dataset if missing (needs network; '
-             'ImageNet needs a manual download anyway). False: raise '
-             'DatasetNotFoundError instead.')
-    p.Define('image_key', 'image', 'Feature holding the encoded image.')
-    p.Define('label_key', 'label', 'Feature holding the class id.')
-    p.Define('image_size', 224, 'Output height = width (bilinear resize).')
-    p.Define('num_channels', 3,
-             'Output channels (1 or 3); images are decoded to this many.')
-    p.Define('augment', False,
-             'Training preprocessing: random crop and horizontal flip. '
-             'False: central crop.')
+    inputs.DefineTFDSImageParams(p, keep_stored=False)
     p.Define('crop_area_range', (0.08, 1.0),
              'With augment: range of the crop area as a fraction of the '
              'image.')
@@ -175,16 +158,6 @@ class TFDSStreamingImageInput(inputs.BaseInputGenerator):
     p.Define('eval_crop_fraction', 0.875,
              'Without augment: fraction of height and width kept by the '
              'central crop (1.0: the whole image).')
-    p.Define('cutout_size', 0,
-             'With augment: side of a square set to 0 after normalisation '
-             '(in output pixels); 0 = off.')
-    p.Define('mean', None,
-             'Per-channel mean on the [0, 1] scale, subtracted; None: 0.')
-    p.Define('std', None,
-             'Per-channel std on the [0, 1] scale, divided by; None: 1.')
-    p.Define('num_classes', None,
-             'Expected number of classes, checked against the label '
-             'feature. None: no check.')
     p.Define('shuffle_block_size', 1024,
              'Consecutive examples (in file order) that move together when '
              'an epoch is shuffled.')
@@ -199,22 +172,17 @@ class TFDSStreamingImageInput(inputs.BaseInputGenerator):
   def __init__(self, params: hyperparams.InstantiableParams) -> None:
     super().__init__(params)
     p = self._params
-    if not p.dataset_name:
-      raise inputs.InputConfigError(f'{p.name}: set dataset_name.')
+    inputs.CheckTFDSImageParams(p, keep_stored=False)
 
     def _Check(ok: bool, what: str) -> None:
       if not ok:
         raise inputs.InputConfigError(f'{p.name}: {what}')
 
-    _Check(isinstance(p.image_size, int) and p.image_size >= 1,
-           f'image_size must be a positive int, got {p.image_size!r}.')
-    _Check(p.num_channels in (1, 3),
-           f'num_channels must be 1 or 3, got {p.num_channels!r}.')
-    for field, low in (('shuffle_block_size', 1), ('shuffle_window_blocks', 1),
-                       ('num_parallel_reads', 1), ('cutout_size', 0)):
+    for field in ('shuffle_block_size', 'shuffle_window_blocks',
+                  'num_parallel_reads'):
       value = getattr(p, field)
-      _Check(isinstance(value, int) and value >= low,
-             f'{field} must be an int >= {low}, got {value!r}.')
+      _Check(isinstance(value, int) and value >= 1,
+             f'{field} must be an int >= 1, got {value!r}.')
     for field, top in (('crop_area_range', 1.0),
                        ('crop_aspect_ratio_range', None)):
       low, high = getattr(p, field)
@@ -224,12 +192,6 @@ class TFDSStreamingImageInput(inputs.BaseInputGenerator):
     _Check(0.0 < p.eval_crop_fraction <= 1.0,
            f'eval_crop_fraction must be in (0, 1], got '
            f'{p.eval_crop_fraction!r}.')
-    for field in ('mean', 'std'):
-      values = getattr(p, field)
-      _Check(values is None or len(values) == p.num_channels,
-             f'{field} needs {p.num_channels} values, got {values!r}.')
-    _Check(p.std is None or all(s > 0 for s in p.std),
-           f'std must be positive, got {p.std!r}.')
     self._layout: SplitLayout | None = None
     self._label_dtype = tf.int64
 
@@ -409,12 +371,7 @@ class TFDSStreamingImageInput(inputs.BaseInputGenerator):
     p = self._params
     builder = self._Builder()
     features = builder.info.features
-    for key in (p.image_key, p.label_key):
-      if key not in features:
-        raise inputs.InputConfigError(
-            f'{p.name}: dataset {p.dataset_name!r} has no feature {key!r}; '
-            f'its features are {sorted(features.keys())}. Set image_key / '
-            'label_key.')
+    known_classes = inputs.CheckFeatureKeys(p, features)
     if not isinstance(features[p.image_key], tfds.features.Image):
       raise inputs.InputConfigError(
           f'{p.name}: feature {p.image_key!r} of {p.dataset_name!r} is a '
@@ -425,12 +382,7 @@ class TFDSStreamingImageInput(inputs.BaseInputGenerator):
           f'{p.name}: feature {p.label_key!r} of {p.dataset_name!r} is not a '
           f'scalar integer class id ({label_info}).')
     self._label_dtype = tf.as_dtype(label_info.dtype)
-    known_classes = getattr(features[p.label_key], 'num_classes', None)
-    if p.num_classes is not None and known_classes not in (None,
-                                                           p.num_classes):
-      raise inputs.InputConfigError(
-          f'{p.name}: num_classes is {p.num_classes} but {p.dataset_name!r} '
-          f'has {known_classes} classes.')
+    inputs.CheckNumClasses(p, known_classes)
     file_format = getattr(builder.info.file_format, 'value',
                           builder.info.file_format)
     if file_format != 'tfrecord':
@@ -455,25 +407,15 @@ class TFDSStreamingImageInput(inputs.BaseInputGenerator):
 
   def _Builder(self) -> tfds.core.DatasetBuilder:
     p = self._params
-    where = p.data_dir or tfds.core.constants.DATA_DIR
-    try:
-      builder = tfds.builder(p.dataset_name, data_dir=p.data_dir)
-    except tfds.core.registered.DatasetNotFoundError as e:
-      raise inputs.DatasetNotFoundError(
-          f'{p.name}: {p.dataset_name!r} is neither a TFDS dataset name nor '
-          f'a dataset prepared in data_dir {where}. Check dataset_name and '
-          'data_dir. Data TFDS has no builder for (e.g. FGVC Aircraft, '
-          'Birdsnap) can be written from a folder of images with '
-          'gpipe_tf.data.datasets.PrepareImageFolder.') from e
+    builder = inputs.TFDSBuilder(
+        p, 'Data TFDS has no builder for (e.g. FGVC Aircraft, Birdsnap) can '
+        'be written from a folder of images with '
+        'gpipe_tf.data.datasets.PrepareImageFolder.')
     if builder.is_prepared():
       return builder
     if p.download:
       builder.download_and_prepare()
       return builder
-    raise inputs.DatasetNotFoundError(
-        f'{p.name}: TFDS dataset {p.dataset_name!r} is not prepared in '
-        f'data_dir {where} (looked for {builder.data_dir}) and download is '
-        'False. Prepare it: pass download=True on a machine with network '
-        'access (datasets behind a manual download, like imagenet2012, need '
-        'their archives in <data_dir>/downloads/manual first), or prepare it '
-        f'elsewhere and copy its <name>/<version> folder into {where}.')
+    raise inputs.DatasetNotFoundError(inputs.NotPreparedMessage(
+        p, builder, ' (datasets behind a manual download, like imagenet2012, '
+        'need their archives in <data_dir>/downloads/manual first)'))

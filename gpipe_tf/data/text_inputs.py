@@ -485,7 +485,8 @@ def ReversalTarget(sentence: str, language: str) -> str:
     return ' '.join(words)
   if language == 'mir':
     return ' '.join(w[::-1] for w in words)
-  raise ValueError(f"Unknown reversal language {language!r}: 'rev' or 'mir'.")
+  raise InputConfigError(
+      f"Unknown reversal language {language!r}: 'rev' or 'mir'.")
 
 
 def WriteReversalCorpus(folder: str, num_train: int, num_test: int,
@@ -508,7 +509,8 @@ def WriteReversalCorpus(folder: str, num_train: int, num_test: int,
 
   Raises:
     CorpusExistsError: the folder holds a corpus written with other arguments.
-    ValueError: bad arguments (e.g. more test sentences than can be unique).
+    InputConfigError: bad arguments (e.g. more test sentences than
+      can be unique).
   """
   args = dict(num_train=num_train, num_test=num_test, seed=seed,
               min_words=min_words, max_words=max_words,
@@ -516,7 +518,7 @@ def WriteReversalCorpus(folder: str, num_train: int, num_test: int,
   for lang in languages:
     ReversalTarget('a', lang)  # Validates the language.
   if not 1 <= min_words <= max_words or num_train < 1 or num_test < 0:
-    raise ValueError(f'Bad corpus arguments: {args}.')
+    raise InputConfigError(f'Bad corpus arguments: {args}.')
   paths = [os.path.join(folder, f'{split}.en-{lang}.{side}')
            for split in ('train', 'test') for lang in languages
            for side in ('en', lang)]
@@ -547,8 +549,9 @@ def WriteReversalCorpus(folder: str, num_train: int, num_test: int,
         seen.add(sentence)
       sentences.append(sentence)
     if len(sentences) < count:
-      raise ValueError(f'Cannot draw {count} new {split} sentences of '
-                       f'{min_words}..{max_words} words; lower the counts.')
+      raise InputConfigError(
+          f'Cannot draw {count} new {split} sentences of '
+          f'{min_words}..{max_words} words; lower the counts.')
     splits[split] = sentences
   os.makedirs(folder, exist_ok=True)
   for split, sentences in splits.items():

@@ -78,14 +78,17 @@ class MultiHeadAttention(base_layer.BaseLayer):
   @classmethod
   def _Validate(cls, p: hyperparams.Params, owner: str) -> None:
     if p.input_dim <= 0 or p.hidden_dim < 0 or p.num_heads <= 0:
-      raise ValueError(f'{owner} needs positive input_dim and num_heads and '
-                       f'hidden_dim >= 0, got {p.input_dim}, {p.num_heads} and '
-                       f'{p.hidden_dim}.')
+      raise base_layer.LayerConfigError(
+          f'{owner} needs positive input_dim and num_heads and '
+          f'hidden_dim >= 0, got {p.input_dim}, {p.num_heads} and '
+          f'{p.hidden_dim}.')
     if cls._Hidden(p) % p.num_heads:
-      raise ValueError(f'{owner}: num_heads {p.num_heads} must divide '
-                       f'hidden_dim {cls._Hidden(p)}.')
+      raise base_layer.LayerConfigError(
+          f'{owner}: num_heads {p.num_heads} must divide '
+          f'hidden_dim {cls._Hidden(p)}.')
     if not 0.0 <= p.atten_dropout_prob < 1.0:
-      raise ValueError(f'{owner}: atten_dropout_prob must be in [0, 1), got '
+      raise base_layer.LayerConfigError(
+          f'{owner}: atten_dropout_prob must be in [0, 1), got '
                        f'{p.atten_dropout_prob}.')
 
   @classmethod

@@ -26,6 +26,10 @@ class ShapeMismatchError(errors.Error, ValueError):
   """Two consecutive layers disagree on the shape passed between them."""
 
 
+class LayerConfigError(errors.Error, ValueError):
+  """A layer's (or task's) Params hold a value it cannot be built with."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerMeta:
   """What FPropMeta reports about a layer, computed without creating variables.
@@ -108,7 +112,8 @@ class BaseLayer(tf.Module):
   def __init__(self, params: hyperparams.InstantiableParams,
                parent_path: str | None = None) -> None:
     if not params.name:
-      raise ValueError(f'{type(self).__name__} needs a non-empty Params.name.')
+      raise LayerConfigError(
+          f'{type(self).__name__} needs a non-empty Params.name.')
     super().__init__(name=_ModuleName(params.name))
     p = params.Copy()
     p.Freeze()

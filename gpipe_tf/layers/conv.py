@@ -48,14 +48,16 @@ def _CheckInts(owner: str, what: str, values: Sequence[int], n: int,
                minimum: int = 1) -> None:
   if (not isinstance(values, (tuple, list)) or len(values) != n or
       any(not isinstance(v, int) or v < minimum for v in values)):
-    raise ValueError(f'{owner}: {what} must be {n} integers >= {minimum}, got '
-                     f'{values!r}.')
+    raise base_layer.LayerConfigError(
+        f'{owner}: {what} must be {n} integers >= {minimum}, got '
+        f'{values!r}.')
 
 
 def _CheckPadding(owner: str, padding: str) -> None:
   if padding not in _PADDINGS:
-    raise ValueError(f'{owner}: padding must be one of {_PADDINGS}, got '
-                     f'{padding!r}.')
+    raise base_layer.LayerConfigError(
+        f'{owner}: padding must be one of {_PADDINGS}, got '
+        f'{padding!r}.')
 
 
 def _CheckImage(name: str, cls_name: str, shape: Sequence[int | None] | None
@@ -106,8 +108,9 @@ class _ConvBase(base_layer.BaseLayer):
     _CheckPadding(owner, p.padding)
     core.Activation(p.activation)
     if max(p.dilation_rate) > 1 and max(p.filter_stride) > 1:
-      raise ValueError(f'{owner}: dilation_rate {p.dilation_rate} > 1 needs '
-                       f'filter_stride (1, 1), got {p.filter_stride}.')
+      raise base_layer.LayerConfigError(
+          f'{owner}: dilation_rate {p.dilation_rate} > 1 needs '
+          f'filter_stride (1, 1), got {p.filter_stride}.')
 
   @classmethod
   def _OutChannels(cls, p: hyperparams.Params) -> int:
@@ -211,8 +214,9 @@ class DepthwiseConv2DLayer(_ConvBase):
   def _Validate(cls, p, owner):
     super()._Validate(p, owner)
     if p.filter_stride[0] != p.filter_stride[1]:
-      raise ValueError(f'{owner}: depthwise convolutions need equal strides, '
-                       f'got filter_stride {p.filter_stride}.')
+      raise base_layer.LayerConfigError(
+          f'{owner}: depthwise convolutions need equal strides, '
+          f'got filter_stride {p.filter_stride}.')
 
   @classmethod
   def _OutChannels(cls, p):
@@ -256,8 +260,9 @@ class SeparableConv2DLayer(_ConvBase):
     super()._Validate(p, owner)
     _CheckInts(owner, 'channel_multiplier', (p.channel_multiplier,), 1)
     if p.filter_stride[0] != p.filter_stride[1]:
-      raise ValueError(f'{owner}: separable convolutions need equal strides, '
-                       f'got filter_stride {p.filter_stride}.')
+      raise base_layer.LayerConfigError(
+          f'{owner}: separable convolutions need equal strides, '
+          f'got filter_stride {p.filter_stride}.')
 
   @classmethod
   def _OutChannels(cls, p):
@@ -285,8 +290,9 @@ _POOLING_TYPES = ('MAX', 'AVG')
 
 def _CheckPoolingType(owner: str, pooling_type: str) -> None:
   if pooling_type not in _POOLING_TYPES:
-    raise ValueError(f'{owner}: pooling_type must be one of {_POOLING_TYPES}, '
-                     f'got {pooling_type!r}.')
+    raise base_layer.LayerConfigError(
+        f'{owner}: pooling_type must be one of {_POOLING_TYPES}, '
+        f'got {pooling_type!r}.')
 
 
 class PoolingLayer(base_layer.BaseLayer):

@@ -30,8 +30,9 @@ def Activation(name: str):
   try:
     return _ACTIVATIONS[name]
   except KeyError:
-    raise ValueError(f'Unknown activation {name!r}; use one of '
-                     f'{sorted(_ACTIVATIONS)}.') from None
+    raise base_layer.LayerConfigError(
+        f'Unknown activation {name!r}; use one of '
+        f'{sorted(_ACTIVATIONS)}.') from None
 
 
 def AsTuple(outputs: Any) -> tuple:
@@ -89,8 +90,9 @@ class FCLayer(base_layer.BaseLayer):
     super().__init__(params, parent_path)
     p = self.p
     if p.input_dim <= 0 or p.output_dim <= 0:
-      raise ValueError(f"FCLayer '{self.path}' needs positive input_dim and "
-                       f'output_dim, got {p.input_dim} and {p.output_dim}.')
+      raise base_layer.LayerConfigError(
+          f"FCLayer '{self.path}' needs positive input_dim and "
+          f'output_dim, got {p.input_dim} and {p.output_dim}.')
     self._fn = Activation(p.activation)
     self.CreateVariable('w', [p.input_dim, p.output_dim])
     if p.has_bias:
@@ -137,8 +139,9 @@ class DropoutLayer(base_layer.BaseLayer):
   def __init__(self, params, parent_path=None):
     super().__init__(params, parent_path)
     if not 0.0 < self.p.keep_prob <= 1.0:
-      raise ValueError(f"DropoutLayer '{self.path}': keep_prob must be in "
-                       f'(0, 1], got {self.p.keep_prob}.')
+      raise base_layer.LayerConfigError(
+          f"DropoutLayer '{self.path}': keep_prob must be in "
+          f'(0, 1], got {self.p.keep_prob}.')
 
   def FProp(self, x, training=False):
     if not training or self.p.keep_prob == 1.0:
@@ -174,7 +177,8 @@ class SequentialLayer(base_layer.BaseLayer):
   def __init__(self, params, parent_path=None):
     super().__init__(params, parent_path)
     if not self.p.layers:
-      raise ValueError(f"SequentialLayer '{self.path}' has no layers.")
+      raise base_layer.LayerConfigError(
+          f"SequentialLayer '{self.path}' has no layers.")
     self.CreateChildren('layers', self.p.layers)
 
   def FProp(self, *inputs, training=False):

@@ -47,9 +47,10 @@ class EmbeddingLayer(base_layer.BaseLayer):
     super().__init__(params, parent_path)
     p = self.p
     if p.vocab_size <= 0 or p.embedding_dim <= 0:
-      raise ValueError(f"EmbeddingLayer '{self.path}' needs positive "
-                       f'vocab_size and embedding_dim, got {p.vocab_size} and '
-                       f'{p.embedding_dim}.')
+      raise base_layer.LayerConfigError(
+          f"EmbeddingLayer '{self.path}' needs positive "
+          f'vocab_size and embedding_dim, got {p.vocab_size} and '
+          f'{p.embedding_dim}.')
     self.CreateVariable('emb', [p.vocab_size, p.embedding_dim])
 
   def FProp(self, ids: tf.Tensor, *passthrough: Any,

@@ -8,10 +8,15 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from gpipe_tf import errors
 from gpipe_tf import hyperparams
 
 METHODS = ('xavier', 'gaussian', 'uniform', 'constant', 'gaussian_sqrt_fanin',
            'uniform_sqrt_fanin')
+
+
+class UnknownInitMethodError(errors.Error, ValueError):
+  """An initialiser's method is none of METHODS."""
 
 
 def WeightInit(method: str = 'xavier', scale: float = 1.0) -> hyperparams.Params:
@@ -27,7 +32,8 @@ def WeightInit(method: str = 'xavier', scale: float = 1.0) -> hyperparams.Params
                          output for unit variance input when scale = 1).
   """
   if method not in METHODS:
-    raise ValueError(f'Unknown init method {method!r}; use one of {METHODS}.')
+    raise UnknownInitMethodError(
+        f'Unknown init method {method!r}; use one of {METHODS}.')
   p = hyperparams.Params()
   p.Define('method', method, 'One of ' + ', '.join(METHODS) + '.')
   p.Define('scale', float(scale), 'Multiplier of the initialiser.')
@@ -89,5 +95,6 @@ def Draw(init: hyperparams.Params, shape: Sequence[int], dtype: tf.DType,
   elif method == 'uniform_sqrt_fanin':
     limit = scale * math.sqrt(3.0 / max(fan_in, 1))
   else:
-    raise ValueError(f'Unknown init method {method!r}; use one of {METHODS}.')
+    raise UnknownInitMethodError(
+        f'Unknown init method {method!r}; use one of {METHODS}.')
   return tf.random.stateless_uniform(shape, seed, -limit, limit, dtype=dtype)

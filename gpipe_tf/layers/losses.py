@@ -19,17 +19,19 @@ _CLIP_FLOPS = 6
 
 def _CheckClip(logits_clip: float | None) -> None:
   if logits_clip is not None and not logits_clip > 0:
-    raise ValueError(f'logits_clip must be None or > 0, got {logits_clip}.')
+    raise base_layer.LayerConfigError(
+        f'logits_clip must be None or > 0, got {logits_clip}.')
 
 
 def _CheckLabels(logits: tf.Tensor, labels: tf.Tensor) -> None:
   if not labels.dtype.is_integer:
-    raise ValueError(f'labels must be integer class ids, got dtype '
-                     f'{labels.dtype.name}.')
+    raise base_layer.LayerInputError(
+        f'labels must be integer class ids, got dtype {labels.dtype.name}.')
   if (logits.shape.rank is not None and labels.shape.rank is not None and
       not labels.shape.is_compatible_with(logits.shape[:-1])):
-    raise ValueError(f'labels of shape {labels.shape} do not match logits of '
-                     f'shape {logits.shape}: expected {logits.shape[:-1]}.')
+    raise base_layer.LayerInputError(
+        f'labels of shape {labels.shape} do not match logits of shape '
+        f'{logits.shape}: expected {logits.shape[:-1]}.')
 
 
 def ClipLogits(logits: tf.Tensor, logits_clip: float | None) -> tf.Tensor:
@@ -64,11 +66,12 @@ def SoftmaxCrossEntropy(logits: tf.Tensor, labels: tf.Tensor,
     float32 losses of shape [...], one per example (not reduced).
 
   Raises:
-    ValueError: bad smoothing or clip, non-integer or mis-shaped labels.
+    base_layer.LayerConfigError: bad smoothing or clip.
+    base_layer.LayerInputError: non-integer or mis-shaped labels.
   """
   if not 0.0 <= label_smoothing < 1.0:
-    raise ValueError(f'label_smoothing must be in [0, 1), got '
-                     f'{label_smoothing}.')
+    raise base_layer.LayerConfigError(
+        f'label_smoothing must be in [0, 1), got {label_smoothing}.')
   logits = tf.convert_to_tensor(logits)
   labels = tf.convert_to_tensor(labels)
   _CheckLabels(logits, labels)
@@ -92,7 +95,8 @@ def Hits(logits: tf.Tensor, labels: tf.Tensor, top_k: int = 1) -> tf.Tensor:
   _CheckLabels(logits, labels)
   num_classes = logits.shape[-1]
   if top_k < 1 or (num_classes is not None and top_k > num_classes):
-    raise ValueError(f'top_k must be in [1, {num_classes}], got {top_k}.')
+    raise base_layer.LayerConfigError(
+        f'top_k must be in [1, {num_classes}], got {top_k}.')
   _, top = tf.math.top_k(tf.cast(logits, tf.float32), k=top_k)
   hit = tf.reduce_any(tf.equal(top, tf.cast(labels, tf.int32)[..., None]),
                       axis=-1)
@@ -142,15 +146,17 @@ class SoftmaxLayer(base_layer.BaseLayer):
     p = self.p
     owner = f"SoftmaxLayer '{self.path}'"
     if p.input_dim <= 0 or p.num_classes <= 0:
-      raise ValueError(f'{owner} needs positive input_dim and num_classes, got '
-                       f'{p.input_dim} and {p.num_classes}.')
+      raise base_layer.LayerConfigError(
+          f'{owner} needs positive input_dim and num_classes, got '
+          f'{p.input_dim} and {p.num_classes}.')
     try:
       _CheckClip(p.logits_clip)
-    except ValueError as e:
-      raise ValueError(f'{owner}: {e}') from None
+    except base_layer.LayerConfigError as e:
+      raise base_layer.LayerConfigError(f'{owner}: {e}') from None
     if not 0.0 <= p.label_smoothing < 1.0:
-      raise ValueError(f'{owner}: label_smoothing must be in [0, 1), got '
-                       f'{p.label_smoothing}.')
+      raise base_layer.LayerConfigError(
+          f'{owner}: label_smoothing must be in [0, 1), got '
+          f'{p.label_smoothing}.')
     self.CreateVariable('w', [p.input_dim, p.num_classes])
     self.CreateVariable('b', [p.num_classes], init=initializers.Constant(0.0))
 

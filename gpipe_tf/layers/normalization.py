@@ -71,14 +71,17 @@ class BatchNormLayer(base_layer.BaseLayer):
     super().__init__(params, parent_path)
     p = self.p
     if p.dim <= 0:
-      raise ValueError(f"BatchNormLayer '{self.path}' needs a positive dim, "
-                       f'got {p.dim}.')
+      raise base_layer.LayerConfigError(
+          f"BatchNormLayer '{self.path}' needs a positive dim, "
+          f'got {p.dim}.')
     if not 0.0 <= p.decay < 1.0:
-      raise ValueError(f"BatchNormLayer '{self.path}': decay must be in "
-                       f'[0, 1), got {p.decay}.')
+      raise base_layer.LayerConfigError(
+          f"BatchNormLayer '{self.path}': decay must be in "
+          f'[0, 1), got {p.decay}.')
     if p.epsilon <= 0.0:
-      raise ValueError(f"BatchNormLayer '{self.path}': epsilon must be > 0, "
-                       f'got {p.epsilon}.')
+      raise base_layer.LayerConfigError(
+          f"BatchNormLayer '{self.path}': epsilon must be > 0, "
+          f'got {p.epsilon}.')
     self.CreateVariable('gamma', [p.dim], init=initializers.Constant(1.0))
     self.CreateVariable('beta', [p.dim], init=initializers.Constant(0.0))
     self.CreateVariable('moving_mean', [p.dim],
@@ -212,8 +215,9 @@ class LayerNorm(base_layer.BaseLayer):
                parent_path: str | None = None) -> None:
     super().__init__(params, parent_path)
     if self.p.input_dim <= 0:
-      raise ValueError(f"LayerNorm '{self.path}' needs a positive input_dim, "
-                       f'got {self.p.input_dim}.')
+      raise base_layer.LayerConfigError(
+          f"LayerNorm '{self.path}' needs a positive input_dim, "
+          f'got {self.p.input_dim}.')
     self.CreateVariable('scale', [self.p.input_dim],
                         init=initializers.Constant(1.0))
     self.CreateVariable('bias', [self.p.input_dim],

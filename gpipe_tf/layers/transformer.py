@@ -64,7 +64,8 @@ def _Meta(p: hyperparams.Params, *shapes: Shape) -> LayerMeta:
 
 def _CheckProb(owner: str, name: str, value: float) -> None:
   if not 0.0 <= value < 1.0:
-    raise ValueError(f'{owner}: {name} must be in [0, 1), got {value}.')
+    raise base_layer.LayerConfigError(
+        f'{owner}: {name} must be in [0, 1), got {value}.')
 
 
 def _CheckSequenceAndPaddings(layer: base_layer.BaseLayer, x: tf.Tensor,
@@ -111,13 +112,15 @@ class TransformerFeedForwardLayer(base_layer.BaseLayer):
   @classmethod
   def _ChildrenParams(cls, p: hyperparams.Params, owner: str) -> dict:
     if p.input_dim <= 0 or p.hidden_dim <= 0:
-      raise ValueError(f'{owner} needs positive input_dim and hidden_dim, got '
-                       f'{p.input_dim} and {p.hidden_dim}.')
+      raise base_layer.LayerConfigError(
+          f'{owner} needs positive input_dim and hidden_dim, got '
+          f'{p.input_dim} and {p.hidden_dim}.')
     _CheckProb(owner, 'residual_dropout_prob', p.residual_dropout_prob)
     _CheckProb(owner, 'relu_dropout_prob', p.relu_dropout_prob)
     if p.ffn_init_scale_by_num_layers < 0:
-      raise ValueError(f'{owner}: ffn_init_scale_by_num_layers must be >= 0, '
-                       f'got {p.ffn_init_scale_by_num_layers}.')
+      raise base_layer.LayerConfigError(
+          f'{owner}: ffn_init_scale_by_num_layers must be >= 0, '
+          f'got {p.ffn_init_scale_by_num_layers}.')
     fc2 = _Inherit(p, core.FCLayer.Params().Set(
         input_dim=p.hidden_dim, output_dim=p.input_dim, activation='NONE'))
     if p.ffn_init_scale_by_num_layers > 0:
@@ -205,8 +208,9 @@ class _TransformerBlock(base_layer.BaseLayer):
   @classmethod
   def _ChildrenParams(cls, p: hyperparams.Params, owner: str) -> dict:
     if p.model_dim <= 0:
-      raise ValueError(f'{owner} needs a positive model_dim, got '
-                       f'{p.model_dim}.')
+      raise base_layer.LayerConfigError(
+          f'{owner} needs a positive model_dim, got '
+          f'{p.model_dim}.')
     _CheckProb(owner, 'residual_dropout_prob', p.residual_dropout_prob)
     children = {}
     for prefix in cls._Blocks(p):

@@ -187,10 +187,11 @@ class FactorizedReductionLayer(base_layer.BaseLayer):
   def _Children(cls, p) -> dict:
     if p.stride not in (1, 2) or min(p.input_dim, p.output_dim) < 1 or (
         p.stride == 2 and p.output_dim % 2):
-      raise ValueError(f"FactorizedReductionLayer '{p.name}' needs stride 1 "
-                       'or 2, positive dims and an even output_dim for stride'
-                       f' 2; got stride={p.stride}, input_dim={p.input_dim}, '
-                       f'output_dim={p.output_dim}.')
+      raise base_layer.LayerConfigError(
+          f"FactorizedReductionLayer '{p.name}' needs stride 1 "
+          'or 2, positive dims and an even output_dim for stride'
+          f' 2; got stride={p.stride}, input_dim={p.input_dim}, '
+          f'output_dim={p.output_dim}.')
     convs = ['conv'] if p.stride == 1 else ['conv_a', 'conv_b']
     width = p.output_dim // len(convs)
     children = {n: _Conv(p, n, (1, 1, p.input_dim, width)) for n in convs}
@@ -454,13 +455,15 @@ def AmoebaNet(cells: tuple[CellSpec, CellSpec], num_normal_layers: int,
                       ('num_classes', num_classes),
                       ('stem_filters', stem_filters)):
     if not isinstance(value, int) or value < 1:
-      raise ValueError(f'AmoebaNet: {name} must be a positive int, got '
-                       f'{value!r}.')
+      raise base_layer.LayerConfigError(
+          f'AmoebaNet: {name} must be a positive int, got '
+          f'{value!r}.')
   if num_filters % 2**num_stem_cells:
-    raise ValueError(f'AmoebaNet: num_filters={num_filters} must be a multiple'
-                     f' of 2**num_stem_cells={2**num_stem_cells} (the stem '
-                     'cells have D / 4 and D / 2 filters, and factorized '
-                     'reductions need even filter counts).')
+    raise base_layer.LayerConfigError(
+        f'AmoebaNet: num_filters={num_filters} must be a multiple'
+        f' of 2**num_stem_cells={2**num_stem_cells} (the stem '
+        'cells have D / 4 and D / 2 filters, and factorized '
+        'reductions need even filter counts).')
   template = AmoebaCellLayer.Params().Set(
       drop_path_keep_prob=drop_path_keep_prob,
       batch_norm_decay=batch_norm_decay, batch_norm_epsilon=batch_norm_epsilon)
@@ -498,8 +501,9 @@ def AmoebaNet(cells: tuple[CellSpec, CellSpec], num_normal_layers: int,
     shape = (None, image_size, image_size, num_input_channels)
     last = core.MetaOfSequence(layers[:-1], (shape,))[-1].out_shapes[0]
     if min(last[1:3]) < 1:
-      raise ValueError(f'AmoebaNet: image_size={image_size} is too small: '
-                       f'the last feature map is {list(last)}.')
+      raise base_layer.LayerConfigError(
+          f'AmoebaNet: image_size={image_size} is too small: '
+          f'the last feature map is {list(last)}.')
   return layers
 
 

@@ -122,17 +122,21 @@ class TransformerEmbeddingLayer(base_layer.BaseLayer):
   def _ChildrenParams(cls, p: hyperparams.Params) -> dict:
     owner = f"TransformerEmbeddingLayer '{p.name}'"
     if p.vocab_size <= 0 or p.model_dim <= 0:
-      raise ValueError(f'{owner} needs positive vocab_size and model_dim, got '
-                       f'{p.vocab_size} and {p.model_dim}.')
+      raise base_layer.LayerConfigError(
+          f'{owner} needs positive vocab_size and model_dim, got '
+          f'{p.vocab_size} and {p.model_dim}.')
     if p.position_emb not in POSITION_EMBS:
-      raise ValueError(f'{owner}: position_emb must be one of {POSITION_EMBS},'
-                       f' got {p.position_emb!r}.')
+      raise base_layer.LayerConfigError(
+          f'{owner}: position_emb must be one of {POSITION_EMBS},'
+          f' got {p.position_emb!r}.')
     if p.position_emb == 'learned' and p.max_seq_len <= 0:
-      raise ValueError(f"{owner}: position_emb='learned' needs max_seq_len > 0"
-                       '.')
+      raise base_layer.LayerConfigError(
+          f"{owner}: position_emb='learned' needs max_seq_len > 0"
+          '.')
     if not 0.0 <= p.dropout_prob < 1.0:
-      raise ValueError(f'{owner}: dropout_prob must be in [0, 1), got '
-                       f'{p.dropout_prob}.')
+      raise base_layer.LayerConfigError(
+          f'{owner}: dropout_prob must be in [0, 1), got '
+          f'{p.dropout_prob}.')
     scale = 1.0 / math.sqrt(p.model_dim)
     children = {'token': _Inherit(p, embedding.EmbeddingLayer.Params().Set(
         vocab_size=p.vocab_size, embedding_dim=p.model_dim,
@@ -325,7 +329,8 @@ def TransformerLM(num_layers: int, model_dim: int = 2048,
     sequence returns (logits [B, T, vocab_size], paddings).
   """
   if num_layers < 1:
-    raise ValueError(f'TransformerLM needs num_layers >= 1, got {num_layers}.')
+    raise base_layer.LayerConfigError(
+        f'TransformerLM needs num_layers >= 1, got {num_layers}.')
   layers = [TransformerEmbeddingLayer.Params().Set(
       name='emb', vocab_size=vocab_size, model_dim=model_dim,
       position_emb=position_emb, max_seq_len=max_seq_len,
@@ -367,7 +372,8 @@ def TransformerNMT(num_layers: int, hidden_dim: int, num_heads: int,
     tgt_paddings). The softmax is untied (see the module docstring).
   """
   if num_layers < 1:
-    raise ValueError(f'TransformerNMT needs num_layers >= 1, got {num_layers}.')
+    raise base_layer.LayerConfigError(
+        f'TransformerNMT needs num_layers >= 1, got {num_layers}.')
   common = dict(
       model_dim=model_dim, hidden_dim=hidden_dim, num_heads=num_heads,
       atten_hidden_dim=num_heads * atten_dim_per_head,

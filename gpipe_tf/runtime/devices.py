@@ -21,7 +21,7 @@ def SplitCpu(num_devices: int, intra_op_threads: int | None = None,
   Emulates `num_devices` accelerators on a CPU host: every logical device is a
   placement label over one shared thread pool and allocator, so each is given
   its share of the cores (intra-op threads = cores // num_devices) and enough
-  inter-op threads to run all of them at once (TF-NOTES).
+  inter-op threads to run all of them at once (docs/tensorflow-notes.md).
 
   The CPU is also switched to TensorFlow's BFC allocator (the one GPUs use),
   unless TF_CPU_ALLOCATOR_USE_BFC is already set: TF 2.21's default CPU
@@ -70,8 +70,8 @@ def ConfigureCpuSplit(num_devices: int, intra_op_threads: int | None = None,
   except RuntimeError as e:
     raise DeviceConfigError(
         f'Cannot split the CPU into {num_devices} devices after TensorFlow has '
-        'started; call gpipe_tf.runtime.devices.SplitCpu (or pass the trainer flag) '
-        f'before running any op. ({e})') from e
+        'started; call gpipe_tf.runtime.devices.SplitCpu before running any '
+        f'op (the trainer does it at start-up). ({e})') from e
 
 
 def LogicalCpus() -> list[str]:

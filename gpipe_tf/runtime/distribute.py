@@ -1,7 +1,8 @@
-"""Data parallelism over pipelines: R replicas of a K-cell pipeline, on one host or several.
+"""Data parallelism over pipelines: R replicas of a K-cell pipeline, and which device runs each cell.
 
-One host (``MakeStrategy``), R x K devices (the logical CPU devices, or the
-GPUs)::
+A ``ReplicaLayout`` says it once: ``devices[r][k]`` is the device of cell k of
+replica r. One host (``ReplicaLayout.Plan``), R x K devices (the logical CPU
+devices, or the GPUs)::
 
   replica 0: cells on devices 0 .. K-1          strategy device: device 0
   replica 1: cells on devices K .. 2K-1         strategy device: device K
@@ -9,66 +10,177 @@ GPUs)::
   replica r: cells on devices rK .. rK+K-1      strategy device: device rK
 
 A ``tf.distribute.MirroredStrategy`` over the first device of each replica
-group splits the global batch across replicas and all-reduces the gradients;
-inside a replica, ``PipeliningLayer`` asks ``ReplicaDevices`` for the devices
-of its cells. Variables are MirroredVariables whose component r lives on the
-strategy device of replica r (device rK): every cell of replica r reads its
-weights from there.
+(``ReplicaLayout.MakeStrategy``) splits the global batch across replicas and
+all-reduces the gradients; inside a replica, ``PipeliningLayer`` asks
+``ReplicaDevices`` for the devices of its cells. Variables are
+MirroredVariables whose component r lives on the strategy device of replica r
+(device rK): every cell of replica r reads its weights from there.
 
-Several hosts (``MakeMultiWorkerStrategy``): the TF_CONFIG environment
-variable names a cluster of W > 1 training tasks ('chief' and/or 'worker');
-every task runs the same program and is ONE replica, whose K cells sit on
-that task's own devices (never on another task's)::
+Several hosts (a MultiWorkerMirroredStrategy from TF_CONFIG,
+``gpipe_tf.runtime.cluster``): every task is ONE replica, whose K cells sit
+on that task's own devices (never on another task's)
+(``ReplicaLayout.FromStrategy``)::
 
   replica 0 = chief, else worker 0:  /job:worker/replica:0/task:0/device:CPU:0 .. :K-1
   replica 1 = next worker:           /job:worker/replica:0/task:1/device:CPU:0 .. :K-1
   ...                                (GPU:k instead of CPU:k on GPU hosts)
 
-A ``tf.distribute.MultiWorkerMirroredStrategy`` with one device per task
-(its device 0) all-reduces the gradients with collective ops. Every task
-reads the whole stream of global batches and keeps its share
-(``ShareOfBatch``: contiguous rows, replica r's after replica r-1's), so W
-replicas train like one device on the global batch. The chief writes
-checkpoints, summaries and params.txt; a checkpoint save may need every task
-(collective reads), so the others save too, into a scratch directory of
-their own that is deleted after each save (``ScratchDirectory``).
-MultiWorkerMirroredStrategy is not elastic: when a task dies the others fail
-(``PEER_FAILURE_ERRORS``) and the whole job is restarted; it resumes from the
-chief's newest checkpoint, which every task must be able to read.
+The strategy has one device per task (its device 0) and all-reduces the
+gradients with collective ops. Every task reads the whole stream of global
+batches and keeps its share (``ShareOfBatch``: contiguous rows, replica r's
+after replica r-1's), so W replicas train like one device on the global
+batch (``DistributeDataset``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any, Mapping, Sequence
+import dataclasses
+from typing import Any, Sequence
 
 from absl import logging
 import tensorflow as tf
 
 from gpipe_tf import errors
+from gpipe_tf.runtime import cluster
 from gpipe_tf.runtime import devices as devices_lib
-
-
-TRAINING_TASK_TYPES = ('chief', 'worker')
-
-# What a collective op raises when a peer task died (heartbeats stopped,
-# connection reset) or did not answer within the collective timeout.
-PEER_FAILURE_ERRORS = (tf.errors.UnavailableError,
-                       tf.errors.DeadlineExceededError,
-                       tf.errors.AbortedError, tf.errors.CancelledError)
 
 
 class ReplicaLayoutError(errors.Error, ValueError):
   """R replicas x K cells do not fit the devices there are."""
 
 
-class ClusterConfigError(errors.Error, ValueError):
-  """TF_CONFIG is malformed or describes a cluster this trainer cannot run."""
+@dataclasses.dataclass(frozen=True)
+class ReplicaLayout:
+  """Which device runs each cell of each replica: built once, then read.
 
+  Build it with ``Plan`` (one host: R x K devices, in order) or
+  ``FromStrategy`` (the layout a strategy made elsewhere implies, e.g. a
+  multi-worker one). A layout deliberately does NOT own the strategy: on one
+  host ``MakeStrategy`` makes one from it, a multi-worker strategy must be
+  made at program start-up (``cluster.MakeMultiWorkerStrategy``).
 
-class WorkerMismatchError(errors.Error, RuntimeError):
-  """The tasks of a multi-worker job disagree (e.g. on the restored step)."""
+  Attributes:
+    devices_per_replica: K, the cells (devices) of one replica's pipeline.
+    devices: devices[r][k], the device of cell k of replica r ([R][K]). One
+      replica is not checked against the devices there are: its row may be
+      shorter than K, and the PipeliningLayer then raises PartitionError.
+    task: this process's task in a multi-worker job ('worker:1'); '' on one
+      host.
+    is_chief: whether this process writes checkpoints, summaries and
+      params.txt (always on one host).
+  """
+  devices_per_replica: int
+  devices: tuple[tuple[str, ...], ...]
+  task: str = ''
+  is_chief: bool = True
+
+  @property
+  def num_replicas(self) -> int:
+    """R."""
+    return len(self.devices)
+
+  @property
+  def strategy_devices(self) -> list[str]:
+    """The first device of each replica: where its variables live."""
+    return [row[0] for row in self.devices if row]
+
+  @classmethod
+  def Plan(cls, num_replicas: int, num_cells: int,
+           all_devices: Sequence[str] | None = None) -> ReplicaLayout:
+    """R replicas x K cells on one host: replica r on devices rK .. rK+K-1.
+
+    Args:
+      num_replicas: R; 0 for as many as fit (``NumReplicasThatFit``).
+      num_cells: K, the cells per replica.
+      all_devices: the devices to cut into replica groups; default
+        ``devices.DefaultDevices()``.
+
+    Raises:
+      ReplicaLayoutError: R > 1 and fewer than R x K devices, R < 0 or K < 1.
+    """
+    if num_cells < 1:
+      raise ReplicaLayoutError(f'num_cells must be >= 1, got {num_cells}.')
+    if num_replicas < 0:
+      raise ReplicaLayoutError(
+          f'num_replicas must be >= 0 (0: as many as fit), got '
+          f'{num_replicas}.')
+    all_devices = list(all_devices or devices_lib.DefaultDevices())
+    if num_replicas == 0:
+      num_replicas = NumReplicasThatFit(num_cells, all_devices)
+    if num_replicas > 1 and num_replicas * num_cells > len(all_devices):
+      raise ReplicaLayoutError(
+          f'{num_replicas} replicas x {num_cells} cells need '
+          f'{num_replicas * num_cells} devices but there are '
+          f'{len(all_devices)} ({all_devices}); lower num_replicas or '
+          'num_partitions, or add logical devices (--num_logical_devices).')
+    return cls(num_cells, tuple(
+        tuple(all_devices[r * num_cells:(r + 1) * num_cells])
+        for r in range(num_replicas)))
+
+  @classmethod
+  def FromStrategy(cls, strategy: tf.distribute.Strategy | None,
+                   num_cells: int) -> ReplicaLayout:
+    """The layout `strategy` implies (None: one replica, no strategy).
+
+    On one host: ``Plan`` for the strategy's replicas. Multi-worker: every
+    task is one replica on its own first K devices of the strategy's kind
+    (GPU or CPU), as TensorFlow lists them once the cluster is up
+    (``WorkerGroups``).
+
+    Raises:
+      ReplicaLayoutError: too few devices.
+    """
+    if strategy is None:
+      return cls.Plan(1, num_cells)
+    if not cluster.IsMultiWorker(strategy):
+      return cls.Plan(strategy.num_replicas_in_sync, num_cells)
+    kind = tf.DeviceSpec.from_string(
+        strategy.extended.worker_devices[0]).device_type
+    names = [d.name for d in tf.config.list_logical_devices(kind)]
+    groups = WorkerGroups(cluster.StrategyTaskOrder(strategy), names,
+                          num_cells)
+    return cls(num_cells, tuple(tuple(g) for g in groups),
+               task=cluster.TaskName(strategy),
+               is_chief=cluster.IsChief(strategy))
+
+  def MakeStrategy(self) -> tf.distribute.MirroredStrategy | None:
+    """A MirroredStrategy over ``strategy_devices``; None for one replica.
+
+    On CPU devices the strategy reduces through one device
+    (ReductionToOneDevice) instead of collective ops.
+
+    Raises:
+      ReplicaLayoutError: a multi-worker layout (its strategy is made at
+        start-up: cluster.MakeMultiWorkerStrategy).
+    """
+    if self.task:
+      raise ReplicaLayoutError(
+          f'The layout of task {self.task} belongs to a multi-worker job; '
+          'make its strategy with cluster.MakeMultiWorkerStrategy.')
+    if self.num_replicas == 1:
+      return None
+    cross_device_ops = None  # NCCL (or the strategy's default) on GPUs.
+    if all(tf.DeviceSpec.from_string(d).device_type == 'CPU'
+           for d in self.strategy_devices):
+      # Not collectives: their group keys are process-wide, so a second
+      # strategy over other CPU devices in the same process would collide
+      # with the first ("joining a group that is already full").
+      cross_device_ops = tf.distribute.ReductionToOneDevice()
+    return tf.distribute.MirroredStrategy(self.strategy_devices,
+                                          cross_device_ops=cross_device_ops)
+
+  def Describe(self) -> list[str]:
+    """Lines for a log: R x K, this task, and every replica's cell devices."""
+    lines = [f'{self.num_replicas} replicas x {self.devices_per_replica} '
+             'cells per replica.']
+    if self.task:
+      lines.append(f'This is task {self.task}' + (
+          ' (chief: writes checkpoints, summaries, params.txt).'
+          if self.is_chief else '.'))
+    for r, row in enumerate(self.devices):
+      lines.append(f'Replica {r}: ' + ', '.join(
+          f'cell {k} on {d}' for k, d in enumerate(row)))
+    return lines
 
 
 def ReplicaId() -> int | None:
@@ -100,7 +212,8 @@ def ReplicaDevices(num_cells: int, all_devices: Sequence[str] | None = None
   """Devices of the K cells of the current replica, or None if not replicated.
 
   Under a multi-worker strategy (and without `all_devices`) these are the
-  first K devices of this task (``Layout``), checked to be this task's own.
+  first K devices of this task (``ReplicaLayout.FromStrategy``), checked to
+  be this task's own.
 
   Args:
     num_cells: K, the cells per replica.
@@ -115,16 +228,16 @@ def ReplicaDevices(num_cells: int, all_devices: Sequence[str] | None = None
   if replica is None:
     return None
   strategy = tf.distribute.get_strategy()
-  if all_devices is None and IsMultiWorker(strategy):
-    cells = Layout(strategy, num_cells)[replica]
+  if all_devices is None and cluster.IsMultiWorker(strategy):
+    cells = list(ReplicaLayout.FromStrategy(strategy, num_cells)
+                 .devices[replica])
     _CheckOnThisTask(strategy, cells)
     logging.info('Replica %d (task %s) pipelines on %s', replica,
-                 TaskName(strategy), ', '.join(cells))
+                 cluster.TaskName(strategy), ', '.join(cells))
     return cells
   num_replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-  all_devices = list(all_devices or devices_lib.DefaultDevices())
-  _CheckFits(num_replicas, num_cells, all_devices)
-  return all_devices[replica * num_cells:(replica + 1) * num_cells]
+  return list(ReplicaLayout.Plan(num_replicas, num_cells, all_devices)
+              .devices[replica])
 
 
 def BatchedAllReduce(reduce_op: tf.distribute.ReduceOp, values: Any) -> Any:
@@ -150,22 +263,15 @@ def BatchedAllReduce(reduce_op: tf.distribute.ReduceOp, values: Any) -> Any:
   return tf.nest.pack_sequence_as(values, reduced)
 
 
-def _CheckFits(num_replicas: int, num_cells: int,
-               all_devices: Sequence[str]) -> None:
-  if num_replicas * num_cells > len(all_devices):
-    raise ReplicaLayoutError(
-        f'{num_replicas} replicas x {num_cells} cells need '
-        f'{num_replicas * num_cells} devices but there are {len(all_devices)} '
-        f'({list(all_devices)}); lower num_replicas or num_partitions, or add '
-        'logical devices (--num_logical_devices).')
-
-
 def NumReplicasThatFit(num_cells: int,
                        all_devices: Sequence[str] | None = None) -> int:
   """R that uses every device: len(devices) // K, at least 1.
 
   With fewer devices than K this is 1, and the pipeline itself then says that
   its cells do not fit (PartitionError).
+
+  Raises:
+    ReplicaLayoutError: num_cells < 1.
   """
   if num_cells < 1:
     raise ReplicaLayoutError(f'num_cells must be >= 1, got {num_cells}.')
@@ -173,22 +279,10 @@ def NumReplicasThatFit(num_cells: int,
   return max(1, len(all_devices) // num_cells)
 
 
-def ReplicaGroups(num_replicas: int, num_cells: int,
-                  all_devices: Sequence[str] | None = None) -> list[list[str]]:
-  """The devices of every replica's cells: [[d0 .. dK-1], [dK .. d2K-1], ...]."""
-  all_devices = list(all_devices or devices_lib.DefaultDevices())
-  _CheckFits(num_replicas, num_cells, all_devices)
-  return [all_devices[r * num_cells:(r + 1) * num_cells]
-          for r in range(num_replicas)]
-
-
 def MakeStrategy(num_replicas: int, num_cells: int,
                  all_devices: Sequence[str] | None = None
                  ) -> tf.distribute.Strategy | None:
-  """A MirroredStrategy over the first device of each replica group.
-
-  On CPU devices the strategy reduces through one device
-  (ReductionToOneDevice) instead of collective ops.
+  """A MirroredStrategy for R x K devices: ``ReplicaLayout.Plan(...).MakeStrategy()``.
 
   Returns None for one replica (no strategy: the default one is used).
 
@@ -198,61 +292,7 @@ def MakeStrategy(num_replicas: int, num_cells: int,
   """
   if num_replicas < 1:
     raise ReplicaLayoutError(f'num_replicas must be >= 1, got {num_replicas}.')
-  if num_replicas == 1:
-    return None
-  groups = ReplicaGroups(num_replicas, num_cells, all_devices)
-  strategy_devices = [g[0] for g in groups]
-  cross_device_ops = None  # NCCL (or the strategy's default) on GPUs.
-  if all(tf.DeviceSpec.from_string(d).device_type == 'CPU'
-         for d in strategy_devices):
-    # Not collectives: their group keys are process-wide, so a second
-    # strategy over other CPU devices in the same process would collide with
-    # the first ("joining a group that is already full").
-    cross_device_ops = tf.distribute.ReductionToOneDevice()
-  return tf.distribute.MirroredStrategy(strategy_devices,
-                                        cross_device_ops=cross_device_ops)
-
-
-# ---- Several hosts ----------------------------------------------------------
-
-
-def ClusterFromEnvironment(environ: Mapping[str, str] | None = None
-                           ) -> dict[str, Any] | None:
-  """The parsed TF_CONFIG ({'cluster': ..., 'task': ...}); None without a cluster.
-
-  Raises:
-    ClusterConfigError: TF_CONFIG is not JSON, or lacks 'cluster' or 'task'.
-  """
-  text = (os.environ if environ is None else environ).get('TF_CONFIG', '')
-  if not text.strip():
-    return None
-  try:
-    config = json.loads(text)
-  except ValueError as e:
-    raise ClusterConfigError(f'TF_CONFIG is not valid JSON ({e}): {text!r}'
-                             ) from e
-  if not isinstance(config, dict):
-    raise ClusterConfigError(f'TF_CONFIG must be a JSON object, got {text!r}')
-  if not config.get('cluster'):
-    return None
-  task = config.get('task')
-  if not isinstance(task, dict) or 'type' not in task or 'index' not in task:
-    raise ClusterConfigError(
-        "TF_CONFIG names a cluster but no task: add \"task\": {\"type\": "
-        f'"worker", "index": i}} for this process. Got {text!r}')
-  return config
-
-
-def TaskOrder(cluster: Mapping[str, Sequence[str]]) -> list[tuple[str, int]]:
-  """The training tasks in replica order: the chief, then the workers."""
-  return [(kind, i) for kind in TRAINING_TASK_TYPES
-          for i in range(len(cluster.get(kind, ())))]
-
-
-def NumTrainingTasks(environ: Mapping[str, str] | None = None) -> int:
-  """How many training tasks (chief and workers) TF_CONFIG names; 0 if unset."""
-  config = ClusterFromEnvironment(environ)
-  return len(TaskOrder(config['cluster'])) if config else 0
+  return ReplicaLayout.Plan(num_replicas, num_cells, all_devices).MakeStrategy()
 
 
 def WorkerGroups(task_order: Sequence[tuple[str, int]],
@@ -280,104 +320,6 @@ def WorkerGroups(task_order: Sequence[tuple[str, int]],
           'or --num_logical_devices on a CPU host), or lower num_partitions.')
     groups.append([name for _, name in own[:num_cells]])
   return groups
-
-
-def MakeMultiWorkerStrategy(timeout_seconds: float = 0.0,
-                            environ: Mapping[str, str] | None = None
-                            ) -> tf.distribute.MultiWorkerMirroredStrategy:
-  """A MultiWorkerMirroredStrategy from TF_CONFIG: one replica per task.
-
-  Must be called at program start-up, before TensorFlow runs any op (it
-  configures collective ops and starts this task's server), but after any
-  logical-device split (``devices.ConfigureCpuSplit``). It waits until every
-  task of the cluster has started.
-
-  Each task is one replica on its device 0 (GPU:0 if it has GPUs, else
-  CPU:0); its other devices hold the pipeline's further cells. (By default
-  TensorFlow would make one replica per GPU.)
-
-  Args:
-    timeout_seconds: a collective op (gradient all-reduce, ...) that has not
-      completed after this long raises DeadlineExceededError instead of
-      waiting for a peer forever; 0 disables the timeout. A dead peer is
-      usually detected sooner by the coordination service's heartbeats.
-    environ: where TF_CONFIG is read; default os.environ.
-
-  Raises:
-    ClusterConfigError: no cluster, fewer than 2 training tasks, or this
-      task is not a 'chief' or 'worker'.
-  """
-  config = ClusterFromEnvironment(environ)
-  if config is None:
-    raise ClusterConfigError('TF_CONFIG names no cluster; a multi-worker job '
-                             'needs one (see docs/distributed.md, Several '
-                             'hosts).')
-  cluster, task = config['cluster'], config['task']
-  if task['type'] not in TRAINING_TASK_TYPES:
-    raise ClusterConfigError(
-        f"This task's type is {task['type']!r}; only {TRAINING_TASK_TYPES} "
-        'tasks train (no evaluator or parameter-server tasks).')
-  if (task['type'], int(task['index'])) not in TaskOrder(cluster):
-    raise ClusterConfigError(
-        f"TF_CONFIG's task {task['type']}:{task['index']} is not in its "
-        f'cluster {cluster}; task indices count from 0.')
-  if len(TaskOrder(cluster)) < 2:
-    raise ClusterConfigError(
-        f'TF_CONFIG names {len(TaskOrder(cluster))} training task; '
-        'multi-worker training needs at least 2 (else unset TF_CONFIG).')
-  has_gpus = bool(tf.config.list_physical_devices('GPU'))
-  # SimpleClusterResolver, not TFConfigClusterResolver: with the latter the
-  # strategy makes one replica per local GPU.
-  one_device = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec(cluster), task_type=task['type'],
-      task_id=int(task['index']),
-      rpc_layer=config.get('rpc_layer') or 'grpc',
-      num_accelerators={'GPU': 1} if has_gpus else {})
-  options = tf.distribute.experimental.CommunicationOptions(
-      timeout_seconds=timeout_seconds or None)
-  return tf.distribute.MultiWorkerMirroredStrategy(
-      cluster_resolver=one_device, communication_options=options)
-
-
-def IsMultiWorker(strategy: tf.distribute.Strategy | None) -> bool:
-  """Whether `strategy` spans several tasks (MultiWorkerMirroredStrategy)."""
-  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    return False
-  return len(TaskOrder(strategy.cluster_resolver.cluster_spec().as_dict())) > 1
-
-
-def IsChief(strategy: tf.distribute.Strategy | None) -> bool:
-  """Whether this process writes checkpoints and summaries (True on one host)."""
-  return strategy is None or bool(strategy.extended.should_checkpoint)
-
-
-def TaskName(strategy: tf.distribute.Strategy) -> str:
-  """'worker:1' for a multi-worker task, '' otherwise."""
-  if not IsMultiWorker(strategy):
-    return ''
-  resolver = strategy.cluster_resolver
-  return f'{resolver.task_type}:{resolver.task_id}'
-
-
-def Layout(strategy: tf.distribute.Strategy, num_cells: int
-           ) -> list[list[str]]:
-  """The devices of every replica's K cells: [[replica 0's], [replica 1's], ...].
-
-  On one host: ``ReplicaGroups``. Multi-worker: ``WorkerGroups`` over every
-  task's devices of this task's kind (GPU or CPU), as TensorFlow lists them
-  once the cluster is up.
-
-  Raises:
-    ReplicaLayoutError: too few devices.
-  """
-  if not IsMultiWorker(strategy):
-    return ReplicaGroups(strategy.num_replicas_in_sync, num_cells)
-  kind = tf.DeviceSpec.from_string(
-      strategy.extended.worker_devices[0]).device_type
-  names = [d.name for d in tf.config.list_logical_devices(kind)]
-  return WorkerGroups(
-      TaskOrder(strategy.cluster_resolver.cluster_spec().as_dict()), names,
-      num_cells)
 
 
 def _CheckOnThisTask(strategy: tf.distribute.Strategy,
@@ -421,7 +363,7 @@ def DistributeDataset(strategy: tf.distribute.Strategy,
   stream and keeps ``ShareOfBatch`` for its replica, so no task depends on
   file-level sharding and the split is the same whatever the input is.
   """
-  if not IsMultiWorker(strategy):
+  if not cluster.IsMultiWorker(strategy):
     return strategy.experimental_distribute_dataset(dataset)
   num_replicas = strategy.num_replicas_in_sync
 
@@ -441,43 +383,3 @@ def DistributeDataset(strategy: tf.distribute.Strategy,
     return dataset.map(_Share)
 
   return strategy.distribute_datasets_from_function(_DatasetOfTask)
-
-
-def ScratchDirectory(strategy: tf.distribute.Strategy | None,
-                     logdir: str) -> str | None:
-  """Where a non-chief task writes its share of a save; None on the chief."""
-  if IsChief(strategy):
-    return None
-  resolver = strategy.cluster_resolver
-  return os.path.join(logdir,
-                      f'scratch_{resolver.task_type}_{resolver.task_id}')
-
-
-def CheckTasksAgree(strategy: tf.distribute.Strategy | None, value: int,
-                    what: str, hint: str) -> None:
-  """Raises WorkerMismatchError unless every task has the same `value`.
-
-  A collective (all-gather) over all tasks; a no-op on one host.
-  """
-  if not IsMultiWorker(strategy):
-    return
-  mine = tf.constant([value], tf.int64)
-
-  def _Gather():
-    return tf.distribute.get_replica_context().all_gather(mine, axis=0)
-
-  gathered = tf.function(lambda: strategy.run(_Gather), autograph=False)()
-  values = [int(v) for v in strategy.experimental_local_results(gathered)[0]]
-  CheckValuesAgree(
-      TaskOrder(strategy.cluster_resolver.cluster_spec().as_dict()), values,
-      what, hint)
-
-
-def CheckValuesAgree(task_order: Sequence[tuple[str, int]],
-                     values: Sequence[int], what: str, hint: str) -> None:
-  """Raises WorkerMismatchError naming each task's value unless all are equal."""
-  if len(set(values)) > 1:
-    listing = ', '.join(f'{k}:{i}={v}' for (k, i), v in zip(task_order,
-                                                             values))
-    raise WorkerMismatchError(f'The tasks disagree on the {what} ({listing}); '
-                              f'{hint}')

@@ -1,7 +1,8 @@
 """What is trained: tasks (network + loss + metrics), optimizers and learning-rate schedules.
 
 Modules: ``base_task`` (BaseTask), ``classification`` (ClassificationTask),
-``sequence`` (LanguageModelTask, TranslationTask), ``metrics`` (BLEU and
+``sequence`` (LanguageModelTask, TranslationTask; their synthetic
+inputs are in gpipe_tf.data.synthetic_text), ``metrics`` (BLEU and
 accuracies), ``optimizers`` (Keras optimizers declared by Params),
 ``lr_schedules`` (learning-rate schedules declared by Params).
 """

@@ -62,11 +62,13 @@ class BaseTask(base_layer.BaseLayer):
     super().__init__(params, parent_path)
     p = self.p
     if p.model is None:
-      raise ValueError(f"Task '{p.name}' has no model: set Params.model to the "
-                       'Params of a layer.')
+      raise base_layer.LayerConfigError(
+          f"Task '{p.name}' has no model: set Params.model to the "
+          'Params of a layer.')
     if not p.clip_gradient_norm_to_value >= 0:
-      raise ValueError('clip_gradient_norm_to_value must be >= 0, got '
-                       f'{p.clip_gradient_norm_to_value}.')
+      raise base_layer.LayerConfigError(
+          'clip_gradient_norm_to_value must be >= 0, got '
+          f'{p.clip_gradient_norm_to_value}.')
     self.CreateChild('model', p.model)
     self._schedule = p.learning_rate_schedule.Instantiate()
 

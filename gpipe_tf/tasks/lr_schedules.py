@@ -25,7 +25,12 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from gpipe_tf import errors
 from gpipe_tf import hyperparams
+
+
+class ScheduleConfigError(errors.Error, ValueError):
+  """A schedule's Params hold values it cannot run with."""
 
 
 class BaseSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -49,8 +54,9 @@ class BaseSchedule(keras.optimizers.schedules.LearningRateSchedule):
     p.Freeze()
     self._params = p
     if not p.learning_rate >= 0:
-      raise ValueError(f'{type(self).__name__}: learning_rate must be >= 0, '
-                       f'got {p.learning_rate}.')
+      raise ScheduleConfigError(
+          f'{type(self).__name__}: learning_rate must be >= 0, '
+          f'got {p.learning_rate}.')
     self._Validate()
 
   @property
@@ -95,8 +101,9 @@ class LinearWarmupRsqrtDecay(BaseSchedule):
 
   def _Validate(self):
     if self.params.warmup_steps < 1:
-      raise ValueError('LinearWarmupRsqrtDecay: warmup_steps must be >= 1, '
-                       f'got {self.params.warmup_steps}.')
+      raise ScheduleConfigError(
+          'LinearWarmupRsqrtDecay: warmup_steps must be >= 1, '
+          f'got {self.params.warmup_steps}.')
 
   def Value(self, step):
     p = self.params
@@ -126,13 +133,14 @@ class Cosine(BaseSchedule):
   def _Validate(self):
     p = self.params
     if not 0 <= p.warmup_steps < p.total_steps:
-      raise ValueError('Cosine: need 0 <= warmup_steps < total_steps, got '
-                       f'warmup_steps={p.warmup_steps}, '
-                       f'total_steps={p.total_steps}.')
+      raise ScheduleConfigError(
+          'Cosine: need 0 <= warmup_steps < total_steps, got '
+          f'warmup_steps={p.warmup_steps}, '
+          f'total_steps={p.total_steps}.')
     if not 0 <= p.final_learning_rate <= p.learning_rate:
-      raise ValueError('Cosine: final_learning_rate must be in [0, '
-                       f'learning_rate={p.learning_rate}], got '
-                       f'{p.final_learning_rate}.')
+      raise ScheduleConfigError(
+          'Cosine: final_learning_rate must be in [0, '
+          f'learning_rate={p.learning_rate}], got {p.final_learning_rate}.')
 
   def Value(self, step):
     p = self.params

@@ -30,19 +30,20 @@ checkpointed). With ``'stop'`` a NonFiniteLossError is raised right after the
 step, before anything is saved: the newest checkpoint stays the last good one.
 
 Data parallelism. With ``num_replicas`` R > 1 the task is built under a
-tf.distribute.MirroredStrategy (gpipe_tf.runtime.distribute): every global batch (the
-input's batch_size) is split into R equal shares, replica r computes the loss
-and gradients of its share (a PipeliningLayer pipelines it on devices
-rK .. rK+K-1), the gradients and metrics are averaged across replicas, and
-clipping, the finiteness check and the single optimizer update run once on
-the averaged gradients. A global batch not divisible by R gives unequal
-shares, whose means are then weighted equally.
+tf.distribute.MirroredStrategy (gpipe_tf.runtime.distribute; one
+ReplicaLayout says where every cell of every replica runs): every global
+batch (the input's batch_size) is split into R equal shares, replica r
+computes the loss and gradients of its share (a PipeliningLayer pipelines it
+on devices rK .. rK+K-1), the gradients and metrics are averaged across
+replicas, and clipping, the finiteness check and the single optimizer update
+run once on the averaged gradients. A global batch not divisible by R gives
+unequal shares, whose means are then weighted equally.
 
 Several hosts. Given a multi-worker ``strategy``
-(distribute.MakeMultiWorkerStrategy, made at program start-up from TF_CONFIG)
+(cluster.MakeMultiWorkerStrategy, made at program start-up from TF_CONFIG)
 every task runs this same function as one replica on its own K devices and
 keeps its share of every global batch; the rest is as above. Only the chief
-writes checkpoints, summaries and params.txt (distribute.IsChief); the
+writes checkpoints, summaries and params.txt (cluster.IsChief); the
 others save into a scratch directory they delete. After restoring, the tasks
 check that they all resume from the same global step.
 
@@ -73,6 +74,7 @@ import tensorflow as tf
 from gpipe_tf import errors
 from gpipe_tf import base_experiment
 from gpipe_tf.train import checkpoints
+from gpipe_tf.runtime import cluster
 from gpipe_tf.runtime import distribute
 from gpipe_tf import pipeline
 from gpipe_tf import tasks
@@ -86,6 +88,14 @@ PARAMS_FILE = 'params.txt'
 
 class NonFiniteLossError(errors.Error, FloatingPointError):
   """A training step's loss or gradients were NaN or Inf (on_nonfinite='stop')."""
+
+
+class TrainConfigError(errors.Error, ValueError):
+  """An argument of train_and_evaluate, or an experiment's input, cannot work."""
+
+
+class NotATaskError(TrainConfigError, TypeError):
+  """The task Params build something other than a gpipe_tf.tasks.BaseTask."""
 
 
 @dataclasses.dataclass
@@ -113,12 +123,13 @@ class _Runner:
 
   def __init__(self, experiment: base_experiment.ExperimentLike, logdir: str,
                max_checkpoints_to_keep: int, on_nonfinite: str = 'skip',
-               strategy: tf.distribute.Strategy | None = None) -> None:
+               strategy: tf.distribute.Strategy | None = None,
+               is_chief: bool = True) -> None:
     self.params = base_experiment.AsExperimentParams(experiment)
     self.logdir = logdir
     self.on_nonfinite = on_nonfinite
     self.strategy = strategy
-    self.is_chief = distribute.IsChief(strategy)
+    self.is_chief = is_chief
     self.skipped_steps = 0
     self._trained = []  # Variables that receive a gradient (set when traced).
     if strategy is None:
@@ -131,8 +142,8 @@ class _Runner:
     logdir = self.logdir
     self.task = self.params.task.Instantiate()
     if not isinstance(self.task, tasks.BaseTask):
-      raise TypeError(f'Task Params build a {type(self.task).__name__}, not a '
-                      'gpipe_tf.tasks.BaseTask.')
+      raise NotATaskError(f'Task Params build a {type(self.task).__name__}, '
+                          'not a gpipe_tf.tasks.BaseTask.')
     self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                    name='global_step')
     schedule = self.task.learning_rate_schedule
@@ -145,7 +156,7 @@ class _Runner:
     self.checkpointer = checkpoints.Checkpointer(
         os.path.join(logdir, 'ckpt'), checkpoint,
         max_to_keep=max_checkpoints_to_keep,
-        scratch_directory=distribute.ScratchDirectory(self.strategy, logdir))
+        scratch_directory=cluster.ScratchDirectory(self.strategy, logdir))
     self._train_step = None
     self._eval_step = None
     self._eval_writer = None
@@ -264,9 +275,9 @@ class _Runner:
         sums[name] = sums.get(name, 0.0) + float(value) * size
       total += size
     if not total:
-      raise ValueError('The evaluation input produced no example; check '
-                       'Test() (batch_size larger than the data with '
-                       'drop_remainder?).')
+      raise TrainConfigError('The evaluation input produced no example; '
+                             'check Test() (batch_size larger than the data '
+                             'with drop_remainder?).')
     step = self.Step()
     results = {name: value / total for name, value in sums.items()}
     if self._eval_writer is None:
@@ -304,9 +315,9 @@ class _Runner:
     for done in range(start + 1, max_steps + 1):
       batch = next(batches, None)
       if batch is None:
-        raise ValueError('The training input produced no batch; check Train() '
-                         '(batch_size larger than the data with '
-                         'drop_remainder?).')
+        raise TrainConfigError('The training input produced no batch; check '
+                               'Train() (batch_size larger than the data '
+                               'with drop_remainder?).')
       metrics, size, applied = self.TrainStep(batch)
       if bool(applied):  # Skipped steps stay out of the metric means.
         for name, value in metrics.items():
@@ -366,7 +377,8 @@ def _Format(metrics: dict[str, float]) -> str:
 def _CheckPositive(**values: int) -> None:
   for name, value in values.items():
     if not isinstance(value, int) or value < 1:
-      raise ValueError(f'{name} must be a positive int, got {value!r}.')
+      raise TrainConfigError(
+          f'{name} must be a positive int, got {value!r}.')
 
 
 def train_and_evaluate(experiment: base_experiment.ExperimentLike,
@@ -407,9 +419,9 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     num_replicas: R; > 1 trains data-parallel on R replicas of the model
       (MirroredStrategy, gpipe_tf.runtime.distribute), each pipeline on its own K
       devices. Needs R x K default devices. 0: as many replicas as fit,
-      every device used (distribute.NumReplicasThatFit).
+      every device used (distribute.ReplicaLayout.Plan).
     strategy: a strategy made by the caller instead, e.g. a multi-worker one
-      (distribute.MakeMultiWorkerStrategy: it must be made at program
+      (cluster.MakeMultiWorkerStrategy: it must be made at program
       start-up); num_replicas must then be 0 or 1.
 
   Returns:
@@ -421,43 +433,44 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     checkpoints.NoCheckpointError: mode 'eval' and no checkpoint.
     NonFiniteLossError: on_nonfinite 'stop' and a non-finite step.
     distribute.ReplicaLayoutError: fewer than R x K devices.
-    distribute.WorkerMismatchError: multi-worker tasks restored different
+    cluster.WorkerMismatchError: multi-worker tasks restored different
       global steps (a task cannot read the chief's checkpoints).
     checkpoints.CheckpointWriteError: a checkpoint could not be written.
-    ValueError: a bad argument.
+    TrainConfigError: a bad argument, or an input that yields nothing.
   """
   if mode not in MODES:
-    raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
+    raise TrainConfigError(f'mode must be one of {MODES}, got {mode!r}.')
   if on_nonfinite not in NONFINITE_POLICIES:
-    raise ValueError(f'on_nonfinite must be one of {NONFINITE_POLICIES}, got '
-                     f'{on_nonfinite!r}.')
+    raise TrainConfigError(
+        f'on_nonfinite must be one of {NONFINITE_POLICIES}, got '
+        f'{on_nonfinite!r}.')
   _CheckPositive(max_steps=max_steps, save_interval_steps=save_interval_steps,
                  log_interval_steps=log_interval_steps,
                  max_checkpoints_to_keep=max_checkpoints_to_keep)
   if not isinstance(num_replicas, int) or num_replicas < 0:
-    raise ValueError('num_replicas must be an int >= 0 (0: every device), '
-                     f'got {num_replicas!r}.')
+    raise TrainConfigError('num_replicas must be an int >= 0 (0: every '
+                           f'device), got {num_replicas!r}.')
   params = base_experiment.AsExperimentParams(experiment)
   if deterministic:
     EnableDeterminism(params.task.random_seed or 0)
   num_cells = pipeline.PipeliningLayer.NumDevicesOf(params.task.model)
   if strategy is None:
-    if num_replicas == 0:
-      num_replicas = distribute.NumReplicasThatFit(num_cells)
-    strategy = distribute.MakeStrategy(num_replicas, num_cells)
+    layout = distribute.ReplicaLayout.Plan(num_replicas, num_cells)
+    strategy = layout.MakeStrategy()
   elif num_replicas not in (0, 1):
-    raise ValueError(f'num_replicas={num_replicas} and a strategy were both '
-                     'given; the strategy fixes the replicas: pass one.')
-  else:
-    distribute.Layout(strategy, num_cells)  # ReplicaLayoutError if too few.
+    raise TrainConfigError(f'num_replicas={num_replicas} and a strategy were '
+                           'both given; the strategy fixes the replicas: pass '
+                           'one.')
+  else:  # ReplicaLayoutError if too few devices.
+    layout = distribute.ReplicaLayout.FromStrategy(strategy, num_cells)
   runner = _Runner(params, logdir, max_checkpoints_to_keep, on_nonfinite,
-                   strategy)
+                   strategy, layout.is_chief)
   if strategy is not None:
-    _LogLayout(strategy, runner.task)
+    _LogLayout(strategy, layout)
   # An evaluation without a checkpoint fails below; no warm start for it.
   restored = runner.Restore(warm_start_if_new=mode != 'eval')
   start = runner.Step()
-  distribute.CheckTasksAgree(
+  cluster.CheckTasksAgree(
       strategy, start, 'global step they resume from',
       f'every task must read the chief\'s checkpoints in '
       f'{runner.checkpointer.directory}: put the logdir on a filesystem all '
@@ -490,23 +503,15 @@ def EnableDeterminism(seed: int) -> None:
   logging.info('Op determinism enabled; global seed %d.', seed)
 
 
-def _LogLayout(strategy: tf.distribute.Strategy, task: tasks.BaseTask) -> None:
+def _LogLayout(strategy: tf.distribute.Strategy,
+               layout: distribute.ReplicaLayout) -> None:
   """Logs the strategy and, for each replica, the device of every cell."""
-  pipes = [m for m in task.submodules
-           if isinstance(m, pipeline.PipeliningLayer)]
-  num_cells = len(pipes[0].devices) if pipes else 1
-  groups = distribute.Layout(strategy, num_cells)
-  logging.info('Strategy %s: %d replicas x %d cells per replica.',
-               'MultiWorkerMirroredStrategy' if distribute.IsMultiWorker(
-                   strategy) else type(strategy).__name__,
-               strategy.num_replicas_in_sync, num_cells)
-  if distribute.TaskName(strategy):
-    logging.info('This is task %s%s.', distribute.TaskName(strategy),
-                 ' (chief: writes checkpoints, summaries, params.txt)'
-                 if distribute.IsChief(strategy) else '')
-  for r, group in enumerate(groups):
-    logging.info('Replica %d: %s', r, ', '.join(
-        f'cell {k} on {d}' for k, d in enumerate(group)))
+  name = ('MultiWorkerMirroredStrategy' if layout.task
+          else type(strategy).__name__)
+  first, *rest = layout.Describe()
+  logging.info('Strategy %s: %s', name, first)
+  for line in rest:
+    logging.info('%s', line)
   logging.info('Variables are mirrored on %s.',
                list(strategy.extended.worker_devices))
 

@@ -53,12 +53,12 @@ _VALUE_ATTRIBUTE = 'VARIABLE_VALUE'
 _ROOT = 'task'  # The name train_lib's tf.train.Checkpoint gives the task.
 
 
-class InitCheckpointNotFoundError(errors.Error, FileNotFoundError):
-  """init_from_checkpoint names no readable checkpoint."""
-
-
 class WarmStartError(errors.Error, ValueError):
   """The source checkpoint cannot initialise the model as asked."""
+
+
+class InitCheckpointNotFoundError(WarmStartError, FileNotFoundError):
+  """init_from_checkpoint names no readable checkpoint."""
 
 
 class WarmStartShapeError(WarmStartError):

@@ -3,7 +3,7 @@
 ``image.digits.AmoebaNetTiny`` is the README's first experiment::
 
   python -m gpipe_tf.trainer --model=image.digits.AmoebaNetTiny \\
-      --logdir=/tmp/digits --num_logical_devices=2 --max_steps=200
+      --logdir=/tmp/digits --max_steps=200
 
 It classifies scikit-learn's bundled UCI digits (1,437 train / 360 test
 images, 10 classes, no network needed), upscaled to 16x16 greyscale, with
@@ -29,11 +29,11 @@ Transfer learning, end to end on a CPU (the paper's recipe in miniature):
 training split; ``AmoebaNetTinyDigits6To9`` is the same run from scratch::
 
   python -m gpipe_tf.trainer --model=image.digits.AmoebaNetTinyDigits0To5 \
-      --logdir=/tmp/d05 --num_logical_devices=2 --max_steps=200
+      --logdir=/tmp/d05 --max_steps=200
   python -m gpipe_tf.trainer \
       --model=image.digits.AmoebaNetTinyDigits6To9FineTune \
       --model_params_override="init_from_checkpoint : '/tmp/d05'" \
-      --logdir=/tmp/d69 --num_logical_devices=2 --max_steps=60
+      --logdir=/tmp/d69 --max_steps=60
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ its mean square and its momentum), partitioned as Table 1's columns:
 M = 32 cuts the batch of 32 into single sequences: these are the paper's
 largest-model-that-fits experiments, where the micro-batch size sets the
 activation memory. The data are noisy arithmetic token sequences
-(sequence.SyntheticTokenInput); the paper reports no LM quality here.
+(synthetic_text.SyntheticTokenInput); the paper reports no LM quality here.
 
 Shrink a model for a laptop by subclassing and overriding the class
 attributes (NUM_LAYERS, MODEL_DIM, ...); `--model_params_override` edits the
@@ -24,6 +24,7 @@ built Params, e.g. ``model.num_micro_batches : 8`` or ``train.batch_size : 8``.
 
 from gpipe_tf import base_experiment
 from gpipe_tf import model_registry
+from gpipe_tf.data import synthetic_text
 from gpipe_tf.tasks import optimizers
 from gpipe_tf.tasks import lr_schedules
 from gpipe_tf.tasks import sequence
@@ -51,7 +52,7 @@ class TransformerLBase(base_experiment.SingleTaskModelParams):
   NUM_EXAMPLES = 256
 
   def _Input(self, data_seed: int):
-    return sequence.SyntheticTokenInput.Params().Set(
+    return synthetic_text.SyntheticTokenInput.Params().Set(
         vocab_size=self.VOCAB_SIZE, seq_len=self.SEQ_LEN,
         num_examples=self.NUM_EXAMPLES, noise=0.05, data_seed=data_seed,
         batch_size=self.BATCH_SIZE)

@@ -12,7 +12,7 @@ languages ('rev' and 'mir', words also spelled backwards) told apart by the
 Train, then score the test split with greedy decoding::
 
   python -m gpipe_tf.trainer --model=mt.reversal.TinyTransformer \\
-      --logdir=/tmp/rev --num_logical_devices=2 --max_steps=600
+      --logdir=/tmp/rev --max_steps=600
   python -m params.mt.reversal --model=TinyTransformer --logdir=/tmp/rev
 
 DATA_ROOT is $GPIPE_TF_DATA, else <temp dir>/gpipe_tf_data.

@@ -66,7 +66,8 @@ class TinyPipelined(Tiny):
   The only change is the model Params: the same layer list wrapped in a
   PipeliningLayer. Its variables have the same paths, so it resumes from (and
   trains exactly like) Tiny except for dropout masks, which are drawn per
-  micro-batch. Run with ``--num_logical_devices=2`` on a CPU-only host.
+  micro-batch. On a CPU-only host the trainer splits the CPU into the 2
+  devices it needs.
   """
 
   NUM_PARTITIONS = 2

@@ -250,7 +250,7 @@ class ReversalCorpusTest(tf.test.TestCase):
                      'river apple')
     self.assertEqual(text_inputs.ReversalTarget('apple river', 'mir'),
                      'revir elppa')
-    with self.assertRaises(ValueError):
+    with self.assertRaisesRegex(text_inputs.InputConfigError, "'xx'"):
       text_inputs.ReversalTarget('apple', 'xx')
 
 

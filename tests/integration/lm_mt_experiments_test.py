@@ -1,4 +1,4 @@
-"""Tests of the lm.* and mt.* experiments and of gpipe_tf.tasks.sequence (tasks, decoding, synthetic inputs)."""
+"""Tests of the lm.* and mt.* experiments and of gpipe_tf.tasks.sequence (tasks, decoding)."""
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -111,37 +111,6 @@ class SequenceTasksTest(tf.test.TestCase):
     # Row 0 counts 4, 5, 6 (EOS) then pads; row 1 skips 6 and never stops.
     self.assertAllEqual(ids, [[4, 5, 6, 0, 0], [5, 7, 9, 11, 13]])
     self.assertAllEqual(tf.function(lambda b: task.Decode(b, 5))(batch), ids)
-
-
-class SyntheticInputsTest(tf.test.TestCase):
-
-  def testTokenInput(self):
-    p = sequence.SyntheticTokenInput.Params().Set(
-        vocab_size=50, seq_len=7, min_length=4, num_examples=6, batch_size=3,
-        shuffle=False)
-    batch = next(iter(p.Instantiate().GetDataset()))
-    ids, labels, pad = (batch[k].numpy() for k in ('ids', 'labels', 'paddings'))
-    keep = pad == 0
-    self.assertTrue(keep[:, :4].all())
-    self.assertAllEqual(ids[:, 1:][keep[:, 1:]], labels[:, :-1][keep[:, 1:]])
-    self.assertTrue((ids[keep] >= 3).all() and (ids[keep] < 50).all())
-    self.assertTrue((ids[~keep] == 0).all())
-
-  def testTranslationInputReverses(self):
-    p = sequence.SyntheticTranslationInput.Params().Set(
-        vocab_size=30, src_len=6, tgt_len=7, num_examples=5, batch_size=5,
-        shuffle=False)
-    b = {k: v.numpy() for k, v in next(iter(p.Instantiate().GetDataset()))
-         .items()}
-    for i in range(5):
-      n = int((b['src_paddings'][i] == 0).sum()) - 1  # Tokens before EOS.
-      src = b['src_ids'][i]
-      self.assertEqual(src[n], sequence.EOS_ID)
-      self.assertAllEqual(b['tgt_labels'][i, :n], src[:n][::-1])
-      self.assertEqual(b['tgt_labels'][i, n], sequence.EOS_ID)
-      self.assertEqual(b['tgt_ids'][i, 0], sequence.BOS_ID)
-      self.assertAllEqual(b['tgt_ids'][i, 1:n + 1], b['tgt_labels'][i, :n])
-      self.assertEqual((b['tgt_paddings'][i] == 0).sum(), n + 1)
 
 
 def _Tiny(name, **extra):

@@ -223,6 +223,40 @@ class TrainLibTest(tf.test.TestCase):
       loop.train_and_evaluate(mlp.Tiny, self.root, max_steps=0)
 
 
+class TrainerSplitsTheCpuTest(tf.test.TestCase):
+  """Without --num_logical_devices a CPU-only host gets the R x K devices the model needs."""
+
+  def _Run(self, *flags):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    run = subprocess.run(
+        [sys.executable, '-m', 'gpipe_tf.trainer', '--mode=train',
+         '--max_steps=1', f'--logdir={self.get_temp_dir()}/run', *flags],
+        cwd=_REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+        check=False)
+    self.assertEqual(run.returncode, 0, run.stderr[-3000:])
+    self.assertIn('Done at global step 1', run.stderr)
+    return run.stderr
+
+  def testReadmeDigitsModelNeedsNoDeviceFlag(self):
+    data_dir = os.path.join(self.get_temp_dir(), 'tfds')
+    log = self._Run('--model=image.digits.AmoebaNetTiny',
+                    f"--model_params_override=train.data_dir : '{data_dir}'")
+    self.assertIn('Split the CPU into 2 logical devices for 1 replicas x 2 '
+                  'cells (set --num_logical_devices to choose)', log)
+
+  def testReplicasTimesCells(self):
+    log = self._Run('--model=synthetic.mlp.TinyPipelined', '--num_replicas=2')
+    self.assertIn('Split the CPU into 4 logical devices for 2 replicas x 2 '
+                  'cells', log)
+    self.assertIn('MirroredStrategy: 2 replicas x 2 cells', log)
+    self.assertIn('Replica 1: cell 0 on /device:CPU:2, cell 1 on '
+                  '/device:CPU:3', log)
+
+  def testAOneDeviceModelIsNotSplit(self):
+    log = self._Run('--model=synthetic.mlp.Tiny')
+    self.assertNotIn('Split the CPU', log)
+
+
 class TrainerCliTest(tf.test.TestCase):
   """Bad input to the binary, through its main() in this process."""
 

@@ -4,7 +4,7 @@ import test_utils  # pylint: disable=g-bad-import-order
 
 test_utils.SetUpDevices()
 
-import json  # pylint: disable=g-import-not-at-top
+import dataclasses  # pylint: disable=g-import-not-at-top
 import subprocess
 import sys
 
@@ -173,43 +173,68 @@ class DistributeTest(tf.test.TestCase):
       distribute.MakeStrategy(3, 2)
 
 
+class ReplicaLayoutTest(tf.test.TestCase):
+  """Where each replica's cells run, planned once (pure, given the devices)."""
+
+  FOUR = [f'/device:CPU:{i}' for i in range(4)]
+
+  def testPlanCutsTheDevicesIntoReplicaGroups(self):
+    layout = distribute.ReplicaLayout.Plan(2, 2, self.FOUR)
+    self.assertEqual(layout.num_replicas, 2)
+    self.assertEqual(layout.devices_per_replica, 2)
+    self.assertEqual(layout.devices, (tuple(self.FOUR[0:2]),
+                                      tuple(self.FOUR[2:4])))
+    self.assertEqual(layout.strategy_devices, [self.FOUR[0], self.FOUR[2]])
+    self.assertEqual((layout.task, layout.is_chief), ('', True))
+    self.assertEqual(layout.Describe(), [
+        '2 replicas x 2 cells per replica.',
+        'Replica 0: cell 0 on /device:CPU:0, cell 1 on /device:CPU:1',
+        'Replica 1: cell 0 on /device:CPU:2, cell 1 on /device:CPU:3'])
+    with self.assertRaises(dataclasses.FrozenInstanceError):
+      layout.task = 'worker:0'
+
+  def testZeroReplicasUsesEveryDevice(self):
+    self.assertEqual(distribute.ReplicaLayout.Plan(0, 1, self.FOUR)
+                     .num_replicas, 4)
+    self.assertEqual(distribute.ReplicaLayout.Plan(0, 3, self.FOUR).devices,
+                     (tuple(self.FOUR[:3]),))
+    # Default devices: the 4 logical CPUs of the test process.
+    self.assertEqual(distribute.ReplicaLayout.Plan(0, 2).devices,
+                     (tuple(test_utils.devices.LogicalCpus()[0:2]),
+                      tuple(test_utils.devices.LogicalCpus()[2:4])))
+
+  def testTooFewDevicesForSeveralReplicasIsANamedError(self):
+    with self.assertRaisesRegex(distribute.ReplicaLayoutError,
+                                '3 replicas x 2 cells need 6 devices'):
+      distribute.ReplicaLayout.Plan(3, 2, self.FOUR)
+    with self.assertRaisesRegex(distribute.ReplicaLayoutError, 'num_cells'):
+      distribute.ReplicaLayout.Plan(1, 0, self.FOUR)
+    with self.assertRaisesRegex(distribute.ReplicaLayoutError,
+                                'num_replicas must be >= 0'):
+      distribute.ReplicaLayout.Plan(-1, 2, self.FOUR)
+    # One replica is left to the pipeline, which names what would fit.
+    self.assertEqual(distribute.ReplicaLayout.Plan(1, 8, self.FOUR).devices,
+                     (tuple(self.FOUR),))
+
+  def testStrategyAndLayoutAgree(self):
+    layout = distribute.ReplicaLayout.Plan(2, 2)
+    self.assertIsNone(distribute.ReplicaLayout.Plan(1, 2).MakeStrategy())
+    strategy = layout.MakeStrategy()
+    self.assertEqual(strategy.num_replicas_in_sync, 2)
+    self.assertEqual(
+        [tf.DeviceSpec.from_string(d).device_index
+         for d in strategy.extended.worker_devices], [0, 2])
+    self.assertEqual(distribute.ReplicaLayout.FromStrategy(strategy, 2),
+                     layout)
+    self.assertEqual(distribute.ReplicaLayout.FromStrategy(None, 2),
+                     distribute.ReplicaLayout.Plan(1, 2))
+    with self.assertRaisesRegex(distribute.ReplicaLayoutError,
+                                'MakeMultiWorkerStrategy'):
+      dataclasses.replace(layout, task='worker:1').MakeStrategy()
+
+
 class SeveralHostsTest(tf.test.TestCase):
-  """The pure parts of the multi-worker set-up (the job itself: multi_worker_test)."""
-
-  def testClusterFromTfConfig(self):
-    cluster = {'chief': ['h0:1'], 'worker': ['h1:1', 'h2:1']}
-    env = {'TF_CONFIG': json.dumps({'cluster': cluster,
-                                    'task': {'type': 'worker', 'index': 1}})}
-    self.assertEqual(distribute.ClusterFromEnvironment(env)['cluster'],
-                     cluster)
-    self.assertEqual(distribute.NumTrainingTasks(env), 3)
-    self.assertEqual(distribute.TaskOrder(cluster),
-                     [('chief', 0), ('worker', 0), ('worker', 1)])
-    for unset in ({}, {'TF_CONFIG': ''}, {'TF_CONFIG': '{"task": {}}'}):
-      self.assertIsNone(distribute.ClusterFromEnvironment(unset))
-      self.assertEqual(distribute.NumTrainingTasks(unset), 0)
-    with self.assertRaisesRegex(distribute.ClusterConfigError, 'not valid JSON'):
-      distribute.ClusterFromEnvironment({'TF_CONFIG': '{"cluster": '})
-    with self.assertRaisesRegex(distribute.ClusterConfigError, 'no task'):
-      distribute.ClusterFromEnvironment(
-          {'TF_CONFIG': json.dumps({'cluster': cluster})})
-
-  def testMakeMultiWorkerStrategyRefusesWhatItCannotRun(self):
-    def Env(cluster, kind='worker'):
-      return {'TF_CONFIG': json.dumps({'cluster': cluster,
-                                       'task': {'type': kind, 'index': 0}})}
-    # All refused before TensorFlow is configured.
-    with self.assertRaisesRegex(distribute.ClusterConfigError, 'no cluster'):
-      distribute.MakeMultiWorkerStrategy(environ={})
-    with self.assertRaisesRegex(distribute.ClusterConfigError,
-                                'at least 2.*unset TF_CONFIG'):
-      distribute.MakeMultiWorkerStrategy(environ=Env({'worker': ['h:1']}))
-    with self.assertRaisesRegex(distribute.ClusterConfigError,
-                                'task worker:0 is not in its cluster'):
-      distribute.MakeMultiWorkerStrategy(environ=Env({'chief': ['h:1']}))
-    with self.assertRaisesRegex(distribute.ClusterConfigError, 'evaluator'):
-      distribute.MakeMultiWorkerStrategy(environ=Env(
-          {'worker': ['h:1', 'h:2'], 'evaluator': ['h:3']}, 'evaluator'))
+  """The pure parts of the multi-worker layout (the job itself: multi_worker_test)."""
 
   def testEveryReplicaPipelinesOnItsOwnTasksDevices(self):
     names = ['/job:worker/replica:0/task:1/device:CPU:10',
@@ -248,25 +273,6 @@ class SeveralHostsTest(tf.test.TestCase):
     dataset = tf.data.Dataset.from_tensors(batch).map(
         lambda b: distribute.ShareOfBatch(b, 1, 2))
     self.assertAllEqual(next(iter(dataset))['labels'], [5, 6, 7, 8, 9])
-
-  def testTasksThatRestoredDifferentStepsAreNamed(self):
-    order = [('worker', 0), ('worker', 1)]
-    distribute.CheckValuesAgree(order, [20, 20], 'global step', 'hint')
-    with self.assertRaisesRegex(
-        distribute.WorkerMismatchError,
-        r'disagree on the global step \(worker:0=20, worker:1=0\); share it'):
-      distribute.CheckValuesAgree(order, [20, 0], 'global step', 'share it')
-
-  def testOneHostNeedsNoneOfIt(self):
-    strategy = distribute.MakeStrategy(2, 2)
-    for s in (None, strategy):
-      self.assertFalse(distribute.IsMultiWorker(s))
-      self.assertTrue(distribute.IsChief(s))
-      self.assertIsNone(distribute.ScratchDirectory(s, '/logdir'))
-      distribute.CheckTasksAgree(s, 3, 'step', '')  # No-op.
-    self.assertEqual(distribute.TaskName(strategy), '')
-    cpus = test_utils.devices.LogicalCpus()
-    self.assertEqual(distribute.Layout(strategy, 2), [cpus[0:2], cpus[2:4]])
 
 
 if __name__ == '__main__':

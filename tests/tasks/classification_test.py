@@ -1,12 +1,9 @@
-"""Tests of gpipe_tf.tasks: loss, metrics, clipping, optimizers."""
+"""Tests of gpipe_tf.tasks.classification: softmax cross-entropy loss and accuracy metrics."""
 
 
-
-import keras  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from gpipe_tf.tasks import optimizers  # pylint: disable=g-import-not-at-top
 from gpipe_tf import tasks  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import base_layer  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import core  # pylint: disable=g-import-not-at-top
@@ -87,38 +84,11 @@ class ClassificationTaskTest(tf.test.TestCase):
     self.assertEqual(meta.out_shapes, ((4, 2),))
     self.assertEqual(meta.num_params, 8)
 
-  def testMissingModelRejected(self):
-    with self.assertRaisesRegex(ValueError, 'has no model'):
-      tasks.ClassificationTask.Params().Instantiate()
-
-
-class BaseTaskTest(tf.test.TestCase):
-
-  def testClipGradients(self):
-    task = _Task([[0.0]], clip_gradient_norm_to_value=1.0)
-    grads, norm = task.ClipGradients([tf.constant([3.0]), tf.constant([4.0])])
-    self.assertAllClose(norm, 5.0)
-    self.assertAllClose(grads, [[0.6], [0.8]])
-    unclipped, _ = _Task([[0.0]]).ClipGradients([tf.constant([3.0])])
-    self.assertAllClose(unclipped, [[3.0]])
-
-  def testCreateOptimizerFromParams(self):
-    task = _Task([[0.0]], optimizer=optimizers.SGD.Params().Set(momentum=0.5))
-    opt = task.CreateOptimizer()
-    self.assertIsInstance(opt, keras.optimizers.SGD)
-    self.assertAllClose(opt.momentum, 0.5)
-    self.assertIs(opt._learning_rate, task.learning_rate_schedule)  # pylint: disable=protected-access
-
-  def testOptimizerIsNotPartOfTheTaskVariables(self):
-    task = _Task([[0.0]])
-    opt = task.CreateOptimizer()
-    opt.build(task.trainable_variables)
-    self.assertLen(task.variables, 1)
-
-  def testComputeLossIsAbstract(self):
-    p = tasks.BaseTask.Params().Set(model=FixedLogits.Params())
-    with self.assertRaises(NotImplementedError):
-      p.Instantiate().ComputeLoss({'inputs': tf.zeros([1, 1])})
+  def testBadLabelSmoothingIsAConfigError(self):
+    batch = {'inputs': tf.zeros([1, 1]), 'labels': np.array([0], np.int32)}
+    with self.assertRaisesRegex(base_layer.LayerConfigError,
+                                'label_smoothing'):
+      _Task([[1.0, 0.0]], label_smoothing=1.0).ComputeLoss(batch)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,75 @@
+"""Tests of gpipe_tf.tasks.base_task: the model child, gradient clipping, the optimizer and schedule from Params."""
+
+import keras
+import tensorflow as tf
+
+from gpipe_tf import tasks
+from gpipe_tf.layers import base_layer
+from gpipe_tf.layers import core
+from gpipe_tf.tasks import lr_schedules
+from gpipe_tf.tasks import optimizers
+
+
+def _TaskParams(**kwargs):
+  """A ClassificationTask over one FC layer (3 -> 2): BaseTask's behaviour."""
+  return tasks.ClassificationTask.Params().Set(
+      model=core.FCLayer.Params().Set(input_dim=3, output_dim=2), **kwargs)
+
+
+class BaseTaskTest(tf.test.TestCase):
+
+  def testClipGradients(self):
+    task = _TaskParams(clip_gradient_norm_to_value=1.0).Instantiate()
+    grads, norm = task.ClipGradients([tf.constant([3.0]), tf.constant([4.0])])
+    self.assertAllClose(norm, 5.0)
+    self.assertAllClose(grads, [[0.6], [0.8]])
+    unclipped, norm = _TaskParams().Instantiate().ClipGradients(
+        [tf.constant([3.0])])
+    self.assertAllClose(unclipped, [[3.0]])
+    self.assertAllClose(norm, 3.0)
+
+  def testCreateOptimizerFromParams(self):
+    task = _TaskParams(
+        optimizer=optimizers.SGD.Params().Set(momentum=0.5)).Instantiate()
+    opt = task.CreateOptimizer()
+    self.assertIsInstance(opt, keras.optimizers.SGD)
+    self.assertAllClose(opt.momentum, 0.5)
+    self.assertIs(opt._learning_rate, task.learning_rate_schedule)  # pylint: disable=protected-access
+
+  def testScheduleAndSeedFromParams(self):
+    task = _TaskParams(
+        learning_rate_schedule=lr_schedules.Constant.Params().Set(
+            learning_rate=0.25), random_seed=9).Instantiate()
+    self.assertAllClose(task.learning_rate_schedule(tf.constant(3)), 0.25)
+    self.assertEqual(task.step_seed, 9)
+    self.assertEqual(_TaskParams().Instantiate().step_seed, 0)
+
+  def testOnlyModelVariablesBelongToTheTask(self):
+    task = _TaskParams().Instantiate()
+    opt = task.CreateOptimizer()
+    opt.build(task.trainable_variables)
+    self.assertEqual(sorted(v.name for v in task.variables),
+                     ['task/model/b:0', 'task/model/w:0'])
+
+  def testBadParamsAreConfigErrors(self):
+    with self.assertRaisesRegex(base_layer.LayerConfigError, 'has no model'):
+      tasks.ClassificationTask.Params().Instantiate()
+    with self.assertRaisesRegex(base_layer.LayerConfigError,
+                                'clip_gradient_norm_to_value'):
+      _TaskParams(clip_gradient_norm_to_value=-1.0).Instantiate()
+
+  def testComputeLossIsAbstractAndFPropCallsIt(self):
+    p = tasks.BaseTask.Params().Set(model=core.FCLayer.Params().Set(
+        input_dim=3, output_dim=2))
+    with self.assertRaises(NotImplementedError):
+      p.Instantiate().FProp({'inputs': tf.zeros([1, 3])})
+    meta = tasks.BaseTask.FPropMeta(p, (4, 3))
+    self.assertEqual(meta.out_shapes, ((4, 2),))
+
+  def testBatchSize(self):
+    self.assertEqual(int(tasks.BatchSize({'a': tf.zeros([5, 2]),
+                                          'b': tf.zeros([5])})), 5)
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -68,7 +68,8 @@ class Cell:
         return tf.nest.flatten(y), sums
 
       fn = (tf.function(tf.autograph.experimental.do_not_convert(_Body),
-                        autograph=False), holder)
+                        autograph=False,
+                        experimental_attributes={'_noinline': True}), holder)
       self._functions[key] = fn
     function, holder = fn
     flat_y, sums = function(seed, *flat)

@@ -7,8 +7,10 @@ from typing import Sequence
 
 from gpipe_tf.runtime import devices as devices_lib
 from gpipe_tf.runtime import distribute
+from gpipe_tf import errors
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
+from gpipe_tf.layers import normalization
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
@@ -17,6 +19,10 @@ from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
 
 REMAT_POLICIES = ('always', 'except_last', 'never')
+
+
+class TraceOnceError(errors.Error, ValueError):
+  """A model that trace_once cannot run exactly."""
 
 
 class PipeliningLayer(base_layer.BaseLayer):
@@ -137,6 +143,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     per_layer = [self._devices[self._schedule.DeviceOf(s)]
                  for s, n in enumerate(self._balance) for _ in range(n)]
     self.CreateChildren('layers', p.layers, devices=per_layer)
+    self._CheckTraceOnce()
     self._cells = []
     start = 0
     for s, n in enumerate(self._balance):
@@ -144,6 +151,18 @@ class PipeliningLayer(base_layer.BaseLayer):
           s, self.layers[start:start + n],
           self._devices[self._schedule.DeviceOf(s)]))
       start += n
+
+  def _CheckTraceOnce(self) -> None:
+    if not self.p.trace_once:
+      return
+    for module in self.submodules:
+      if isinstance(module, normalization.BatchNormLayer) and (
+          module.p.use_moving_avg_in_training):
+        raise TraceOnceError(
+            f"PipeliningLayer '{self.path}': trace_once cannot rematerialise "
+            f"BatchNorm '{module.path}' with use_moving_avg_in_training (a "
+            'traced cell rereads the moving statistics after their update); '
+            'set trace_once=False for this model.')
 
   def _MakeSchedule(self, num_devices: int) -> schedule_lib.Schedule:
     """The schedule: a registered name, a CSV file, or a Schedule object."""

@@ -75,10 +75,11 @@ def _Data(n=11):
   return x, y
 
 
-def _Pipe(layers, k, m, remat, schedule='gpipe', v=1):
+def _Pipe(layers, k, m, remat, schedule='gpipe', v=1, trace_once=False):
   return PipeliningLayer.Params().Set(
       name='net', layers=layers, num_partitions=k, num_micro_batches=m,
-      remat=remat, schedule=schedule, num_virtual_stages=v).Instantiate()
+      remat=remat, schedule=schedule, num_virtual_stages=v,
+      trace_once=trace_once).Instantiate()
 
 
 def _TapeLossAndGrads(model, x, y):
@@ -159,6 +160,30 @@ class ScheduleTransparencyTest(tf.test.TestCase):
                           remat=remat):
           pipe = _Pipe(layers_fn(), 2, 3, remat, name, v)
           self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
+
+  def testTraceOnce(self):
+    # Each cell one tf.function called per micro-batch: same numbers, with
+    # batch-statistics BatchNorm and dropout (the seed is an argument).
+    x, y = _Data(12)
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=_MlpLayers()).Instantiate()
+    want = _TapeLossAndGrads(seq, x, y)
+    for (name, v), remat in itertools.product(SCHEDULES, ('always', 'never')):
+      with self.subTest(schedule=name, remat=remat):
+        pipe = _Pipe(_MlpLayers(), 2, 3, remat, name, v, trace_once=True)
+        got = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
+        self._AssertSame(want, got)
+    for layers_fn in (lambda: _BatchNormLayers(False), _DropoutLayers):
+      want = _TapeLossAndGrads(_Pipe(layers_fn(), 2, 3, 'always'), x, y)
+      for name, v in SCHEDULES:
+        with self.subTest(layers=layers_fn.__name__, schedule=name):
+          pipe = _Pipe(layers_fn(), 2, 3, 'always', name, v, trace_once=True)
+          self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
+      traced = _Pipe(layers_fn(), 2, 3, 'except_last', trace_once=True)
+      self._AssertSame(want, _TapeLossAndGrads(traced, x, y))
+    from gpipe_tf.pipeline import pipelining_layer  # pylint: disable=g-import-not-at-top
+    with self.assertRaises(pipelining_layer.TraceOnceError):
+      _Pipe(_BatchNormLayers(True), 2, 3, 'always', trace_once=True)
 
   def testBatchNormMovingStatsMoveOnce(self):
     x, y = _Data(12)

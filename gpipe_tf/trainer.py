@@ -19,6 +19,17 @@ tasks must see at the same path; see README, several hosts);
 --deterministic makes reruns bit-identical; --on_nonfinite=skip|stop says
 what a NaN/Inf step does (its update is never applied).
 
+--pipeline_cluster='{"chief": ["this_host:port"], "worker": [...]}' (or a
+file holding that JSON, or TF_CONFIG) runs the pipeline's K cells on other
+hosts: each worker host runs ``python -m gpipe_tf.runtime.serve_worker``
+with the same cluster, this trainer connects to them before any op and sets
+the model's PipeliningLayer ``devices`` to the workers' devices
+(gpipe_tf.runtime.pipeline_cluster; docs/cross-host.md). One replica only
+(no --num_replicas > 1, no multi-worker data parallelism). A worker that
+dies or stops answering for --worker_timeout_seconds ends the run with a
+one-line error naming it; restart it and rerun the same command, training
+resumes from the newest checkpoint.
+
 --model_params_override takes the ToText format ('path : value' statements
 separated by newlines or ';'). Paths starting with ``train.``, ``test.`` or
 ``task.`` are taken as written in logdir/params.txt; any other path is
@@ -40,6 +51,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from typing import NoReturn, Sequence
 
 from absl import app
@@ -100,11 +112,82 @@ flags.DEFINE_integer('num_replicas', 0,
                      'devices (K: the PipeliningLayer num_partitions), so '
                      'R x K devices are needed. 0 (default): every device, '
                      'R = devices // K. 1: no strategy.')
+flags.DEFINE_string('pipeline_cluster', '',
+                    'Run the cells on other hosts: JSON {"chief": '
+                    '["this_host:port"], "worker": ["host:port", ...]}, a '
+                    'file holding it, or TF_CONFIG. Every worker runs python '
+                    '-m gpipe_tf.runtime.serve_worker with the same cluster. '
+                    'One replica; see docs/cross-host.md.')
+flags.DEFINE_float('worker_timeout_seconds', 30.0,
+                   'With --pipeline_cluster: how long to wait for the workers '
+                   'at start-up, and for a worker to answer a health check '
+                   '(sent every 2 s) before the run ends with an error.')
 
 
 def _Fail(message: str) -> NoReturn:
   """Exits with status 1 and `message` on one line of stderr."""
   sys.exit('trainer: error: ' + ' '.join(str(message).split()))
+
+
+def _FailNow(message: str) -> NoReturn:
+  """_Fail from any thread, at once: the main thread may be stuck in TensorFlow."""
+  with _FAIL_LOCK:
+    sys.stderr.write('trainer: error: ' + ' '.join(str(message).split()) +
+                     '\n')
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
+
+
+_FAIL_LOCK = threading.Lock()
+
+
+def _ConnectPipelineCluster():
+  """Connects to --pipeline_cluster before any op; returns the cluster."""
+  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  if FLAGS.num_replicas > 1:
+    _Fail(f'--num_replicas={FLAGS.num_replicas} with --pipeline_cluster: a '
+          'pipeline cluster trains one replica (its cells on the workers); '
+          'drop --num_replicas.')
+  if FLAGS.num_logical_devices > 1:
+    _Fail('--num_logical_devices splits this host, but with '
+          '--pipeline_cluster the cells run on the workers: pass '
+          '--num_logical_devices to serve_worker instead.')
+  try:
+    cluster = pipeline_cluster.ParseCluster(FLAGS.pipeline_cluster)
+    names = pipeline_cluster.ConnectToCluster(cluster,
+                                              FLAGS.worker_timeout_seconds)
+  except (pipeline_cluster.PipelineClusterError,
+          pipeline_cluster.WorkerUnreachableError) as e:
+    _FailNow(str(e))
+  logging.info('Connected to the pipeline cluster %s; devices: %s',
+               cluster.AsJson(), names)
+  return cluster
+
+
+def _PlaceCells(params, cluster) -> None:
+  """Sets the model's PipeliningLayer devices to the cluster's workers."""
+  from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  model = params.task.model
+  if not (isinstance(model.cls, type) and
+          issubclass(model.cls, pipeline.PipeliningLayer)):
+    _FailNow(f'--pipeline_cluster places the cells of a PipeliningLayer, but '
+             f'{FLAGS.model} has a task.model of class {model.cls.__name__}; '
+             'use a pipelined experiment.')
+  try:
+    model.devices = pipeline_cluster.PipelineDevices(
+        pipeline.PipeliningLayer.NumDevicesOf(model), cluster)
+  except pipeline_cluster.PipelineClusterError as e:
+    _FailNow(str(e))
+  for k, device in enumerate(model.devices):
+    logging.info('Pipeline cluster: cell %d on %s', k, device)
+
+
+def _OnWorkerFailure(cluster, index, what: str) -> NoReturn:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  newest = tf.train.latest_checkpoint(os.path.join(FLAGS.logdir, 'ckpt'))
+  _FailNow(pipeline_cluster.FailureMessage(cluster, index, what, newest))
 
 
 def main(argv: Sequence[str]) -> None:
@@ -117,8 +200,10 @@ def main(argv: Sequence[str]) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
   from gpipe_tf.runtime import distribute  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  cluster = _ConnectPipelineCluster() if FLAGS.pipeline_cluster else None
   try:
-    multi_worker = distribute.NumTrainingTasks() > 1
+    multi_worker = cluster is None and distribute.NumTrainingTasks() > 1
   except distribute.ClusterConfigError as e:
     _Fail(str(e))
   if multi_worker and FLAGS.num_replicas not in (0, 1):
@@ -150,6 +235,13 @@ def main(argv: Sequence[str]) -> None:
       base_experiment.ApplyOverrides(params, FLAGS.model_params_override)
     except (AttributeError, hyperparams.ParamsParseError) as e:
       _Fail(f'--model_params_override: {e}')
+  monitor = None
+  if cluster is not None:
+    _PlaceCells(params, cluster)
+    monitor = pipeline_cluster.WorkerMonitor(
+        cluster, lambda i, why: _OnWorkerFailure(cluster, i, why),
+        interval_seconds=min(2.0, FLAGS.worker_timeout_seconds / 2),
+        timeout_seconds=FLAGS.worker_timeout_seconds).Start()
   strategy = None
   if multi_worker:
     # Before any other op: collective ops are configured at start-up. Waits
@@ -168,13 +260,23 @@ def main(argv: Sequence[str]) -> None:
         eval_steps=FLAGS.eval_steps,
         max_checkpoints_to_keep=FLAGS.max_checkpoints_to_keep,
         on_nonfinite=FLAGS.on_nonfinite, deterministic=FLAGS.deterministic,
-        num_replicas=FLAGS.num_replicas, strategy=strategy)
+        num_replicas=1 if cluster else FLAGS.num_replicas, strategy=strategy,
+        checkpoint_io_device=cluster.client_device if cluster else None)
   except (checkpoints.IncompatibleCheckpointError,
           checkpoints.NoCheckpointError, checkpoints.CheckpointWriteError,
           loop.NonFiniteLossError, distribute.ReplicaLayoutError,
           distribute.WorkerMismatchError) as e:
+    if cluster is not None and isinstance(e.__cause__,
+                                          distribute.PEER_FAILURE_ERRORS):
+      _OnWorkerFailure(cluster,
+                       pipeline_cluster.FailedWorker(cluster, e.__cause__),
+                       f'failed or hung up ({str(e).split(" (")[0]})')
     _Fail(str(e))
   except distribute.PEER_FAILURE_ERRORS as e:
+    if cluster is not None:
+      _OnWorkerFailure(cluster, pipeline_cluster.FailedWorker(cluster, e),
+                       'failed or hung up ('
+                       f'{pipeline_cluster.ErrorSummary(e)})')
     if strategy is None:
       raise
     # Without TensorFlow's '{{function_node ...}}' prefix.
@@ -186,6 +288,8 @@ def main(argv: Sequence[str]) -> None:
           'MultiWorkerMirroredStrategy is not elastic: restart every task '
           'with the same command and TF_CONFIG; training resumes from the '
           f'newest checkpoint ({newest or "none yet"}).')
+  if monitor is not None:
+    monitor.Stop()
   logging.info('Done at global step %d (started at %d).', result.global_step,
                result.start_step)
   if result.eval_metrics:  # The run's answer, on stdout.

@@ -187,9 +187,11 @@ def _Ask(address: str, timeout_seconds: float) -> str | None:
       call(b'', timeout=timeout_seconds)
       return None
     except grpc.RpcError as e:
-      code = e.code()  # pylint: disable=no-member
-  if code == grpc.StatusCode.UNAVAILABLE:
-    return f'is not running (nothing answers at {address})'
+      code, details = e.code(), str(e.details())  # pylint: disable=no-member
+  if code == grpc.StatusCode.UNAVAILABLE:  # E.g. 'Connection refused'.
+    reason = re.sub(r'^.*?last error: (\w+: )?(ipv[46]:\S+: )?', '',
+                    details)[:100]
+    return f'cannot be reached at {address} ({reason})'
   if code == grpc.StatusCode.DEADLINE_EXCEEDED:
     return (f'did not answer a health check within {timeout_seconds:g} s '
             '(stopped, overloaded or cut off?)')
@@ -363,7 +365,8 @@ def FailedWorker(cluster: PipelineCluster, error: BaseException,
 
 def ErrorSummary(error: BaseException) -> str:
   """'UnavailableError: <its first informative line>', at most 200 characters."""
-  skip = ('Graph execution error', 'Detected at node', 'Additional GRPC error')
+  skip = ('Graph execution error', 'Detected at node', 'Additional GRPC error',
+          '<stack traces unavailable>', 'File "')
   lines = [l.strip() for l in str(error).splitlines()]
   line = next((l for l in lines if l and not l.startswith(skip)), '')
   line = re.sub(r'\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]', '', line)

@@ -295,7 +295,9 @@ class Checkpointer:
                scratch_directory: str | None = None,
                io_device: str | None = None) -> None:
     self._directory = directory
-    self._options = tf.train.CheckpointOptions(experimental_io_device=io_device)
+    # Passed only when set: calls stay as they were for everyone else.
+    self._options = ({'options': tf.train.CheckpointOptions(
+        experimental_io_device=io_device)} if io_device else {})
     self._scratch_directory = scratch_directory
     self._checkpoint = checkpoint
     self._max_to_keep = max_to_keep
@@ -323,7 +325,7 @@ class Checkpointer:
                         type(e).__name__, first_line)
         continue
       CheckCompatible(path, self._checkpoint, self._strict)
-      self._checkpoint.read(path, options=self._options).expect_partial()
+      self._checkpoint.read(path, **self._options).expect_partial()
       logging.info('Restored checkpoint %s.', path)
       return path
     return None
@@ -342,7 +344,7 @@ class Checkpointer:
       try:
         self._checkpoint.write(os.path.join(self._scratch_directory,
                                             f'{CHECKPOINT_NAME}-{int(step)}'),
-                               options=self._options)
+                               **self._options)
       finally:
         shutil.rmtree(self._scratch_directory, ignore_errors=True)
       return os.path.join(self._directory, f'{CHECKPOINT_NAME}-{int(step)}')
@@ -373,4 +375,4 @@ class Checkpointer:
           self._checkpoint, self._directory, max_to_keep=self._max_to_keep,
           checkpoint_name=CHECKPOINT_NAME)
     return self._manager.save(checkpoint_number=int(step),
-                              options=self._options)
+                              **self._options)

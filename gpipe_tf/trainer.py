@@ -24,6 +24,17 @@ tasks must see at the same path; see docs/distributed.md);
 --deterministic makes reruns bit-identical; --on_nonfinite=skip|stop says
 what a NaN/Inf step does (its update is never applied).
 
+--pipeline_cluster='{"chief": ["this_host:port"], "worker": [...]}' (or a
+file holding that JSON, or TF_CONFIG) runs the pipeline's K cells on other
+hosts: each worker host runs ``python -m gpipe_tf.runtime.serve_worker``
+with the same cluster, this trainer connects to them before any op and sets
+the model's PipeliningLayer ``devices`` to the workers' devices
+(gpipe_tf.runtime.pipeline_cluster; docs/cross-host.md). One replica only
+(no --num_replicas > 1, no multi-worker data parallelism). A worker that
+dies or stops answering for --worker_timeout_seconds ends the run with a
+one-line error naming it; restart it and rerun the same command, training
+resumes from the newest checkpoint.
+
 --model_params_override takes the ToText format ('path : value' statements
 separated by newlines or ';'). Paths starting with ``train.``, ``test.`` or
 ``task.`` are taken as written in logdir/params.txt; any other path is
@@ -53,6 +64,7 @@ import os
 import re
 import sys
 import traceback
+import threading
 from typing import NoReturn, Sequence
 
 from absl import app
@@ -126,6 +138,16 @@ flags.DEFINE_bool('debug', False,
 
 class FlagError(errors.Error, ValueError):
   """Trainer flags that cannot work (together, or with TF_CONFIG)."""
+flags.DEFINE_string('pipeline_cluster', '',
+                    'Run the cells on other hosts: JSON {"chief": '
+                    '["this_host:port"], "worker": ["host:port", ...]}, a '
+                    'file holding it, or TF_CONFIG. Every worker runs python '
+                    '-m gpipe_tf.runtime.serve_worker with the same cluster. '
+                    'One replica; see docs/cross-host.md.')
+flags.DEFINE_float('worker_timeout_seconds', 30.0,
+                   'With --pipeline_cluster: how long to wait for the workers '
+                   'at start-up, and for a worker to answer a health check '
+                   '(sent every 2 s) before the run ends with an error.')
 
 
 def _Fail(message: str) -> NoReturn:
@@ -138,6 +160,65 @@ def _FailOn(error: BaseException, message: str | None = None) -> NoReturn:
   if FLAGS.debug:
     traceback.print_exception(error)
   _Fail(message or f'{type(error).__name__}: {error}')
+def _FailNow(message: str) -> NoReturn:
+  """_Fail from any thread, at once: the main thread may be stuck in TensorFlow."""
+  with _FAIL_LOCK:
+    sys.stderr.write('trainer: error: ' + ' '.join(str(message).split()) +
+                     '\n')
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
+
+
+_FAIL_LOCK = threading.Lock()
+
+
+def _ConnectPipelineCluster():
+  """Connects to --pipeline_cluster before any op; returns the cluster."""
+  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  if FLAGS.num_replicas > 1:
+    _Fail(f'--num_replicas={FLAGS.num_replicas} with --pipeline_cluster: a '
+          'pipeline cluster trains one replica (its cells on the workers); '
+          'drop --num_replicas.')
+  if FLAGS.num_logical_devices > 1:
+    _Fail('--num_logical_devices splits this host, but with '
+          '--pipeline_cluster the cells run on the workers: pass '
+          '--num_logical_devices to serve_worker instead.')
+  try:
+    cluster = pipeline_cluster.ParseCluster(FLAGS.pipeline_cluster)
+    names = pipeline_cluster.ConnectToCluster(cluster,
+                                              FLAGS.worker_timeout_seconds)
+  except (pipeline_cluster.PipelineClusterError,
+          pipeline_cluster.WorkerUnreachableError) as e:
+    _FailNow(str(e))
+  logging.info('Connected to the pipeline cluster %s; devices: %s',
+               cluster.AsJson(), names)
+  return cluster
+
+
+def _PlaceCells(params, cluster) -> None:
+  """Sets the model's PipeliningLayer devices to the cluster's workers."""
+  from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  model = params.task.model
+  if not (isinstance(model.cls, type) and
+          issubclass(model.cls, pipeline.PipeliningLayer)):
+    _FailNow(f'--pipeline_cluster places the cells of a PipeliningLayer, but '
+             f'{FLAGS.model} has a task.model of class {model.cls.__name__}; '
+             'use a pipelined experiment.')
+  try:
+    model.devices = pipeline_cluster.PipelineDevices(
+        pipeline.PipeliningLayer.NumDevicesOf(model), cluster)
+  except pipeline_cluster.PipelineClusterError as e:
+    _FailNow(str(e))
+  for k, device in enumerate(model.devices):
+    logging.info('Pipeline cluster: cell %d on %s', k, device)
+
+
+def _OnWorkerFailure(cluster, index, what: str) -> NoReturn:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  newest = tf.train.latest_checkpoint(os.path.join(FLAGS.logdir, 'ckpt'))
+  _FailNow(pipeline_cluster.FailureMessage(cluster, index, what, newest))
 
 
 def main(argv: Sequence[str]) -> None:
@@ -158,8 +239,10 @@ def _Run() -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf.runtime import cluster  # pylint: disable=g-import-not-at-top
   from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
 
-  multi_worker = cluster.NumTrainingTasks() > 1
+  pipe_cluster = _ConnectPipelineCluster() if FLAGS.pipeline_cluster else None
+  multi_worker = pipe_cluster is None and cluster.NumTrainingTasks() > 1
   if multi_worker and FLAGS.num_replicas not in (0, 1):
     raise FlagError(
         f'--num_replicas={FLAGS.num_replicas} splits one host; under a '
@@ -172,8 +255,15 @@ def _Run() -> None:
   params = model_registry.GetParams(FLAGS.model)
   if FLAGS.model_params_override:
     _ApplyOverrides(params)
-  if not (tf.config.list_physical_devices('GPU') or
-          tf.config.list_physical_devices('TPU')):
+  monitor = None
+  if pipe_cluster is not None:
+    _PlaceCells(params, pipe_cluster)
+    monitor = pipeline_cluster.WorkerMonitor(
+        pipe_cluster, lambda i, why: _OnWorkerFailure(pipe_cluster, i, why),
+        interval_seconds=min(2.0, FLAGS.worker_timeout_seconds / 2),
+        timeout_seconds=FLAGS.worker_timeout_seconds).Start()
+  elif not (tf.config.list_physical_devices('GPU') or
+            tf.config.list_physical_devices('TPU')):
     _SplitCpu(params, multi_worker)
 
   from gpipe_tf.train import loop  # pylint: disable=g-import-not-at-top
@@ -195,8 +285,24 @@ def _Run() -> None:
         eval_steps=FLAGS.eval_steps,
         max_checkpoints_to_keep=FLAGS.max_checkpoints_to_keep,
         on_nonfinite=FLAGS.on_nonfinite, deterministic=FLAGS.deterministic,
-        num_replicas=FLAGS.num_replicas, strategy=strategy)
+        num_replicas=1 if pipe_cluster else FLAGS.num_replicas,
+        strategy=strategy,
+        checkpoint_io_device=(pipe_cluster.client_device if pipe_cluster
+                              else None))
+  except errors.Error as e:
+    # A checkpoint write that failed because a worker died is the worker's
+    # failure, said as such.
+    if pipe_cluster is not None and isinstance(e.__cause__,
+                                               cluster.PEER_FAILURE_ERRORS):
+      _OnWorkerFailure(pipe_cluster,
+                       pipeline_cluster.FailedWorker(pipe_cluster, e.__cause__),
+                       f'failed or hung up ({str(e).split(" (")[0]})')
+    raise
   except cluster.PEER_FAILURE_ERRORS as e:
+    if pipe_cluster is not None:
+      _OnWorkerFailure(pipe_cluster,
+                       pipeline_cluster.FailedWorker(pipe_cluster, e),
+                       f'failed or hung up ({pipeline_cluster.ErrorSummary(e)})')
     if strategy is None:
       raise
     # Without TensorFlow's '{{function_node ...}}' prefix.
@@ -208,6 +314,8 @@ def _Run() -> None:
             'MultiWorkerMirroredStrategy is not elastic: restart every task '
             'with the same command and TF_CONFIG; training resumes from the '
             f'newest checkpoint ({newest or "none yet"}).')
+  if monitor is not None:
+    monitor.Stop()
   logging.info('Done at global step %d (started at %d).', result.global_step,
                result.start_step)
   if result.eval_metrics:  # The run's answer, on stdout.

@@ -2,6 +2,7 @@
 
 import collections
 import os
+import socket
 import threading
 
 import tensorflow as tf
@@ -24,6 +25,18 @@ def Batches(generator, num, skip=0):
   """The first `num` batches of GetDataset(skip) as dicts of numpy arrays."""
   return list(generator.GetDataset(skip_batches=skip).take(num)
               .as_numpy_iterator())
+
+
+def FreePorts(n):
+  """n distinct free localhost ports (bound to port 0, then released)."""
+  sockets = [socket.socket() for _ in range(n)]
+  try:
+    for s in sockets:
+      s.bind(('localhost', 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
 
 
 def RaisesWithin(seconds, fn):

@@ -283,13 +283,21 @@ class Checkpointer:
       checkpoint one to one (see CheckCompatible).
     scratch_directory: set on a non-chief task of a multi-worker job: Save
       writes there, then deletes the directory; `directory` is only read.
+    io_device: the device that reads and writes every checkpoint file, e.g.
+      the trainer's CPU when variables live on other hosts (a pipeline
+      cluster); default: each variable's own host (which must then see
+      `directory` at the same path). The files are the same either way.
   """
 
   def __init__(self, directory: str, checkpoint: tf.train.Checkpoint,
                max_to_keep: int = 5,
                strict: Iterable[str] = ('task', 'global_step'),
-               scratch_directory: str | None = None) -> None:
+               scratch_directory: str | None = None,
+               io_device: str | None = None) -> None:
     self._directory = directory
+    # Passed only when set: calls stay as they were for everyone else.
+    self._options = ({'options': tf.train.CheckpointOptions(
+        experimental_io_device=io_device)} if io_device else {})
     self._scratch_directory = scratch_directory
     self._checkpoint = checkpoint
     self._max_to_keep = max_to_keep
@@ -317,7 +325,7 @@ class Checkpointer:
                         type(e).__name__, first_line)
         continue
       CheckCompatible(path, self._checkpoint, self._strict)
-      self._checkpoint.read(path).expect_partial()
+      self._checkpoint.read(path, **self._options).expect_partial()
       logging.info('Restored checkpoint %s.', path)
       return path
     return None
@@ -335,7 +343,8 @@ class Checkpointer:
     if self._scratch_directory is not None:
       try:
         self._checkpoint.write(os.path.join(self._scratch_directory,
-                                            f'{CHECKPOINT_NAME}-{int(step)}'))
+                                            f'{CHECKPOINT_NAME}-{int(step)}'),
+                               **self._options)
       finally:
         shutil.rmtree(self._scratch_directory, ignore_errors=True)
       return os.path.join(self._directory, f'{CHECKPOINT_NAME}-{int(step)}')
@@ -365,4 +374,5 @@ class Checkpointer:
       self._manager = tf.train.CheckpointManager(
           self._checkpoint, self._directory, max_to_keep=self._max_to_keep,
           checkpoint_name=CHECKPOINT_NAME)
-    return self._manager.save(checkpoint_number=int(step))
+    return self._manager.save(checkpoint_number=int(step),
+                              **self._options)

@@ -124,8 +124,10 @@ class _Runner:
   def __init__(self, experiment: base_experiment.ExperimentLike, logdir: str,
                max_checkpoints_to_keep: int, on_nonfinite: str = 'skip',
                strategy: tf.distribute.Strategy | None = None,
-               is_chief: bool = True) -> None:
+               is_chief: bool = True,
+               checkpoint_io_device: str | None = None) -> None:
     self.params = base_experiment.AsExperimentParams(experiment)
+    self.checkpoint_io_device = checkpoint_io_device
     self.logdir = logdir
     self.on_nonfinite = on_nonfinite
     self.strategy = strategy
@@ -156,7 +158,8 @@ class _Runner:
     self.checkpointer = checkpoints.Checkpointer(
         os.path.join(logdir, 'ckpt'), checkpoint,
         max_to_keep=max_checkpoints_to_keep,
-        scratch_directory=cluster.ScratchDirectory(self.strategy, logdir))
+        scratch_directory=cluster.ScratchDirectory(self.strategy, logdir),
+        io_device=self.checkpoint_io_device)
     self._train_step = None
     self._eval_step = None
     self._eval_writer = None
@@ -392,7 +395,8 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
                        on_nonfinite: str = 'skip',
                        deterministic: bool = False,
                        num_replicas: int = 1,
-                       strategy: tf.distribute.Strategy | None = None
+                       strategy: tf.distribute.Strategy | None = None,
+                       checkpoint_io_device: str | None = None
                        ) -> RunResult:
   """Trains and/or evaluates `experiment` in `logdir`, resuming if possible.
 
@@ -423,6 +427,9 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     strategy: a strategy made by the caller instead, e.g. a multi-worker one
       (cluster.MakeMultiWorkerStrategy: it must be made at program
       start-up); num_replicas must then be 0 or 1.
+    checkpoint_io_device: the device whose host reads and writes checkpoint
+      files, e.g. the trainer's CPU when the pipeline's cells live on other
+      hosts (gpipe_tf.runtime.pipeline_cluster); default: each variable's host.
 
   Returns:
     A RunResult.
@@ -464,7 +471,7 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
   else:  # ReplicaLayoutError if too few devices.
     layout = distribute.ReplicaLayout.FromStrategy(strategy, num_cells)
   runner = _Runner(params, logdir, max_checkpoints_to_keep, on_nonfinite,
-                   strategy, layout.is_chief)
+                   strategy, layout.is_chief, checkpoint_io_device)
   if strategy is not None:
     _LogLayout(strategy, layout)
   # An evaluation without a checkpoint fails below; no warm start for it.

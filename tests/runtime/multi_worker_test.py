@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,18 +32,6 @@ JOB_TIMEOUT = 180      # Seconds for a whole job.
 PEER_FAILURE_BOUND = 60  # Seconds for a survivor to fail after a peer dies.
 
 
-def _FreePorts(n):
-  """n distinct free localhost ports (bound to port 0, then released)."""
-  sockets = [socket.socket() for _ in range(n)]
-  try:
-    for s in sockets:
-      s.bind(('localhost', 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
-
-
 def _NewestStep(logdir):
   """The step of the checkpoint the chief's state file names, or None."""
   state = os.path.join(logdir, 'ckpt', 'checkpoint')
@@ -62,7 +49,7 @@ class _Job:
     self.logdir = logdir
     self.logs = []
     self.processes = []
-    addresses = [f'localhost:{p}' for p in _FreePorts(NUM_TASKS)]
+    addresses = [f'localhost:{p}' for p in test_utils.FreePorts(NUM_TASKS)]
     for index in range(NUM_TASKS):
       config = {'cluster': {'worker': addresses},
                 'task': {'type': 'worker', 'index': index}}

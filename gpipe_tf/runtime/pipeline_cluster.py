@@ -1,0 +1,448 @@
+"""Pipeline clusters: one trainer process drives a pipeline whose cells sit on other hosts' devices.
+
+TensorFlow's own distributed runtime (remote eager execution over gRPC), no
+collective ops and no strategy. A cluster has two jobs::
+
+  chief  (1 task)   the trainer, the only process that runs Python: input,
+                    loss, optimizer step, checkpoints and summaries
+  worker (T tasks)  ``python -m gpipe_tf.runtime.serve_worker``: a
+                    tf.distribute.Server that only hosts devices
+
+After ``ConnectToCluster`` the trainer sees every worker's devices as
+'/job:worker/replica:0/task:t/device:CPU:0' (or GPU:g), and
+``PipelineDevices`` gives cell k of a K-cell PipeliningLayer one of them,
+cells spread over the tasks in order, contiguous blocks, larger blocks
+first (K=5 over T=2 tasks)::
+
+  worker 0:  cell 0 -> CPU:0   cell 1 -> CPU:1   cell 2 -> CPU:2
+  worker 1:  cell 3 -> CPU:0   cell 4 -> CPU:1
+
+So only cell boundaries cross hosts; with K <= T every cell has a host of
+its own. A worker uses its GPUs if it has any, else its CPU devices (split
+with ``serve_worker --num_logical_devices``).
+
+Failures. TensorFlow's remote calls have no deadline, so a worker that is
+stopped or unreachable would hang the trainer. ``WaitForWorkers`` bounds the
+start-up; ``WorkerMonitor`` probes every worker from a background thread
+and reports the first one that is dead or silent; ``FailedWorker`` names the
+worker behind an error raised by a step.
+
+Not supported (deliberately): data parallelism on top (TensorFlow cannot
+enable remote execution and collective ops in one process, and a
+PipeliningLayer with explicit devices runs every replica on them), a chief
+hosting cells, and elasticity (a lost worker ends the run; restart it and
+rerun the trainer, which resumes from its newest checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+import grpc
+import tensorflow as tf
+
+from gpipe_tf import errors
+
+CLIENT_JOB = 'chief'
+WORKER_JOB = 'worker'
+FROM_ENVIRONMENT = 'TF_CONFIG'
+SERVE_COMMAND = 'python -m gpipe_tf.runtime.serve_worker'
+
+# What a remote call raises when its worker died or hung up.
+WORKER_FAILURE_ERRORS = (tf.errors.UnavailableError,
+                         tf.errors.DeadlineExceededError,
+                         tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+class PipelineClusterError(errors.Error, ValueError):
+  """The cluster description is malformed or cannot host the pipeline."""
+
+
+class WorkerUnreachableError(errors.Error, ConnectionError):
+  """A worker task did not answer while connecting."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineCluster:
+  """A chief (this trainer) and its worker tasks, as 'host:port' addresses."""
+  chief: str
+  workers: tuple[str, ...]
+  protocol: str = 'grpc'
+
+  def Spec(self) -> tf.train.ClusterSpec:
+    return tf.train.ClusterSpec({CLIENT_JOB: [self.chief],
+                                 WORKER_JOB: list(self.workers)})
+
+  def AsJson(self) -> str:
+    return json.dumps({CLIENT_JOB: [self.chief],
+                       WORKER_JOB: list(self.workers)}, separators=(',', ':'))
+
+  @staticmethod
+  def TaskName(index: int) -> str:
+    return f'/job:{WORKER_JOB}/replica:0/task:{index}'
+
+  def Describe(self, index: int) -> str:
+    """'worker 1 (/job:worker/replica:0/task:1 at host:port)'."""
+    return f'worker {index} ({self.TaskName(index)} at {self.workers[index]})'
+
+  def ServeCommand(self, index: int) -> str:
+    """The command that (re)starts worker `index` on its host."""
+    return f"{SERVE_COMMAND} --cluster='{self.AsJson()}' --task_index={index}"
+
+  @property
+  def client_device(self) -> str:
+    """The trainer's CPU, where checkpoints are read and written."""
+    return f'/job:{CLIENT_JOB}/replica:0/task:0/device:CPU:0'
+
+
+def ParseCluster(value: str,
+                 environ: Mapping[str, str] | None = None) -> PipelineCluster:
+  """The pipeline cluster a flag value describes.
+
+  Args:
+    value: JSON text or the path of a JSON file, either a cluster
+      '{"chief": ["host:port"], "worker": ["host:port", ...]}' or a whole
+      TF_CONFIG ('{"cluster": {...}, "task": {...}}'); or 'TF_CONFIG' to
+      read that environment variable. A TF_CONFIG's task, if any, must be
+      the chief's (this is the trainer) or a worker's (a serve_worker).
+    environ: where TF_CONFIG is read; default os.environ.
+
+  Raises:
+    PipelineClusterError: saying what is wrong and what to write instead.
+  """
+  text, origin = value.strip(), '--pipeline_cluster'
+  if text.upper() == FROM_ENVIRONMENT:
+    text = (os.environ if environ is None else environ).get(
+        FROM_ENVIRONMENT, '').strip()
+    origin = FROM_ENVIRONMENT
+    if not text:
+      raise PipelineClusterError(
+          'TF_CONFIG is empty; set it to {"cluster": {"chief": ["host:port"], '
+          '"worker": [...]}, "task": {...}} or pass the cluster JSON itself.')
+  elif not text.startswith('{'):
+    if not os.path.isfile(text):
+      raise PipelineClusterError(
+          f'{origin}={value!r} is neither JSON nor an existing file; pass '
+          '\'{"chief": ["host:port"], "worker": ["host:port", ...]}\', a file '
+          'holding it, or TF_CONFIG.')
+    origin = text
+    with open(text) as f:
+      text = f.read()
+  try:
+    config = json.loads(text)
+  except ValueError as e:
+    raise PipelineClusterError(f'{origin} is not valid JSON ({e}).') from e
+  if not isinstance(config, dict):
+    raise PipelineClusterError(f'{origin} must be a JSON object.')
+  cluster = config.get('cluster', config)
+  task = config.get('task')
+  if task is not None and (not isinstance(task, dict) or task.get('type') not in
+                           (CLIENT_JOB, WORKER_JOB)):
+    raise PipelineClusterError(
+        f'{origin} names task {task!r}; a pipeline cluster has only '
+        f'"{CLIENT_JOB}" (the trainer, index 0) and "{WORKER_JOB}" tasks.')
+  if not isinstance(cluster, dict):
+    raise PipelineClusterError(f'{origin}: "cluster" must be a JSON object.')
+  extra = sorted(set(cluster) - {CLIENT_JOB, WORKER_JOB})
+  if extra:
+    raise PipelineClusterError(
+        f'{origin} has jobs {extra}; a pipeline cluster has only '
+        f'"{CLIENT_JOB}" (the trainer) and "{WORKER_JOB}" (hosts of cells).')
+  chief, workers = cluster.get(CLIENT_JOB), cluster.get(WORKER_JOB)
+  if not (isinstance(chief, list) and len(chief) == 1):
+    raise PipelineClusterError(
+        f'{origin} needs exactly one "{CLIENT_JOB}" address, the trainer\'s '
+        'host:port (the workers connect back to it), got '
+        f'{chief!r}.')
+  if not (isinstance(workers, list) and workers):
+    raise PipelineClusterError(
+        f'{origin} needs a non-empty "{WORKER_JOB}" list of host:port '
+        f'addresses, got {workers!r}.')
+  for address in chief + workers:
+    if not (isinstance(address, str) and re.fullmatch(r'[^\s:]+:\d+|\[.+\]:\d+',
+                                                      address)):
+      raise PipelineClusterError(
+          f'{origin}: {address!r} is not a host:port address.')
+  return PipelineCluster(chief[0], tuple(workers),
+                         config.get('rpc_layer') or 'grpc')
+
+
+def _Ask(address: str, timeout_seconds: float) -> str | None:
+  """None if a TensorFlow server answers at `address` in time, else why not.
+
+  A gRPC WorkerService.GetStatus call with a deadline, made with the grpcio
+  package (a TensorFlow dependency), not through TensorFlow: TensorFlow's
+  own health check (context.check_alive) has no deadline and holds the GIL
+  while it waits, so it would freeze every Python thread.
+  """
+  with grpc.insecure_channel(address) as channel:
+    call = channel.unary_unary('/tensorflow.WorkerService/GetStatus')
+    try:
+      call(b'', timeout=timeout_seconds)
+      return None
+    except grpc.RpcError as e:
+      code, details = e.code(), str(e.details())  # pylint: disable=no-member
+  if code == grpc.StatusCode.UNAVAILABLE:  # E.g. 'Connection refused'.
+    reason = re.sub(r'^.*?last error: (\w+: )?(ipv[46]:\S+: )?', '',
+                    details)[:100]
+    return f'cannot be reached at {address} ({reason})'
+  if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+    return (f'did not answer a health check within {timeout_seconds:g} s '
+            '(stopped, overloaded or cut off?)')
+  return f'answers at {address} but is not a TensorFlow server ({code.name})'
+
+
+def WaitForWorkers(cluster: PipelineCluster, timeout_seconds: float) -> None:
+  """Returns once every worker's server answers; waits at most the timeout.
+
+  Raises:
+    WorkerUnreachableError: naming the workers that did not, and the command
+      that starts each.
+  """
+  deadline = time.monotonic() + timeout_seconds
+  waiting = {i: '' for i in range(len(cluster.workers))}
+  while waiting:
+    waiting = {i: why for i in waiting
+               if (why := _Ask(cluster.workers[i], 2.0)) is not None}
+    if not waiting:
+      return
+    if time.monotonic() >= deadline:
+      raise WorkerUnreachableError(
+          '; '.join(f'{cluster.Describe(i)} {why}' for i, why in
+                    waiting.items()) + f' (waited {timeout_seconds:g} s). '
+          'Start ' + ('it' if len(waiting) == 1 else 'each') + ' on its host ('
+          + '; '.join(cluster.ServeCommand(i) for i in waiting)
+          + '), or fix the address.')
+    time.sleep(0.25)
+
+
+def ConnectToCluster(cluster: PipelineCluster,
+                     timeout_seconds: float = 60.0) -> list[str]:
+  """Makes this process the cluster's chief; returns every device it sees.
+
+  Must run before TensorFlow runs any op. Waits for the workers
+  (``WaitForWorkers``), then connects (tf.config.experimental_connect_to_
+  cluster) with a ClusterSpec rather than a resolver, so ops without a device
+  stay on this process's own devices (the input pipeline, the loss, the
+  non-pipelined layers) and only the cells go remote.
+
+  Returns:
+    Every device name, this process's and the workers', fully qualified.
+
+  Raises:
+    WorkerUnreachableError: a worker did not accept connections, or
+      connecting did not finish, within `timeout_seconds`.
+    PipelineClusterError: this process cannot listen on the chief address.
+  """
+  start = time.monotonic()
+  WaitForWorkers(cluster, timeout_seconds)
+  tf.config.experimental_connect_to_cluster(
+      cluster.Spec(), job_name=CLIENT_JOB, task_index=0,
+      protocol=cluster.protocol)
+  outcome: dict[str, object] = {}
+
+  def _Connect():  # Creating the context contacts every worker.
+    try:
+      outcome['devices'] = [d.name for d in tf.config.list_logical_devices()]
+    except Exception as e:  # pylint: disable=broad-except
+      outcome['error'] = e
+
+  thread = threading.Thread(target=_Connect, daemon=True)
+  thread.start()
+  thread.join(max(timeout_seconds - (time.monotonic() - start), 1.0))
+  if thread.is_alive():
+    raise WorkerUnreachableError(
+        f'Connecting to the workers {list(cluster.workers)} did not finish '
+        f'within {timeout_seconds:g} s although every one accepts '
+        'connections: is a worker process stopped, or another program on its '
+        'port? Restart the workers (' + '; '.join(
+            cluster.ServeCommand(i) for i in range(len(cluster.workers)))
+        + ').')
+  error = outcome.get('error')
+  if isinstance(error, tf.errors.UnknownError) and 'gRPC server' in str(error):
+    raise PipelineClusterError(
+        f'Cannot listen on the chief address {cluster.chief}: is the port in '
+        'use (another trainer still running?) or the host not this one? Put '
+        'a free port of this host under "chief".') from error
+  if error is not None:
+    raise error
+  return list(outcome['devices'])
+
+
+def AssignCells(num_cells: int,
+                task_devices: Sequence[Sequence[str]]) -> list[str]:
+  """Pure: the device of each of K cells over T tasks' device lists.
+
+  Task t takes a contiguous block of K // T cells (one more for the first
+  K % T tasks), on its devices 0, 1, ... in order.
+
+  Raises:
+    PipelineClusterError: a task has fewer devices than its block of cells.
+  """
+  if num_cells < 1:
+    raise PipelineClusterError(f'num_cells must be >= 1, got {num_cells}.')
+  num_tasks = len(task_devices)
+  if not num_tasks:
+    raise PipelineClusterError('The cluster has no worker devices.')
+  devices = []
+  for t, own in enumerate(task_devices):
+    block = num_cells // num_tasks + (t < num_cells % num_tasks)
+    if block > len(own):
+      raise PipelineClusterError(
+          f'{num_cells} cells over {num_tasks} workers put {block} cells on '
+          f'worker {t}, which has {len(own)} devices ({list(own)}); start '
+          f'each worker with --num_logical_devices={block} (CPU hosts), add '
+          f'workers (up to {num_cells}), or lower num_partitions.')
+    devices.extend(own[:block])
+  return devices
+
+
+def WorkerDevices(cluster: PipelineCluster,
+                  device_names: Sequence[str] | None = None
+                  ) -> list[list[str]]:
+  """Each worker task's devices: its GPUs if it has any, else its CPUs.
+
+  Args:
+    device_names: fully qualified names; default every logical device
+      TensorFlow lists (after ``ConnectToCluster``).
+  """
+  if device_names is None:
+    device_names = [d.name for d in tf.config.list_logical_devices()]
+  specs = [(n, tf.DeviceSpec.from_string(n)) for n in device_names]
+  out = []
+  for t in range(len(cluster.workers)):
+    own = [(s.device_type, s.device_index or 0, n) for n, s in specs
+           if s.job == WORKER_JOB and (s.task or 0) == t]
+    kind = 'GPU' if any(k == 'GPU' for k, _, _ in own) else 'CPU'
+    out.append([n for _, _, n in sorted(x for x in own if x[0] == kind)])
+  return out
+
+
+def PipelineDevices(num_cells: int, cluster: PipelineCluster,
+                    device_names: Sequence[str] | None = None) -> list[str]:
+  """The device of each cell of a K-cell pipeline on the cluster's workers.
+
+  See the module docstring for the layout (``AssignCells``).
+
+  Raises:
+    PipelineClusterError: the workers have too few devices.
+  """
+  return AssignCells(num_cells, WorkerDevices(cluster, device_names))
+
+
+def WorkerNamedIn(cluster: PipelineCluster,
+                  error: BaseException) -> int | None:
+  """Pure: the index of the worker whose task name or address `error` names."""
+  text = str(error)
+  match = re.search(rf'/job:{WORKER_JOB}/replica:\d+/task:(\d+)', text)
+  if match and int(match.group(1)) < len(cluster.workers):
+    return int(match.group(1))
+  for i, address in enumerate(cluster.workers):
+    if address in text:
+      return i
+  return None
+
+
+def FailedWorker(cluster: PipelineCluster, error: BaseException,
+                 timeout_seconds: float = 5.0) -> int | None:
+  """The worker behind `error` (raised by a remote call), or None if unknown.
+
+  The first worker that fails a health check (``ProbeWorker``) is the
+  answer: the error may name a live worker that was waiting for the dead
+  one. If every worker answers, the worker the error names.
+  """
+  for i in range(len(cluster.workers)):
+    if ProbeWorker(cluster, i, timeout_seconds) is not None:
+      return i
+  return WorkerNamedIn(cluster, error)
+
+
+def ErrorSummary(error: BaseException) -> str:
+  """'UnavailableError: <its first informative line>', at most 200 characters."""
+  skip = ('Graph execution error', 'Detected at node', 'Additional GRPC error',
+          '<stack traces unavailable>', 'File "')
+  lines = [l.strip() for l in str(error).splitlines()]
+  line = next((l for l in lines if l and not l.startswith(skip)), '')
+  line = re.sub(r'\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]', '', line)
+  return f'{type(error).__name__}: {line}'[:200]
+
+
+def ProbeWorker(cluster: PipelineCluster, index: int,
+                timeout_seconds: float) -> str | None:
+  """None if worker `index` answers a health check in time, else why not."""
+  return _Ask(cluster.workers[index], timeout_seconds)
+
+
+def FailureMessage(cluster: PipelineCluster, index: int | None, what: str,
+                   newest_checkpoint: str | None) -> str:
+  """One line: which worker failed, and how to restart the run."""
+  if index is None:
+    who = f'a pipeline worker of {list(cluster.workers)}'
+    restart = 'restart the workers that are down'
+  else:
+    who = f'pipeline {cluster.Describe(index)}'
+    restart = f'restart it on its host ({cluster.ServeCommand(index)})'
+  return ' '.join(
+      f'{who} {what}. The run cannot go on without it: {restart}, then rerun '
+      'this trainer command; training resumes from the newest checkpoint '
+      f'({newest_checkpoint or "none yet"}).'.split())
+
+
+class WorkerMonitor:
+  """Probes every worker from a daemon thread; reports the first failure once.
+
+  Every `interval_seconds` each worker gets a health check (``ProbeWorker``)
+  that must answer within `timeout_seconds`. A worker whose process died is
+  reported at the next probe (it refuses connections); one that is stopped,
+  overloaded or behind a broken network after `timeout_seconds`. The
+  callback gets (worker index, reason) and is called at most once, from the
+  monitor's thread: the main thread may be blocked inside TensorFlow, so the
+  callback must end the process itself (the trainer prints one line and
+  exits) or otherwise act without it.
+
+  It does not restart anything, and it does not tell a slow step from a hung
+  one: only the workers' answers count.
+  """
+
+  def __init__(self, cluster: PipelineCluster,
+               on_failure: Callable[[int, str], None],
+               interval_seconds: float = 2.0,
+               timeout_seconds: float = 30.0) -> None:
+    if interval_seconds <= 0 or timeout_seconds <= 0:
+      raise ValueError('interval_seconds and timeout_seconds must be > 0, got '
+                       f'{interval_seconds} and {timeout_seconds}.')
+    self._cluster = cluster
+    self._on_failure = on_failure
+    self._interval = interval_seconds
+    self._timeout = timeout_seconds
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._Run, daemon=True,
+                                    name='WorkerMonitor')
+
+  def Start(self) -> WorkerMonitor:
+    self._thread.start()
+    return self
+
+  def Stop(self) -> None:
+    self._stop.set()
+
+  def __enter__(self) -> WorkerMonitor:
+    return self.Start()
+
+  def __exit__(self, *unused) -> None:
+    self.Stop()
+
+  def _Run(self) -> None:
+    while not self._stop.wait(self._interval):
+      for index in range(len(self._cluster.workers)):
+        reason = ProbeWorker(self._cluster, index, self._timeout)
+        if reason is not None and not self._stop.is_set():
+          self._stop.set()
+          self._on_failure(index, reason)
+          return

@@ -1,0 +1,378 @@
+"""Pipeline clusters on localhost: cells on worker servers compute what one process computes; a lost worker ends the trainer with one line, and a rerun resumes."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import importlib.util  # pylint: disable=g-import-not-at-top
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from gpipe_tf import model_registry
+from gpipe_tf.runtime import pipeline_cluster
+from gpipe_tf.train import loop
+
+_REPO_ROOT = test_utils.REPO_ROOT
+_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       'pipeline_cluster_client.py')
+MODEL = 'synthetic.mlp.TinyPipelined'  # K=2 cells, M=4, dropout.
+START_TIMEOUT = 90        # Seconds for workers to serve / a first checkpoint.
+RUN_TIMEOUT = 120         # Seconds for a whole client or trainer run.
+FAILURE_BOUND = 60        # Seconds for the trainer to end after a failure.
+WORKER_TIMEOUT = 6        # --worker_timeout_seconds of the trainers here.
+
+
+def _Cluster(num_workers):
+  ports = test_utils.FreePorts(num_workers + 1)
+  return json.dumps({'chief': [f'localhost:{ports[0]}'],
+                     'worker': [f'localhost:{p}' for p in ports[1:]]})
+
+
+def _Env():
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+
+
+def _Read(path):
+  with open(path, errors='replace') as f:
+    return f.read()
+
+
+class _Workers:
+  """serve_worker processes of one cluster, killed at the test's cleanup."""
+
+  def __init__(self, test, cluster, num_logical_devices=1):
+    self.test = test
+    self.cluster = cluster
+    self.num_logical_devices = num_logical_devices
+    count = len(json.loads(cluster)['worker'])
+    self.processes = [None] * count
+    self.logs = [None] * count
+    test.addCleanup(self.KillAll)
+    for i in range(count):
+      self.Start(i)
+    self.WaitServing(range(count))
+
+  def Start(self, index):
+    self.logs[index] = os.path.join(self.test.get_temp_dir(),
+                                    f'worker{index}.{time.time()}.log')
+    with open(self.logs[index], 'w') as log:
+      self.processes[index] = subprocess.Popen(
+          [sys.executable, '-m', 'gpipe_tf.runtime.serve_worker',
+           f'--cluster={self.cluster}', f'--task_index={index}',
+           f'--num_logical_devices={self.num_logical_devices}'],
+          cwd=_REPO_ROOT, env=_Env(), stdout=log, stderr=subprocess.STDOUT)
+
+  def WaitServing(self, indices):
+    deadline = time.time() + START_TIMEOUT
+    for i in indices:
+      while 'is serving devices' not in _Read(self.logs[i]):
+        self.test.assertIsNone(self.processes[i].poll(), _Read(self.logs[i]))
+        self.test.assertLess(time.time(), deadline, _Read(self.logs[i]))
+        time.sleep(0.1)
+
+  def KillAll(self):
+    for process in self.processes:
+      if process is not None and process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+        process.wait()
+
+
+class _Trainer:
+  """One trainer process on a pipeline cluster, killed at cleanup."""
+
+  def __init__(self, test, cluster, logdir, max_steps, *extra):
+    self.log = os.path.join(test.get_temp_dir(), f'trainer.{time.time()}.log')
+    with open(self.log, 'w') as log:
+      self.process = subprocess.Popen(
+          [sys.executable, '-m', 'gpipe_tf.trainer', f'--model={MODEL}',
+           f'--logdir={logdir}', '--mode=train', f'--max_steps={max_steps}',
+           '--save_interval_steps=2', '--log_interval_steps=2',
+           f'--pipeline_cluster={cluster}',
+           f'--worker_timeout_seconds={WORKER_TIMEOUT}', *extra],
+          cwd=_REPO_ROOT, env=_Env(), stdout=log, stderr=subprocess.STDOUT)
+    test.addCleanup(self.Kill)
+
+  def Kill(self):
+    if self.process.poll() is None:
+      self.process.kill()
+      self.process.wait()
+
+  def Wait(self, timeout):
+    """The exit code, or None if the trainer is still running after timeout."""
+    try:
+      return self.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+      return None
+
+  def Output(self):
+    return _Read(self.log)
+
+  def ErrorLines(self):
+    return [l for l in self.Output().splitlines()
+            if l.startswith('trainer: error:')]
+
+
+def _NewestStep(logdir):
+  path = tf.train.latest_checkpoint(os.path.join(logdir, 'ckpt'))
+  return int(path.rsplit('-', 1)[1]) if path else None
+
+
+class ParseAndLayoutTest(tf.test.TestCase):
+  """The pure parts: parsing, cell layout, naming the failed worker."""
+
+  CLUSTER = {'chief': ['trainer:2222'], 'worker': ['h0:2222', 'h1:2223']}
+
+  def testParsesJsonFileAndTfConfig(self):
+    want = pipeline_cluster.PipelineCluster('trainer:2222',
+                                            ('h0:2222', 'h1:2223'))
+    text = json.dumps(self.CLUSTER)
+    self.assertEqual(pipeline_cluster.ParseCluster(text), want)
+    path = os.path.join(self.get_temp_dir(), 'cluster.json')
+    with open(path, 'w') as f:
+      f.write(text)
+    self.assertEqual(pipeline_cluster.ParseCluster(path), want)
+    tf_config = json.dumps({'cluster': self.CLUSTER,
+                            'task': {'type': 'chief', 'index': 0}})
+    self.assertEqual(pipeline_cluster.ParseCluster(
+        'TF_CONFIG', {'TF_CONFIG': tf_config}), want)
+    self.assertEqual(pipeline_cluster.ParseCluster(want.AsJson()), want)
+
+  def testBadClustersSayWhatToWrite(self):
+    bad = {
+        '{"worker": ["h:1"]}': 'exactly one "chief"',
+        '{"chief": ["t:1"]}': 'non-empty "worker"',
+        '{"chief": ["t:1"], "worker": ["h"]}': 'not a host:port',
+        '{"chief": ["t:1"], "worker": ["h:1"], "ps": ["p:1"]}':
+            'only "chief"',
+        '{"chief": ["t:1"], "worker": [': 'not valid JSON',
+        '/no/such/file.json': 'neither JSON nor an existing file',
+    }
+    for text, message in bad.items():
+      with self.assertRaisesRegex(pipeline_cluster.PipelineClusterError,
+                                  re.escape(message)):
+        pipeline_cluster.ParseCluster(text)
+    with self.assertRaisesRegex(pipeline_cluster.PipelineClusterError,
+                                'TF_CONFIG is empty'):
+      pipeline_cluster.ParseCluster('TF_CONFIG', {})
+
+  def testAssignCellsInContiguousBlocks(self):
+    tasks = [[f't{t}d{d}' for d in range(3)] for t in range(2)]
+    self.assertEqual(pipeline_cluster.AssignCells(1, tasks), ['t0d0'])
+    self.assertEqual(pipeline_cluster.AssignCells(2, tasks), ['t0d0', 't1d0'])
+    self.assertEqual(pipeline_cluster.AssignCells(5, tasks),
+                     ['t0d0', 't0d1', 't0d2', 't1d0', 't1d1'])
+    with self.assertRaisesRegex(pipeline_cluster.PipelineClusterError,
+                                'num_logical_devices=4'):
+      pipeline_cluster.AssignCells(7, tasks)
+
+  def testWorkerDevicesPreferGpusAndSkipTheChief(self):
+    cluster = pipeline_cluster.ParseCluster(json.dumps(self.CLUSTER))
+    names = ['/job:chief/replica:0/task:0/device:CPU:0'] + [
+        f'/job:worker/replica:0/task:{t}/device:{kind}:{d}'
+        for t in (1, 0) for kind in ('CPU', 'GPU') for d in (1, 0)
+        if not (t == 1 and kind == 'GPU')]
+    self.assertEqual(pipeline_cluster.WorkerDevices(cluster, names), [
+        ['/job:worker/replica:0/task:0/device:GPU:0',
+         '/job:worker/replica:0/task:0/device:GPU:1'],
+        ['/job:worker/replica:0/task:1/device:CPU:0',
+         '/job:worker/replica:0/task:1/device:CPU:1']])
+    self.assertEqual(pipeline_cluster.PipelineDevices(3, cluster, names), [
+        '/job:worker/replica:0/task:0/device:GPU:0',
+        '/job:worker/replica:0/task:0/device:GPU:1',
+        '/job:worker/replica:0/task:1/device:CPU:0'])
+
+  def testFailedWorkerAndOneLineMessage(self):
+    cluster = pipeline_cluster.ParseCluster(json.dumps(self.CLUSTER))
+    by_task = tf.errors.UnavailableError(
+        None, None, 'Graph execution error:\n\nrecvmsg:Connection reset by '
+        'peer\nAdditional GRPC error information from remote target '
+        '/job:worker/replica:0/task:1/device:CPU:0 while calling x')
+    by_address = tf.errors.UnavailableError(
+        None, None, 'failed to connect to all addresses; h1:2223: refused')
+    self.assertEqual(pipeline_cluster.WorkerNamedIn(cluster, by_task), 1)
+    self.assertEqual(pipeline_cluster.WorkerNamedIn(cluster, by_address), 1)
+    self.assertIsNone(pipeline_cluster.WorkerNamedIn(
+        cluster, tf.errors.UnavailableError(None, None, 'socket closed')))
+    self.assertEqual(pipeline_cluster.ErrorSummary(by_task),
+                     'UnavailableError: recvmsg:Connection reset by peer')
+    self.assertEqual(pipeline_cluster.ErrorSummary(
+        tf.errors.UnavailableError(None, None, 'Graph execution error:\n\n'
+                                   '<stack traces unavailable>\nSocket closed'
+                                   '\n\t [[{{node x}}]] [Op:__inference_f_7]')),
+                     'UnavailableError: Socket closed')
+    message = pipeline_cluster.FailureMessage(cluster, 1, 'died',
+                                              '/logs/ckpt/ckpt-4')
+    self.assertNotIn('\n', message)
+    for part in ('worker 1 (/job:worker/replica:0/task:1 at h1:2223) died',
+                 'python -m gpipe_tf.runtime.serve_worker --cluster=',
+                 '--task_index=1', 'rerun this trainer command',
+                 '/logs/ckpt/ckpt-4'):
+      self.assertIn(part, message)
+
+
+class RemoteCellsTest(tf.test.TestCase):
+  """2 worker servers x 2 CPU devices; the chief is a client subprocess."""
+
+  def testGradientsEqualOneProcessAndOpsRunOnWorkers(self):
+    cluster = _Cluster(2)
+    _Workers(self, cluster, num_logical_devices=2)
+    out_dir = self.get_temp_dir()
+    log = os.path.join(out_dir, 'client.log')
+    with open(log, 'w') as f:
+      client = subprocess.run(
+          [sys.executable, _CLIENT, cluster, out_dir], cwd=_REPO_ROOT,
+          env=dict(_Env(), PYTHONPATH=_REPO_ROOT), stdout=f,
+          stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
+    self.assertEqual(client.returncode, 0, _Read(log)[-3000:])
+    got = np.load(os.path.join(out_dir, 'results.npz'))
+    with open(os.path.join(out_dir, 'placement.json')) as f:
+      placement = json.load(f)
+
+    spec = importlib.util.spec_from_file_location('client', _CLIENT)
+    client_lib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(client_lib)
+    # The same model in this process, unpipelined, on no cluster.
+    sequential = client_lib.Model(None)
+    loss, grads = client_lib.LossAndGrads(sequential)
+    self.assertLen(grads, 8)
+    for k, m in client_lib.CONFIGS:
+      config = f'K{k}M{m}'
+      self.assertAllClose(got[f'{config}/loss'], loss, rtol=0, atol=1e-5)
+      for name, g in grads.items():
+        self.assertAllClose(got[f'{config}/{name}'], g, rtol=0, atol=1e-5,
+                            msg=f'{config} {name}')
+      # Cells in contiguous blocks over the workers' devices, and the
+      # variables and their gradients really live there.
+      blocks = [k // 2 + (t < k % 2) for t in range(2)]
+      want = [f'/job:worker/replica:0/task:{t}/device:CPU:{d}'
+              for t in range(2) for d in range(blocks[t])]
+      self.assertEqual(placement[config]['cells'], want)
+      for what in ('variables', 'gradients'):
+        devices = placement[config][what]
+        self.assertEqual(sorted(devices), sorted(grads))
+        self.assertTrue(all(re.fullmatch(
+            r'/job:worker/replica:0/task:\d/device:CPU:\d', d)
+                            for d in devices.values()), devices)
+        self.assertEqual(sorted(set(devices.values())), sorted(want))
+
+    # The chief wrote the workers' variables in the usual format: this
+    # process restores them into its unpipelined model.
+    before = [v.numpy() for v in sequential.trainable_variables]
+    tf.train.Checkpoint(model=sequential).read(
+        os.path.join(out_dir, 'ckpt')).assert_existing_objects_matched()
+    for v, old in zip(sequential.trainable_variables, before):
+      self.assertAllClose(v.numpy(), old + 1.0, rtol=0, atol=1e-6)
+
+
+class WorkerFailureTest(tf.test.TestCase):
+  """The trainer on 2 workers: kill -9, SIGSTOP, no worker at all."""
+
+  def _AssertOneLineError(self, trainer, pattern):
+    lines = trainer.ErrorLines()
+    self.assertLen(lines, 1, trainer.Output()[-3000:])
+    self.assertRegex(lines[0], pattern)
+    self.assertEqual(trainer.Output().strip().splitlines()[-1], lines[0])
+
+  def _WaitForCheckpoint(self, trainer, logdir):
+    deadline = time.time() + START_TIMEOUT
+    while _NewestStep(logdir) is None:
+      self.assertIsNone(trainer.process.poll(), trainer.Output()[-3000:])
+      self.assertLess(time.time(), deadline, trainer.Output()[-3000:])
+      time.sleep(0.05)
+
+  def _SignalWorkerMidTraining(self, index, sig):
+    """Trains until a checkpoint, signals worker `index`; returns the trainer's end.
+
+    Returns (workers, cluster, logdir, trainer, seconds from the signal until
+    the trainer exited with status 1).
+    """
+    cluster = _Cluster(2)
+    workers = _Workers(self, cluster)
+    logdir = os.path.join(self.get_temp_dir(), 'run')
+    trainer = _Trainer(self, cluster, logdir, 100000)
+    self._WaitForCheckpoint(trainer, logdir)
+    workers.processes[index].send_signal(sig)
+    signalled_at = time.time()
+    code = trainer.Wait(FAILURE_BOUND)
+    took = time.time() - signalled_at
+    self.assertEqual(code, 1, trainer.Output()[-3000:])  # None: still running.
+    return workers, cluster, logdir, trainer, took
+
+  def testKilledWorkerEndsTrainerAndRerunResumes(self):
+    workers, cluster, logdir, trainer, took = self._SignalWorkerMidTraining(
+        1, signal.SIGKILL)
+    self.assertLess(took, FAILURE_BOUND)
+    self._AssertOneLineError(
+        trainer, r'^trainer: error: pipeline worker 1 \(/job:worker/replica:0/'
+        r'task:1 at localhost:\d+\) .*serve_worker .*--task_index=1.*rerun '
+        r'this trainer command; training resumes from the newest checkpoint '
+        r'\(\S+ckpt-\d+\)\.$')
+
+    # Restart the worker, rerun the same command: it resumes.
+    newest = _NewestStep(logdir)
+    workers.Start(1)
+    workers.WaitServing([1])
+    final = newest + 4
+    rerun = _Trainer(self, cluster, logdir, final)
+    self.assertEqual(rerun.Wait(RUN_TIMEOUT), 0, rerun.Output()[-3000:])
+    self.assertRegex(rerun.Output(), rf'Resuming from \S*ckpt-{newest} at '
+                     rf'global step {newest}\.')
+    self.assertIn('Pipeline cluster: cell 1 on /job:worker/replica:0/task:1/'
+                  'device:CPU:0', rerun.Output())
+
+    # The same checkpoint as one process training without interruption
+    # (same weights, batches and dropout masks; cells on local devices).
+    got = test_utils.CheckpointValues(logdir, final)
+    params = model_registry.GetParams(MODEL)
+    one_process = os.path.join(self.get_temp_dir(), 'one_process')
+    loop.train(params, one_process, final, save_interval_steps=final,
+               num_replicas=1)
+    want = test_utils.CheckpointValues(one_process, final)
+    self.assertEqual(sorted(got), sorted(want))
+    for key in got:
+      self.assertAllClose(got[key], want[key], rtol=0, atol=1e-5, msg=key)
+    # And one process resumes from the cluster's checkpoint.
+    copy = os.path.join(self.get_temp_dir(), 'copy')
+    shutil.copytree(logdir, copy)
+    result = loop.train(params, copy, final + 2, save_interval_steps=2,
+                        num_replicas=1)
+    self.assertEqual(result.start_step, final)
+    self.assertTrue(result.restored_checkpoint.endswith(f'ckpt-{final}'))
+
+  def testStoppedWorkerEndsTrainerAfterTimeout(self):
+    _, _, _, trainer, took = self._SignalWorkerMidTraining(0, signal.SIGSTOP)
+    # Detected by the health check: its timeout plus at most one interval.
+    self.assertLess(took, WORKER_TIMEOUT + 2 + 10)
+    self._AssertOneLineError(
+        trainer, r'^trainer: error: pipeline worker 0 .* did not answer a '
+        rf'health check within {WORKER_TIMEOUT} s \(stopped, overloaded or cut '
+        r'off\?\)\. .*--task_index=0')
+
+  def testMissingWorkerFailsAtStart(self):
+    cluster = _Cluster(2)
+    logdir = os.path.join(self.get_temp_dir(), 'run')
+    started = time.time()
+    trainer = _Trainer(self, cluster, logdir, 10)
+    self.assertEqual(trainer.Wait(RUN_TIMEOUT), 1, trainer.Output()[-3000:])
+    self.assertLess(time.time() - started, RUN_TIMEOUT)
+    self._AssertOneLineError(
+        trainer, r'^trainer: error: worker 0 \(.*\) cannot be reached at '
+        r'localhost:\d+ \(.*Connection refused\); worker 1 \(.*\) cannot be '
+        r'reached .*\(waited '
+        rf'{WORKER_TIMEOUT} s\)\. Start each on its host \(python -m '
+        r'gpipe_tf.runtime.serve_worker .*--task_index=0; .*--task_index=1\)')
+    self.assertFalse(os.path.exists(logdir))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -10,10 +10,16 @@ import gpipe_tf
 from gpipe_tf import errors
 
 
+# Entry points define absl flags at import, so only one of them can be
+# imported per process; the worker binary raises no error of its own.
+_OTHER_ENTRY_POINTS = ('gpipe_tf.runtime.serve_worker',)
+
+
 def _AllModules():
-  """Every module of the gpipe_tf package, imported."""
+  """Every module of the gpipe_tf package (but other entry points), imported."""
   names = [info.name for info in pkgutil.walk_packages(gpipe_tf.__path__,
-                                                       'gpipe_tf.')]
+                                                       'gpipe_tf.')
+           if info.name not in _OTHER_ENTRY_POINTS]
   return [importlib.import_module(name) for name in ['gpipe_tf'] + names]
 
 

@@ -17,6 +17,20 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_TEST_DEVICES = 4
 
 
+def FcParams(i, din, dout, act='TANH'):
+  """Params of FCLayer 'fc<i>' (din -> dout) for the transparency tests."""
+  from gpipe_tf.layers import core  # pylint: disable=g-import-not-at-top
+  return core.FCLayer.Params().Set(name=f'fc{i}', input_dim=din,
+                                   output_dim=dout, activation=act)
+
+
+def MlpLayers():
+  """8 FC layers 6 -> ... -> 5 with every activation: the transparency MLP."""
+  dims = [6, 12, 12, 10, 12, 12, 8, 8, 5]
+  acts = ['TANH', 'RELU', 'SIGMOID', 'GELU', 'TANH', 'RELU', 'TANH', 'NONE']
+  return [FcParams(i, dims[i], dims[i + 1], acts[i]) for i in range(len(acts))]
+
+
 def SetUpDevices() -> list:
   return devices.SplitCpu(NUM_TEST_DEVICES)
 

@@ -46,15 +46,8 @@ class _DropPair(base_layer.BaseLayer):
     return base_layer.LayerMeta(0, (x,), 0)
 
 
-def _Fc(i, din, dout, act='TANH'):
-  return core.FCLayer.Params().Set(name=f'fc{i}', input_dim=din,
-                                   output_dim=dout, activation=act)
-
-
-def _MlpLayers():
-  dims = [6, 12, 12, 10, 12, 12, 8, 8, 5]
-  acts = ['TANH', 'RELU', 'SIGMOID', 'GELU', 'TANH', 'RELU', 'TANH', 'NONE']
-  return [_Fc(i, dims[i], dims[i + 1], acts[i]) for i in range(len(acts))]
+_Fc = test_utils.FcParams
+_MlpLayers = test_utils.MlpLayers
 
 
 def _Build(cls_params, layers, **kw):

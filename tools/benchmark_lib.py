@@ -366,8 +366,14 @@ def _InputShapes(spec):
   return [(None, spec.seq_len, spec.dim), (None, spec.seq_len)]
 
 
+def LayersOf(spec: ModelSpec) -> tuple[list, list]:
+  """The model's block Params and the input shapes of the first (batch None)."""
+  return ([_BlockParams(spec, i) for i in range(spec.num_blocks)],
+          _InputShapes(spec))
+
+
 def _Build(spec, cfg):
-  blocks = [_BlockParams(spec, i) for i in range(spec.num_blocks)]
+  blocks, shapes = LayersOf(spec)
   if not cfg['pipeline']:
     return layers.SequentialLayer.Params().Set(name='net',
                                                layers=blocks).Instantiate()
@@ -376,4 +382,4 @@ def _Build(spec, cfg):
       num_micro_batches=cfg['num_micro_batches'], remat=cfg['remat'],
       schedule=cfg['schedule'],
       num_virtual_stages=cfg['num_virtual_stages'],
-      input_shapes=_InputShapes(spec)).Instantiate()
+      input_shapes=shapes).Instantiate()

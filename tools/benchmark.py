@@ -23,13 +23,27 @@ Each row's examples/sec over the baseline's (of the same mode, training or
 inference) is its ``x single-core``; on C cores C x is the physical limit.
 --nocompare_single_core leaves the baseline out.
 
+--schedules=gpipe,1f1b,interleaved_1f1b,zb_h1 times every pipelined training
+configuration under each schedule (gpipe_tf.pipeline.schedule; the
+'interleaved_1f1b' rows with --virtual_stages cells per device). Schedules
+other than 'gpipe' need the loss inside the pipeline, so with any of them
+every pipelined training row (gpipe's included) runs
+PipeliningLayer.ComputeLossAndGradients with the same loss as per-example
+terms, and the tables say which path each row took; the default, just
+'gpipe', keeps FProp + GradientTape. Inference and --replicas rows use
+'gpipe'.
+
 Prints the paper's Table 2 (throughput normalised to K=2, M=1 with the same
 remat policy, beside the bubble-bound ideal K*M/(M+K-1)) and Table 1 (peak
 memory, examples/sec and x single-core), the target checks, the best
 ratios to the single-core baseline beside their targets, and with --replicas
 the R x K table (throughput normalised to R=1, K=D at the first M of the same
-remat). --json PATH writes one row per configuration (the baseline's rows
-have ``single_core`` true; every row has ``speedup_vs_single_core``).
+remat); with more than one schedule, the per-schedule table (schedule x remat
+x M at K=2: examples/sec, x single-core, peak MiB). Table 2 and the targets
+read the 'gpipe' rows. --json PATH writes one row per configuration (the
+baseline's rows have ``single_core`` true; every row has
+``speedup_vs_single_core``, ``schedule``, ``num_virtual_stages`` and
+``loss_inside``).
 
 Threads: by default each of the D logical devices gets cores // D intra-op
 threads and there are D inter-op threads (gpipe_tf.runtime.devices.SplitCpu),
@@ -46,6 +60,9 @@ devices share one allocator, so this is the total over all cells and replicas.
     python -m tools.benchmark --replicas=1,2       # also 1 x 2 vs 2 x 1
     python -m tools.benchmark --partitions=2 --micro_batches=8 \
         --remat=never,always --noinference         # just the targets' rows
+    python -m tools.benchmark --partitions=2 --micro_batches=4,8 \
+        --remat=never,always --noinference \
+        --schedules=gpipe,1f1b,interleaved_1f1b,zb_h1
 """
 
 from __future__ import annotations
@@ -80,6 +97,13 @@ _MICRO = flags.DEFINE_list('micro_batches', ['1', '2', '4', '8'],
                            'Values of M.')
 _REMAT = flags.DEFINE_list('remat', ['never', 'always', 'except_last'],
                            'Remat policies.')
+_SCHEDULES = flags.DEFINE_list(
+    'schedules', ['gpipe'],
+    "Pipeline schedules (gpipe_tf.pipeline.schedule.Names()). With any but "
+    "'gpipe', every pipelined training row takes the loss-inside path "
+    '(ComputeLossAndGradients), gpipe\'s too.')
+_VIRTUAL_STAGES = flags.DEFINE_integer(
+    'virtual_stages', 2, "V, cells per device, of the 'interleaved_1f1b' rows.")
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per configuration.')
 _STEPS = flags.DEFINE_integer('steps_per_round', 2, 'Steps per timed round.')
 _JSON = flags.DEFINE_string('json', None, 'Write result rows to this path.')
@@ -122,9 +146,11 @@ def main(argv):
 
   configs = lib.Merge(
       lib.PipelineConfigs(_Ints(_PARTITIONS), _Ints(_MICRO), _REMAT.value,
-                          _INFERENCE.value),
+                          _INFERENCE.value, _SCHEDULES.value,
+                          _VIRTUAL_STAGES.value),
       lib.ReplicaConfigs(_NUM_DEVICES.value, _Ints(_REPLICAS), _Ints(_MICRO),
-                         _REMAT.value, _BATCH.value))
+                         _REMAT.value, _BATCH.value,
+                         lib.LossInside(_SCHEDULES.value)))
   load = [os.getloadavg()[0]]
   if _COMPARE_SINGLE_CORE.value:
     rows, baseline_rounds = baseline_lib.MeasureWithBaseline(
@@ -146,6 +172,8 @@ def main(argv):
   print(tables.Table1(rows))
   print(tables.Targets(rows, partitions, micro))
   print(tables.SingleCoreTargets(rows, os.cpu_count() or 1, baseline_rounds))
+  if len(_SCHEDULES.value) > 1:
+    print(tables.ScheduleTable(rows, micro, _REMAT.value))
   if _REPLICAS.value:
     print(tables.ReplicaTable(rows, _NUM_DEVICES.value, _Ints(_REPLICAS), micro,
                               _REMAT.value))

@@ -5,7 +5,12 @@ module turns a ModelSpec and a list of configurations into result rows:
 
   * a configuration is a dict with the keys ``pipeline`` (False: a plain
     SequentialLayer), ``num_partitions`` (K), ``num_micro_batches`` (M),
-    ``remat``, ``mode`` ('train' or 'inference') and ``num_replicas`` (R);
+    ``remat``, ``mode`` ('train' or 'inference'), ``num_replicas`` (R),
+    ``schedule`` and ``num_virtual_stages`` (V; gpipe_tf.pipeline.schedule)
+    and ``loss_inside``: how a pipelined training step gets its gradients,
+    True through ``PipeliningLayer.ComputeLossAndGradients`` with a
+    per-example loss (needed by every schedule but 'gpipe'), False through
+    ``FProp`` and a GradientTape (fill-drain only);
   * R > 1 trains R replicas of the K-cell pipeline data-parallel over R*K
     devices (gpipe_tf.runtime.distribute.MakeStrategy): each replica pipelines its
     N/R share of the global batch over its own K devices, the gradients are
@@ -38,6 +43,8 @@ from gpipe_tf.runtime import devices as devices_lib
 from gpipe_tf.runtime import distribute
 from gpipe_tf import layers
 from gpipe_tf import pipeline as pipeline_lib
+from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import schedule as schedule_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,21 +61,49 @@ class ModelSpec:
 
 def Config(pipeline: bool, num_partitions: int = 1, num_micro_batches: int = 1,
            remat: str = 'none', mode: str = 'train',
-           num_replicas: int = 1, single_core: bool = False) -> dict:
+           num_replicas: int = 1, single_core: bool = False,
+           schedule: str = 'gpipe', num_virtual_stages: int = 1,
+           loss_inside: bool = False) -> dict:
   """One configuration of the grid (see the module docstring for the keys)."""
   return dict(pipeline=pipeline, num_partitions=num_partitions,
               num_micro_batches=num_micro_batches, remat=remat, mode=mode,
-              num_replicas=num_replicas, single_core=single_core)
+              num_replicas=num_replicas, single_core=single_core,
+              schedule=schedule, num_virtual_stages=num_virtual_stages,
+              loss_inside=loss_inside)
+
+
+def LossInside(schedules: Sequence[str]) -> bool:
+  """Whether pipelined training rows take the loss-inside path.
+
+  Always when any schedule but 'gpipe' is timed, so that every pipelined row
+  (gpipe's too) runs the same kind of step and the rows compare like with like.
+  """
+  return any(name != 'gpipe' for name in schedules)
 
 
 def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
-                    remats: Sequence[str], inference: bool) -> list[dict]:
-  """The K x M x remat grid on one replica, after a SequentialLayer baseline.
+                    remats: Sequence[str], inference: bool,
+                    schedules: Sequence[str] = ('gpipe',),
+                    virtual_stages: int = 2) -> list[dict]:
+  """The schedule x K x M x remat grid on one replica, after a SequentialLayer baseline.
 
-  With ``inference``, forward-only rows (remat 'never') for every K and M.
+  'interleaved_1f1b' rows have ``virtual_stages`` cells per device (V; V = 1
+  would be '1f1b'), every other schedule one. With ``inference``,
+  forward-only rows (remat 'never', schedule 'gpipe') for every K and M.
+
+  Raises:
+    ValueError: a schedule that is not registered.
   """
+  unknown = [name for name in schedules if name not in schedule_lib.Names()]
+  if unknown:
+    raise ValueError(f"Unknown schedule(s) {', '.join(unknown)}; use names "
+                     f"from {', '.join(schedule_lib.Names())}.")
+  inside = LossInside(schedules)
   configs = [Config(False)]
-  configs += [Config(True, k, m, remat) for k in partitions
+  configs += [Config(True, k, m, remat, schedule=name,
+                     num_virtual_stages=_VirtualStages(name, virtual_stages),
+                     loss_inside=inside)
+              for name in schedules for k in partitions
               for m in micro_batches for remat in remats]
   if inference:
     configs += [Config(True, k, m, 'never', 'inference') for k in partitions
@@ -76,10 +111,16 @@ def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
   return configs
 
 
+def _VirtualStages(schedule: str, virtual_stages: int) -> int:
+  return virtual_stages if schedule == 'interleaved_1f1b' else 1
+
+
 def ReplicaConfigs(num_devices: int, replicas: Sequence[int],
                    micro_batches: Sequence[int], remats: Sequence[str],
-                   batch_size: int) -> list[dict]:
+                   batch_size: int, loss_inside: bool = False) -> list[dict]:
   """The R x K grid over D devices: for every R in ``replicas``, K = D / R.
+
+  Schedule 'gpipe', through the loss-inside path when ``loss_inside``.
 
   Raises:
     ValueError: R does not divide D, or does not divide the global batch.
@@ -94,7 +135,8 @@ def ReplicaConfigs(num_devices: int, replicas: Sequence[int],
       raise ValueError(
           f'{r} replicas do not divide the global batch of {batch_size}; use '
           f'a batch size that is a multiple of {r}.')
-    configs += [Config(True, num_devices // r, m, remat, 'train', r)
+    configs += [Config(True, num_devices // r, m, remat, 'train', r,
+                       loss_inside=loss_inside)
                 for m in micro_batches for remat in remats]
   return configs
 
@@ -107,15 +149,25 @@ def Merge(*grids: Sequence[dict]) -> list[dict]:
   return merged
 
 
-def Label(cfg: dict) -> str:
+def Label(cfg: dict, with_schedule: bool = True) -> str:
+  """E.g. 'K=2 M=4 remat=never 1f1b' ('gpipe' and, unless
+  ``with_schedule``, every schedule left out)."""
   if not cfg['pipeline']:
     label = 'SequentialLayer' + (', single core' if cfg['single_core'] else '')
   else:
     label = (f"K={cfg['num_partitions']} M={cfg['num_micro_batches']} "
              f"remat={cfg['remat']}")
+    if with_schedule and cfg['schedule'] != 'gpipe':
+      label += f" {ScheduleLabel(cfg)}"
   if cfg['num_replicas'] > 1:
     label = f"R={cfg['num_replicas']} " + label
   return label + (' (inference)' if cfg['mode'] == 'inference' else '')
+
+
+def ScheduleLabel(cfg: dict) -> str:
+  """The row's schedule, with its V when V > 1: e.g. 'interleaved_1f1b V=2'."""
+  v = cfg['num_virtual_stages']
+  return cfg['schedule'] + (f' V={v}' if v > 1 else '')
 
 
 def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
@@ -201,8 +253,10 @@ def MakeStep(spec: ModelSpec, cfg: dict,
 
   Training: forward, backward and one SGD update of the mean squared output
   over the global batch (for R > 1: each replica's mean over its share, the
-  gradients averaged across replicas, one update of the mirrored weights).
-  Inference: the forward pass only (training=False).
+  gradients averaged across replicas, one update of the mirrored weights);
+  with ``loss_inside`` the same loss as per-example terms computed inside
+  the pipeline (ComputeLossAndGradients). Inference: the forward pass only
+  (training=False).
   """
   if cfg['num_replicas'] > 1:
     return _ReplicatedStep(spec, cfg, all_devices)
@@ -220,10 +274,9 @@ def MakeStep(spec: ModelSpec, cfg: dict,
 
   @tf.function
   def _Step():
-    with tf.GradientTape() as tape:
-      loss = _Loss(model, inputs, training=True)
     variables = model.trainable_variables
-    opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    loss, grads = _LossAndGradients(model, cfg, inputs, variables)
+    opt.apply_gradients(zip(grads, variables))
     return loss
 
   return _Step
@@ -251,9 +304,7 @@ def _ReplicatedStep(spec, cfg, all_devices):
   variables = model.trainable_variables
 
   def _LossAndGrads(*replica_inputs):
-    with tf.GradientTape() as tape:
-      loss = _Loss(model, replica_inputs, training=True)
-    return loss, tape.gradient(loss, variables)
+    return _LossAndGradients(model, cfg, replica_inputs, variables)
 
   @tf.function
   def _Step():
@@ -265,6 +316,25 @@ def _ReplicatedStep(spec, cfg, all_devices):
     return loss
 
   return _Step
+
+
+def _LossAndGradients(model, cfg, inputs, variables):
+  """The training loss and its gradients, by the row's path."""
+  if cfg['loss_inside']:
+    labels = tf.zeros(tf.shape(inputs[0])[:1])  # Unused; split like inputs.
+    loss, _, grads = model.ComputeLossAndGradients(
+        tuple(inputs), labels, _PerExampleLoss, variables)
+    return loss, grads
+  with tf.GradientTape() as tape:
+    loss = _Loss(model, inputs, training=True)
+  return loss, tape.gradient(loss, variables)
+
+
+def _PerExampleLoss(outputs, labels):
+  """_Loss as per-example (per-token) terms: their mean is _Loss."""
+  del labels
+  y = outputs[0] if isinstance(outputs, tuple) else outputs
+  return loss_lib.LossTerms(tf.reduce_mean(tf.square(y), axis=-1))
 
 
 def _Loss(model, inputs, training):
@@ -296,12 +366,20 @@ def _InputShapes(spec):
   return [(None, spec.seq_len, spec.dim), (None, spec.seq_len)]
 
 
+def LayersOf(spec: ModelSpec) -> tuple[list, list]:
+  """The model's block Params and the input shapes of the first (batch None)."""
+  return ([_BlockParams(spec, i) for i in range(spec.num_blocks)],
+          _InputShapes(spec))
+
+
 def _Build(spec, cfg):
-  blocks = [_BlockParams(spec, i) for i in range(spec.num_blocks)]
+  blocks, shapes = LayersOf(spec)
   if not cfg['pipeline']:
     return layers.SequentialLayer.Params().Set(name='net',
                                                layers=blocks).Instantiate()
   return pipeline_lib.PipeliningLayer.Params().Set(
       name='net', layers=blocks, num_partitions=cfg['num_partitions'],
       num_micro_batches=cfg['num_micro_batches'], remat=cfg['remat'],
-      input_shapes=_InputShapes(spec)).Instantiate()
+      schedule=cfg['schedule'],
+      num_virtual_stages=cfg['num_virtual_stages'],
+      input_shapes=shapes).Instantiate()

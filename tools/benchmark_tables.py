@@ -12,14 +12,25 @@ from tools import benchmark_lib as lib
 
 
 def Find(rows: Sequence[dict], k: int, m: int, remat: str,
-         mode: str = 'train', num_replicas: int = 1) -> dict | None:
-  """The pipelined row with these K, M, remat, mode and R, or None."""
+         mode: str = 'train', num_replicas: int = 1,
+         schedule: str = 'gpipe') -> dict | None:
+  """The pipelined row with these K, M, remat, mode, R and schedule, or None."""
   for r in rows:
     if (r['pipeline'] and r['num_partitions'] == k and
         r['num_micro_batches'] == m and r['remat'] == remat and
-        r['mode'] == mode and r['num_replicas'] == num_replicas):
+        r['mode'] == mode and r['num_replicas'] == num_replicas and
+        r['schedule'] == schedule):
       return r
   return None
+
+
+def Schedules(rows: Sequence[dict]) -> list[str]:
+  """The schedules of the pipelined rows, in order of first appearance."""
+  names = []
+  for r in rows:
+    if r['pipeline'] and r['schedule'] not in names:
+      names.append(r['schedule'])
+  return names
 
 
 def Ideal(k: int, m: int) -> float:
@@ -54,20 +65,65 @@ def Table2(rows: Sequence[dict], partitions: Sequence[int],
 
 
 def Table1(rows: Sequence[dict]) -> str:
-  """Peak step memory, examples/sec and (when measured) x single-core of every row."""
+  """Peak step memory, examples/sec and (when measured) x single-core of every row.
+
+  When any row has a schedule other than 'gpipe' or took the loss-inside
+  path, two more columns say each row's schedule and gradient path.
+  """
   speedups = any(r.get('speedup_vs_single_core') is not None for r in rows)
+  schedules = any(r['schedule'] != 'gpipe' or
+                  r['loss_inside'] for r in rows)
   lines = ['\nTable 1 (peak step memory, MiB; examples/sec' +
            ('; x single-core: examples/sec over the single-core baseline of '
-            'the same mode)' if speedups else ')'),
-           '| configuration | peak MiB | examples/sec |' +
+            'the same mode' if speedups else '') +
+           ('; path: loss inside = ComputeLossAndGradients, tape = FProp + '
+            'GradientTape' if schedules else '') + ')',
+           '| configuration |' + (' schedule | path |' if schedules else '') +
+           ' peak MiB | examples/sec |' +
            (' x single-core |' if speedups else ''),
-           '|---|---|---|' + ('---|' if speedups else '')]
+           '|---|---|---|' + ('---|---|' if schedules else '') +
+           ('---|' if speedups else '')]
   for r in rows:
-    line = (f"| {lib.Label(r)} | {r['peak_memory_bytes'] / 2**20:.1f} | "
-            f"{r['examples_per_sec']:.0f} |")
+    line = f'| {lib.Label(r, with_schedule=not schedules)} |'
+    if schedules:
+      line += (f' {lib.ScheduleLabel(r) if r["pipeline"] else "-"} | '
+               f"{_Path(r)} |")
+    line += (f" {r['peak_memory_bytes'] / 2**20:.1f} | "
+             f"{r['examples_per_sec']:.0f} |")
     if speedups:
       line += f" {_Times(r.get('speedup_vs_single_core'))} |"
     lines.append(line)
+  return '\n'.join(lines)
+
+
+def _Path(row: dict) -> str:
+  if row['mode'] != 'train':
+    return 'forward'
+  return 'loss inside' if row['loss_inside'] else 'tape'
+
+
+def ScheduleTable(rows: Sequence[dict], micro_batches: Sequence[int],
+                  remats: Sequence[str], num_partitions: int = 2) -> str:
+  """Every schedule's training rows at K = ``num_partitions`` (R=1), side by side.
+
+  One line per schedule x remat x M: examples/sec, x single-core (when
+  measured) and peak step memory.
+  """
+  k = num_partitions
+  lines = [f'\nSchedules at K={k} (training, R=1; path of every row: '
+           f"{'loss inside' if any(r['loss_inside'] for r in rows) else 'tape'})",
+           '| schedule | remat | M | examples/sec | x single-core | peak MiB |',
+           '|---|---|---|---|---|---|']
+  for name in Schedules(rows):
+    for remat in remats:
+      for m in micro_batches:
+        r = Find(rows, k, m, remat, schedule=name)
+        if r is None:
+          continue
+        lines.append(f'| {lib.ScheduleLabel(r)} | {remat} | {m} | '
+                     f"{r['examples_per_sec']:.0f} | "
+                     f"{_Times(r.get('speedup_vs_single_core'))} | "
+                     f"{r['peak_memory_bytes'] / 2**20:.1f} |")
   return '\n'.join(lines)
 
 

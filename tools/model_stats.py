@@ -84,11 +84,39 @@ def OptimizerSlots(optimizer_params: Any) -> int:
                         '--bytes_per_param.')
 
 
-def BytesPerParam(task_params: Any, dtype: str) -> int:
-  """Bytes of a weight plus its optimizer slots, in `dtype`."""
+def DtypeBytes(dtype: str) -> int:
+  """Bytes of one value of `dtype` (e.g. 'float32': 4)."""
   if dtype not in _DTYPE_BYTES:
     raise ModelStatsError(f'Unknown dtype {dtype!r}: pass --bytes_per_param.')
-  return _DTYPE_BYTES[dtype] * (1 + OptimizerSlots(task_params.optimizer))
+  return _DTYPE_BYTES[dtype]
+
+
+def BytesPerParam(task_params: Any, dtype: str) -> int:
+  """Bytes of a weight plus its optimizer slots, in `dtype`."""
+  return DtypeBytes(dtype) * (1 + OptimizerSlots(task_params.optimizer))
+
+
+def LayersAndShapes(experiment_params: Any) -> tuple[list, Any]:
+  """The model's layer Params and the input shapes of its first layer.
+
+  ``task.model.layers`` and ``task.model.input_shapes`` (else inferred from
+  the first layer's input_dim).
+
+  Raises:
+    ModelStatsError: no layer list, or shapes that cannot be inferred.
+  """
+  from gpipe_tf.pipeline import cost as cost_lib  # pylint: disable=g-import-not-at-top
+  model = experiment_params.task.model
+  if model is None or 'layers' not in model or not model.layers:
+    raise ModelStatsError(
+        'task.model has no `layers`; model_stats counts a PipeliningLayer or '
+        'SequentialLayer Params.')
+  layers = list(model.layers)
+  shapes = model.input_shapes if 'input_shapes' in model else None
+  try:
+    return layers, shapes or cost_lib.InferInputShapes(layers)
+  except cost_lib.CostEstimateError as e:
+    raise ModelStatsError(str(e)) from e
 
 
 def ModelStats(experiment_params: Any, num_partitions: int = 0,
@@ -108,20 +136,10 @@ def ModelStats(experiment_params: Any, num_partitions: int = 0,
   Raises:
     ModelStatsError: no layer list, or shapes that cannot be inferred.
   """
-  from gpipe_tf.pipeline import cost as cost_lib  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
   task = experiment_params.task
   model = task.model
-  if model is None or 'layers' not in model or not model.layers:
-    raise ModelStatsError(
-        'task.model has no `layers`; model_stats counts a PipeliningLayer or '
-        'SequentialLayer Params.')
-  layers = list(model.layers)
-  shapes = model.input_shapes if 'input_shapes' in model else None
-  try:
-    shapes = shapes or cost_lib.InferInputShapes(layers)
-  except cost_lib.CostEstimateError as e:
-    raise ModelStatsError(str(e)) from e
+  layers, shapes = LayersAndShapes(experiment_params)
   pipe = PipeliningLayer.Params().Set(name=model.name, layers=layers,
                                       input_shapes=shapes)
   if 'balance' in model and model.balance is not None and not num_partitions:

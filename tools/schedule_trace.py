@@ -1,90 +1,187 @@
-"""Draws the schedule of a real pipelined training step, as the GPipe paper's Figure 2c.
+"""Draws the schedule of a real pipelined training step, as the GPipe paper's Figure 2c, for any schedule.
 
 Runs a few training steps of a stack of FC blocks through PipeliningLayer with
-a ScheduleTrace, takes the timestamps of the last step, and writes a PNG with
-one row per device (forward tasks blue, backward tasks orange, labelled by
-micro-batch), titled with the measured bubble fraction beside the theoretical
-(K-1)/(M+K-1). Also prints an ASCII version.
+a ScheduleTrace (gpipe_tf.pipeline.trace), takes the timestamps of the last
+step and
 
-    python -m tools.schedule_trace --partitions=2 --micro_batches=4 --out=schedule.png
+  * prints an ASCII timeline, one row per device (forwards as micro-batch
+    digits, backwards as letters, weight-gradient passes as capitals), and
+    the measured bubble fraction beside the simulated one (the schedule
+    replayed with unit-time passes, Timeline.SimulatedBubble);
+  * writes a PNG (matplotlib), one row per device, every action a bar
+    labelled by its pass and micro-batch (and stage when a device holds
+    several);
+  * with --chrome_trace=PATH, writes the Chrome-trace JSON (one track per
+    device; open it in ui.perfetto.dev or chrome://tracing).
+
+The step goes through ``PipeliningLayer.ComputeLossAndGradients`` (the loss
+inside the pipeline, per example) when the schedule needs it (every schedule
+but fill-drain 'gpipe'), else through FProp and a GradientTape. A schedule is
+a registered name (--schedule, --virtual_stages) or a CSV file
+(--schedule_csv, gpipe_tf.pipeline.schedule.Dump's format), which then sets K,
+M and V.
+
+    python -m tools.schedule_trace --schedule=1f1b --partitions=2 \\
+        --micro_batches=4 --out=schedule.png --chrome_trace=trace.json
+    python -m tools.schedule_trace --schedule=interleaved_1f1b \\
+        --virtual_stages=2 --micro_batches=4
+    python -m tools.schedule_trace --schedule_csv=my_schedule.csv
 """
 
 from __future__ import annotations
 
+from typing import Sequence
 
 from absl import app
 from absl import flags
+import tensorflow as tf
 
+# Imports TensorFlow but runs no op: main splits the CPU before the first one.
+from gpipe_tf.runtime import devices as devices_lib
+from gpipe_tf import layers
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline import trace as trace_lib
 
-_K = flags.DEFINE_integer('partitions', 2, 'K: cells (one logical device each).')
+_SCHEDULE = flags.DEFINE_string(
+    'schedule', 'gpipe', 'Registered schedule: gpipe, 1f1b, interleaved_1f1b, '
+    'zb_h1 (gpipe_tf.pipeline.schedule.Names()).')
+_VIRTUAL_STAGES = flags.DEFINE_integer(
+    'virtual_stages', 1, 'V: cells per device (interleaved schedules).')
+_SCHEDULE_CSV = flags.DEFINE_string(
+    'schedule_csv', None, 'Draw this hand-written schedule (CSV, '
+    'schedule.Dump format) instead of --schedule; it sets K, M and V.')
+_K = flags.DEFINE_integer('partitions', 2, 'K: devices.')
 _M = flags.DEFINE_integer('micro_batches', 4, 'M: micro-batches.')
 _REMAT = flags.DEFINE_enum('remat', 'always', ['always', 'except_last', 'never'],
                            'Remat policy.')
 _NUM_BLOCKS = flags.DEFINE_integer('num_blocks', 16, 'FC blocks.')
 _DIM = flags.DEFINE_integer('dim', 256, 'Width.')
 _BATCH = flags.DEFINE_integer('batch_size', 1024, 'Mini-batch size.')
-_OUT = flags.DEFINE_string('out', 'schedule.png', 'PNG to write.')
+_OUT = flags.DEFINE_string('out', 'schedule.png', 'PNG to write; empty: none.')
+_CHROME_TRACE = flags.DEFINE_string(
+    'chrome_trace', None, 'Also write the Chrome-trace / Perfetto JSON here.')
+
+_COLORS = {schedule_lib.F: '#4c78a8', schedule_lib.B: '#f58518',
+           schedule_lib.BW: '#e45756', schedule_lib.W: '#54a24b'}
 
 
-def main(argv):
-  del argv
-  from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
-  devices.SplitCpu(_K.value)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import trace as trace_lib  # pylint: disable=g-import-not-at-top
+def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
+          num_micro_batches: int, num_virtual_stages: int = 1,
+          remat: str = 'always', num_blocks: int = 16, dim: int = 256,
+          batch_size: int = 1024, steps: int = 3
+          ) -> tuple[trace_lib.Timeline, list[str]]:
+  """Runs ``steps`` traced training steps; returns the last one's timeline.
 
-  blocks = [layers.FCLayer.Params().Set(name=f'block{i}', input_dim=_DIM.value,
-                                        output_dim=_DIM.value)
-            for i in range(_NUM_BLOCKS.value)]
+  Args:
+    schedule: a registered name or a Schedule (whose K, M and V must agree
+      with the other arguments).
+    num_partitions, num_micro_batches, num_virtual_stages, remat: the
+      PipeliningLayer's K, M, V and remat policy.
+    num_blocks, dim, batch_size: the model (FC blocks of width ``dim``) and
+      the mini-batch.
+    steps: steps to run (the first ones warm up).
+
+  Returns:
+    (timeline, the K devices' names): the cells run on the first K default
+    devices (split the CPU first on a CPU-only host).
+  """
+  blocks = [layers.FCLayer.Params().Set(name=f'block{i}', input_dim=dim,
+                                        output_dim=dim)
+            for i in range(num_blocks)]
   pipe = PipeliningLayer.Params().Set(
-      name='net', layers=blocks, num_partitions=_K.value,
-      num_micro_batches=_M.value, remat=_REMAT.value).Instantiate()
-  x = tf.random.stateless_normal([_BATCH.value, _DIM.value], [1, 2])
+      name='net', layers=blocks, num_partitions=num_partitions,
+      num_micro_batches=num_micro_batches, remat=remat, schedule=schedule,
+      num_virtual_stages=num_virtual_stages).Instantiate()
+  x = tf.random.stateless_normal([batch_size, dim], [1, 2])
+  labels = tf.zeros([batch_size])  # Unused by the loss; split like x.
   trace = trace_lib.ScheduleTrace()
 
   def _Step():
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.square(pipe.FProp(x, training=True,
-                                                 trace=trace)))
-    grads = tape.gradient(loss, pipe.trainable_variables)
+    if pipe.needs_loss_inside:
+      _, _, grads = pipe.ComputeLossAndGradients(x, labels, _PerExampleLoss,
+                                                 trace=trace)
+    else:
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(pipe.FProp(x, training=True,
+                                                   trace=trace)))
+      grads = tape.gradient(loss, pipe.trainable_variables)
     return [tf.reduce_sum(g) for g in grads], trace.Tensors()
 
   step = trace_lib.TracedStep(_Step)
-  for _ in range(3):  # Warm up; keep the last step.
+  for _ in range(steps):  # Warm up; keep the last step.
     _, (starts, ends) = step()
   timeline = trace_lib.Timeline.FromValues(trace, starts.numpy(), ends.numpy())
-  print(timeline.ToAscii())
-  print(f'makespan {1000 * timeline.makespan:.1f} ms, measured bubble '
-        f'{timeline.BubbleFraction():.2f}, theoretical (K-1)/(M+K-1) '
-        f'{timeline.TheoreticalBubble():.2f}')
-  _Draw(timeline, pipe.devices, _OUT.value)
-  print(f'wrote {_OUT.value}')
+  return timeline, pipe.devices
 
 
-def _Draw(timeline, device_names, path):
+def _PerExampleLoss(outputs, labels):
+  del labels
+  return loss_lib.LossTerms(tf.reduce_mean(tf.square(outputs), axis=-1))
+
+
+def Report(timeline: trace_lib.Timeline) -> str:
+  """The ASCII timeline and the measured bubble beside the simulated one."""
+  sched = timeline.schedule
+  return (f'{timeline.ToAscii()}\n'
+          f'schedule {sched.name}: K={sched.num_devices} '
+          f'M={sched.num_micro_batches} stages={sched.num_stages}; makespan '
+          f'{1000 * timeline.makespan:.1f} ms, measured bubble '
+          f'{timeline.BubbleFraction():.2f}, simulated (unit-time F, B, W) '
+          f'{timeline.SimulatedBubble():.2f}')
+
+
+def Draw(timeline: trace_lib.Timeline, device_names: Sequence[str],
+         path: str) -> None:
+  """Writes a PNG of the timeline: one row per device, one bar per action."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  k = timeline.num_cells
+  sched = timeline.schedule
+  k = sched.num_devices
+  several = sched.num_stages > k
   fig, ax = plt.subplots(figsize=(12, 0.8 * k + 1.2))
-  for t, s, e in zip(timeline.tasks, timeline.start, timeline.end):
-    row = k - 1 - t.cell
-    color = '#4c78a8' if t.kind == 'F' else '#f58518'
-    ax.barh(row, (e - s) * 1000, left=s * 1000, height=0.8, color=color,
-            edgecolor='black', linewidth=0.5)
-    ax.text((s + e) * 500, row, f'{t.kind}{t.micro_batch}', ha='center',
-            va='center', fontsize=7, color='white')
+  for a, s, e in zip(timeline.actions, timeline.start, timeline.end):
+    row = k - 1 - sched.DeviceOf(a.stage)
+    ax.barh(row, (e - s) * 1000, left=s * 1000, height=0.8,
+            color=_COLORS[a.kind], edgecolor='black', linewidth=0.5)
+    ax.text((s + e) * 500, row, a.stage_label if several else a.label,
+            ha='center', va='center', fontsize=6, color='white')
   ax.set_yticks(range(k))
-  ax.set_yticklabels([f'cell {c} ({device_names[c].split("/")[-1]})'
-                      for c in reversed(range(k))])
+  ax.set_yticklabels([f'device {d} ({device_names[d].split("/")[-1]})'
+                      for d in reversed(range(k))])
   ax.set_xlabel('time (ms)')
-  ax.set_title(f'K={k}, M={timeline.num_micro_batches}: measured bubble '
-               f'{timeline.BubbleFraction():.2f}, theoretical '
-               f'{timeline.TheoreticalBubble():.2f}')
+  ax.set_title(f'{sched.name}, K={k}, M={sched.num_micro_batches}, '
+               f'{sched.num_stages} stages: measured bubble '
+               f'{timeline.BubbleFraction():.2f}, simulated '
+               f'{timeline.SimulatedBubble():.2f}')
   fig.tight_layout()
   fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  schedule, k, m, v = (_SCHEDULE.value, _K.value, _M.value,
+                       _VIRTUAL_STAGES.value)
+  if _SCHEDULE_CSV.value:
+    schedule = schedule_lib.Load(_SCHEDULE_CSV.value)
+    schedule.Validate()
+    k, m = schedule.num_devices, schedule.num_micro_batches
+    v = schedule.num_stages // k
+  devices_lib.SplitCpu(k)
+  timeline, device_names = Trace(
+      schedule, k, m, v, _REMAT.value, _NUM_BLOCKS.value, _DIM.value,
+      _BATCH.value)
+  print(Report(timeline))
+  if _OUT.value:
+    Draw(timeline, device_names, _OUT.value)
+    print(f'wrote {_OUT.value}')
+  if _CHROME_TRACE.value:
+    timeline.WriteChromeTrace(_CHROME_TRACE.value)
+    print(f'wrote {_CHROME_TRACE.value} (open it in ui.perfetto.dev)')
 
 
 if __name__ == '__main__':

@@ -16,8 +16,10 @@ from tools import benchmark_tables as tables  # pylint: disable=g-import-not-at-
 # Tiny: the rows, not the timings, are under test.
 _TINY = lib.ModelSpec(num_blocks=4, dim=8, batch_size=16)
 _ROW_KEYS = ('pipeline', 'num_partitions', 'num_micro_batches', 'remat',
-             'mode', 'num_replicas', 'single_core', 'examples_per_sec',
+             'mode', 'num_replicas', 'single_core', 'schedule',
+             'num_virtual_stages', 'loss_inside', 'examples_per_sec',
              'peak_memory_bytes')
+_SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 
 
 def _Row(examples_per_sec, pipeline=True, k=2, m=8, remat='never',
@@ -40,6 +42,28 @@ class ConfigsTest(tf.test.TestCase):
       lib.ReplicaConfigs(4, [3], [1], ['never'], batch_size=12)
     with self.assertRaisesRegex(ValueError, 'global batch of 9'):
       lib.ReplicaConfigs(2, [2], [1], ['never'], batch_size=9)
+
+  def testScheduleGridTakesTheLossInsidePathForEveryPipelinedRow(self):
+    configs = lib.PipelineConfigs([1, 2], [2], ['never'], inference=True,
+                                  schedules=_SCHEDULES, virtual_stages=2)
+    train = [c for c in configs if c['pipeline'] and c['mode'] == 'train']
+    self.assertEqual([(c['schedule'], c['num_partitions'])
+                      for c in train],
+                     [(s, k) for s in _SCHEDULES for k in (1, 2)])
+    self.assertTrue(all(c['loss_inside'] for c in train))
+    self.assertEqual({c['schedule']: c['num_virtual_stages'] for c in train},
+                     {'gpipe': 1, '1f1b': 1, 'interleaved_1f1b': 2,
+                      'zb_h1': 1})
+    self.assertFalse(configs[0]['loss_inside'])  # The SequentialLayer.
+    inference = [c for c in configs if c['mode'] == 'inference']
+    self.assertEqual({(c['schedule'], c['loss_inside']) for c in inference},
+                     {('gpipe', False)})
+    gpipe_only = lib.PipelineConfigs([2], [2], ['never'], inference=False)
+    self.assertFalse(any(c['loss_inside'] for c in gpipe_only))
+
+  def testUnknownScheduleIsANamedError(self):
+    with self.assertRaisesRegex(ValueError, 'Unknown schedule.*pipedream'):
+      lib.PipelineConfigs([2], [2], ['never'], False, ['gpipe', 'pipedream'])
 
   def testMergeKeepsEachConfigurationOnce(self):
     kxm = lib.PipelineConfigs([1, 2], [1], ['never'], inference=False)
@@ -80,6 +104,45 @@ class MeasureTest(tf.test.TestCase):
       losses[r] = [float(step()) for _ in range(3)]
     self.assertNotAllClose(losses[1][0], losses[1][2])
     self.assertAllClose(losses[1], losses[2], rtol=1e-5)
+
+
+  def testEveryScheduleTrainsAndItsMemoryIsMeasured(self):
+    configs = lib.PipelineConfigs([2], [2], ['never', 'always'],
+                                  inference=False, schedules=_SCHEDULES)
+    rows = lib.Measure(_TINY, configs, num_devices=2, rounds=1,
+                       steps_per_round=1, log=lambda line: None)
+    for cfg, row in zip(configs, rows):
+      self.assertEqual(set(row), set(_ROW_KEYS))
+      self.assertEqual({k: row[k] for k in cfg}, cfg)
+      self.assertGreater(row['examples_per_sec'], 0)
+      self.assertGreater(row['peak_memory_bytes'], 0)
+    for name in _SCHEDULES:
+      for remat in ('never', 'always'):
+        self.assertIsNotNone(tables.Find(rows, 2, 2, remat, schedule=name))
+    table = tables.ScheduleTable(rows, [2], ['never', 'always'])
+    self.assertIn('path of every row: loss inside', table)
+    self.assertIn('| interleaved_1f1b V=2 | always | 2 | ', table)
+    self.assertLen([line for line in table.splitlines()
+                    if line.startswith('| ') and '| 2 |' in line], 8)
+    self.assertIn('| configuration | schedule | path | peak MiB |',
+                  tables.Table1(rows))
+    self.assertIn('| K=2 M=2 remat=never | zb_h1 | loss inside |',
+                  tables.Table1(rows))
+
+  def testLossInsideTakesTheSameStepAsTheTape(self):
+    spec = lib.ModelSpec(num_blocks=4, dim=8, batch_size=16, learning_rate=0.5)
+    devices = test_utils.devices.LogicalCpus()[:2]
+    losses = {}
+    for name, inside in (('gpipe', False), ('gpipe', True), ('zb_h1', True)):
+      step = lib.MakeStep(spec, lib.Config(True, 2, 4, 'never', schedule=name,
+                                           loss_inside=inside), devices)
+      losses[name, inside] = [float(step()) for _ in range(2)]
+    self.assertNotAllClose(losses['gpipe', False][0],
+                           losses['gpipe', False][1])
+    self.assertAllClose(losses['gpipe', False], losses['gpipe', True],
+                        rtol=1e-5)
+    self.assertAllClose(losses['gpipe', False], losses['zb_h1', True],
+                        rtol=1e-5)
 
 
 class SingleCoreTablesTest(tf.test.TestCase):

@@ -1,0 +1,195 @@
+"""tools/plan_lib.py and tools/plan.py: layouts estimated from FLOPs and the simulator, ranked, within a budget."""
+
+import dataclasses
+import json
+
+from absl import flags
+from absl.testing import absltest
+
+from tools import plan_lib
+
+# 8 equal layers of 1 MFLOP, 1000 parameters and 4 KiB of output per example.
+_LAYER = plan_lib.LayerCost(flops=1e6, num_params=1000, output_bytes=4096)
+_MODEL = plan_lib.Model(layers=(_LAYER,) * 8, input_bytes=4096,
+                        bytes_per_param=12)  # Adam: weight 4 + slots 8.
+_MIB = plan_lib.MIB
+
+
+def _Layout(k=2, m=8, schedule='gpipe', remat='never', r=1, v=1):
+  return plan_lib.Layout(k, r, m, schedule, v, remat)
+
+
+class CandidatesTest(absltest.TestCase):
+
+  def testGrid(self):
+    layouts = plan_lib.Candidates(4, 64, num_layers=8, max_micro_batches=8)
+    self.assertEqual({(lo.num_partitions, lo.num_replicas) for lo in layouts},
+                     {(1, 4), (2, 2), (4, 1)})
+    self.assertEqual({lo.num_micro_batches for lo in layouts}, {1, 2, 4, 8})
+    self.assertEqual({(lo.schedule, lo.num_virtual_stages) for lo in layouts},
+                     {('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2),
+                      ('zb_h1', 1)})
+    self.assertEqual({lo.remat for lo in layouts}, {'never', 'always'})
+
+  def testLimits(self):
+    # R = 4 replicas do not divide a batch of 6; M stops at the replica's batch;
+    # K x V stages need as many layers.
+    layouts = plan_lib.Candidates(4, 6, num_layers=3)
+    self.assertEqual({lo.num_partitions for lo in layouts}, {2})
+    self.assertEqual({lo.num_micro_batches for lo in layouts}, {1, 2})
+    self.assertNotIn('interleaved_1f1b', {lo.schedule for lo in layouts})
+    with self.assertRaisesRegex(plan_lib.PlanError, "'pipedream'|pipedream"):
+      plan_lib.Candidates(2, 8, 8, schedules=['pipedream'])
+
+
+class EvaluateTest(absltest.TestCase):
+
+  def testGPipeTimeBubbleAndMemory(self):
+    plan = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), batch_size=32,
+                             flops_per_second=1e9)
+    # 4 layers x 1 MFLOP x 8 examples per micro-batch at 1 GFLOP/s: F = 32 ms,
+    # BW = 64 ms; fill-drain takes 3 F (M + K - 1).
+    self.assertEqual(plan.balance, (4, 4))
+    self.assertAlmostEqual(plan.makespan, 3 * 0.032 * 5)
+    self.assertAlmostEqual(plan.bubble_fraction, 1 / 5)
+    self.assertAlmostEqual(plan.examples_per_sec, 32 / plan.makespan)
+    self.assertEqual(plan.peak_in_flight, (4, 4))
+    self.assertEqual(plan.static_bytes, (4000 * 12,) * 2)
+    # Gradients + 4 micro-batches x 8 examples x (input + 4 outputs).
+    self.assertEqual(plan.step_bytes, (4000 * 4 + 4 * 8 * 5 * 4096,) * 2)
+
+  def testRematKeepsBoundaryInputsAndCostsAForward(self):
+    never = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32)
+    always = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4, remat='always'), 32)
+    # 4 inputs + one stage's 4 outputs, of 8 examples each.
+    self.assertEqual(always.step_bytes[0], 4000 * 4 + (4 + 4) * 8 * 4096)
+    self.assertAlmostEqual(always.makespan / never.makespan, 4 / 3)
+
+  def testAllDevicesAtOnceHoldLessThanTheSumOfTheirPeaks(self):
+    plan = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=1, remat='always'), 32)
+    one_device = 4000 * 4 + (1 + 4) * 32 * 4096  # Its input, its recompute.
+    self.assertEqual(plan.step_bytes, (one_device,) * 2)
+    # The stages recompute one after the other: both inputs, one recompute.
+    self.assertEqual(plan.total_step_bytes, 8000 * 4 + (2 + 4) * 32 * 4096)
+
+  def testMoreMicroBatchesLowerTheBubble(self):
+    bubbles = [plan_lib.Evaluate(_MODEL, _Layout(k=4, m=m), 64).bubble_fraction
+               for m in (1, 2, 4, 8, 16)]
+    self.assertEqual(bubbles, sorted(bubbles, reverse=True))
+    self.assertAlmostEqual(bubbles[0], 3 / 4)
+
+  def testOneFOneBHoldsLessThanGPipe(self):
+    gpipe = plan_lib.Evaluate(_MODEL, _Layout(k=4, m=16), 64)
+    one = plan_lib.Evaluate(_MODEL, _Layout(k=4, m=16, schedule='1f1b'), 64)
+    self.assertEqual(one.peak_in_flight, (4, 3, 2, 1))
+    self.assertLess(one.memory_bytes, gpipe.memory_bytes)
+    self.assertAlmostEqual(one.makespan, gpipe.makespan)
+
+  def testReplicasSplitTheBatch(self):
+    plan = plan_lib.Evaluate(_MODEL, _Layout(k=1, m=1, r=4), 64)
+    self.assertEqual(plan.peak_in_flight, (1,))
+    self.assertEqual(plan.static_bytes, (8000 * 12,))  # The whole model.
+    alone = plan_lib.Evaluate(_MODEL, _Layout(k=1, m=1), 16)
+    self.assertAlmostEqual(plan.examples_per_sec, 4 * alone.examples_per_sec)
+
+
+class RankTest(absltest.TestCase):
+
+  def testTinyBudgetPicksRematOrOneFOneBOverGPipeNever(self):
+    # 16 MB of weights, slots and gradients per layer: one device cannot hold
+    # all 8 layers within the budgets below, so K = 2.
+    big = plan_lib.Model((dataclasses.replace(_LAYER, num_params=10**6),) * 8,
+                         _MODEL.input_bytes, _MODEL.bytes_per_param)
+    plans = plan_lib.Rank(big, 2, 64, schedules=['gpipe', '1f1b'])
+    gpipe_never = [p for p in plans if (p.layout.schedule, p.layout.remat,
+                                        p.layout.num_partitions) ==
+                   ('gpipe', 'never', 2)]
+    budget = min(p.memory_bytes for p in gpipe_never) - 1
+    plans = plan_lib.Rank(big, 2, 64, budget, schedules=['gpipe', '1f1b'])
+    best = plan_lib.Best(plans)
+    self.assertEqual(best.layout.num_partitions, 2)
+    self.assertTrue(best.layout.remat == 'always' or
+                    best.layout.schedule == '1f1b', best.layout)
+    self.assertLessEqual(best.memory_bytes, budget)
+    excluded = {p.layout for p in gpipe_never}
+    self.assertFalse(any(p.fits for p in plans if p.layout in excluded))
+    self.assertIn('Memory decided it: without the budget K=1 R=2',
+                  plan_lib.Reason(plans, budget))
+
+  def testHugeBudgetOnOneDeviceIsOneCell(self):
+    plans = plan_lib.Rank(_MODEL, 1, 64, memory_budget_bytes=2**40)
+    best = plan_lib.Best(plans)
+    self.assertEqual((best.layout.num_partitions, best.layout.num_replicas),
+                     (1, 1))
+    self.assertEqual(best.layout.remat, 'never')
+
+  def testZeroBubbleWinsAtEqualKAndMWhenMemoryIsNotBinding(self):
+    plans = plan_lib.Rank(_MODEL, 4, 64, schedules=['gpipe', '1f1b', 'zb_h1'],
+                          max_micro_batches=8)
+    same = [p for p in plans if (p.layout.num_partitions,
+                                 p.layout.num_micro_batches) == (4, 8)]
+    self.assertEqual(same[0].layout.schedule, 'zb_h1')
+    self.assertLess(same[0].bubble_fraction, same[-1].bubble_fraction)
+
+  def testNothingFitsIsANamedError(self):
+    plans = plan_lib.Rank(_MODEL, 2, 64, memory_budget_bytes=1000)
+    with self.assertRaisesRegex(plan_lib.PlanError,
+                                'smallest, K=2 R=1 .* needs .* MiB'):
+      plan_lib.Best(plans)
+
+  def testTable(self):
+    plans = plan_lib.Rank(_MODEL, 2, 64, schedules=['1f1b'], remats=['never'])
+    table = plan_lib.FormatTable(plans, top=3)
+    self.assertLen(table.splitlines(), 2 + 3)
+    # Two replicas of one cell have no bubble; at equal speed, the fewest
+    # micro-batches come first, then the least memory.
+    self.assertIn('| 1 | 1 | 2 | 1 | 1f1b | 1 | never | ', table)
+    self.assertIn('| 2 | 1 | 2 | 2 | 1f1b | 1 | never | ', table)
+
+
+class CompareTest(absltest.TestCase):
+
+  def testEstimatesBesideMeasuredRows(self):
+    rows = [dict(pipeline=True, mode='train', num_replicas=1, single_core=False,
+                 num_partitions=k, num_micro_batches=m, remat=remat,
+                 schedule='gpipe', num_virtual_stages=1,
+                 examples_per_sec=eps, peak_memory_bytes=mib * _MIB)
+            for k, m, remat, eps, mib in ((2, 1, 'never', 100, 10),
+                                          (2, 4, 'never', 150, 10),
+                                          (2, 4, 'always', 120, 3),
+                                          (2, 4, 'except_last', 1, 1))]
+    text = plan_lib.Compare(_MODEL, rows, 64)
+    self.assertIn('| K=2 M=4 gpipe remat=never | 150 | 1.50 | 1.60 | 1 | 1 |',
+                  text)
+    self.assertNotIn('except_last', text)
+    self.assertIn('throughput 1.00, memory 1.00 (3 rows)', text)
+
+
+class PlanToolTest(absltest.TestCase):
+  """The entry point on a registered experiment (FPropMeta, no devices)."""
+
+  def _Run(self, *args):
+    from tools import plan  # pylint: disable=g-import-not-at-top
+    saved = {name: flags.FLAGS[name].value for name in flags.FLAGS}
+    try:
+      flags.FLAGS(['plan'] + list(args))
+      return plan._Run()  # pylint: disable=protected-access
+    finally:
+      for name, value in saved.items():
+        flags.FLAGS[name].value = value
+
+  def testJsonOfTinyMlp(self):
+    out = json.loads(self._Run('--model=synthetic.mlp.TinyPipelined',
+                               '--devices=2', '--json', '--top=3'))
+    self.assertEqual((out['devices'], out['batch_size']), (2, 32))
+    self.assertLen(out['plans'], 3)
+    self.assertIn('Recommended', out['reason'])
+    first = out['plans'][0]
+    self.assertEqual(first['num_partitions'] * first['num_replicas'], 2)
+    # Tiny's optimizer is Adam: 4 + 8 bytes of weight and slots, 4 of gradient.
+    params = 16 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4
+    self.assertEqual(sum(first['static_bytes']), 12 * params)  # One replica.
+
+
+if __name__ == '__main__':
+  absltest.main()

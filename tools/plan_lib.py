@@ -1,0 +1,424 @@
+"""Estimates the throughput and per-device memory of pipeline layouts (K, R, M, schedule, V, remat) and ranks them.
+
+tools/plan.py is the entry point; this module is the planning, pure Python
+over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
+``ModelOf``), tested without devices. For D devices and a global batch N:
+
+  * every K dividing D gives R = D / K replicas of a K-device pipeline, each
+    with n = N / R examples cut into M micro-batches of b = ceil(n / M);
+  * the layers are cut into S = K x V stages by partition.PartitionBalanced
+    on forward FLOPs (what PipeliningLayer's cost='flops' does);
+  * stage s takes F_s = flops_s x b / flops_per_second per forward,
+    B_s = F_s (+ F_s when remat recomputes the forward) for the input
+    gradient and W_s = F_s for the weight gradients (BW = B + W, ~2 F);
+  * schedule.Simulate(schedule.Make(name, K, M, V), F, B, W) gives the
+    makespan, the bubble and peak_in_flight, the most (stage, micro-batch)
+    pairs whose activations each device holds;
+  * memory of a device = (weight + optimizer slots + gradient) bytes of the
+    parameters of its stages + the most activation bytes it holds at once
+    in the simulated step: a micro-batch's pass of stage s holds, from its F
+    to the end of its BW (or W), the stage's input only with remat 'always'
+    (and while its backward recomputes, the stage's activations too), the
+    input and every layer's output with remat 'never'. That is
+    peak_in_flight x one micro-batch's bytes when a device has one stage;
+    sizes are FPropMeta's output shapes x 4 bytes;
+  * estimated throughput = R x n / makespan examples/sec.
+
+Plans over the memory budget are dropped; the rest are ranked by estimated
+throughput, then by fewer micro-batches, then by memory. Deliberately NOT modelled: transfers between
+stages and the all-reduce between replicas, per-action overheads, kernels
+that run faster on larger micro-batches, the backward pass's temporary
+buffers, the loss, the allocator's fragmentation. So more micro-batches and
+more replicas always look at least as good here as they are; docs/planning.md
+compares the estimates with measured runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+from gpipe_tf import errors
+from gpipe_tf.pipeline import partition
+from gpipe_tf.pipeline import schedule as schedule_lib
+
+REMATS = ('never', 'always')
+MIB = 2**20
+
+
+class PlanError(errors.Error, ValueError):
+  """No layout fits the request; the message says what would."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+  """What one layer costs per example."""
+  flops: float  # Forward FLOPs.
+  num_params: int
+  output_bytes: int  # Bytes of its outputs.
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """The layers' costs and the bytes of a parameter."""
+  layers: tuple[LayerCost, ...]
+  input_bytes: int  # Bytes per example of the first layer's inputs.
+  bytes_per_param: int  # Weight + optimizer slots (tools.model_stats).
+  grad_bytes_per_param: int = 4  # The gradient, held during the step.
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """One candidate: K devices per replica, R replicas, M, schedule, V, remat."""
+  num_partitions: int
+  num_replicas: int
+  num_micro_batches: int
+  schedule: str
+  num_virtual_stages: int
+  remat: str
+
+  def Label(self) -> str:
+    v = f' V={self.num_virtual_stages}' if self.num_virtual_stages > 1 else ''
+    return (f'K={self.num_partitions} R={self.num_replicas} '
+            f'M={self.num_micro_batches} {self.schedule}{v} '
+            f'remat={self.remat}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A layout and its estimates (per-device tuples: one entry per device)."""
+  layout: Layout
+  balance: tuple[int, ...]  # Layers per stage.
+  makespan: float  # Seconds per step at flops_per_second.
+  bubble_fraction: float
+  examples_per_sec: float
+  peak_in_flight: tuple[int, ...]
+  static_bytes: tuple[int, ...]  # Weights and optimizer slots.
+  step_bytes: tuple[int, ...]  # Gradients and held activations, each's peak.
+  # Gradients and activations of all devices at the busiest moment (one
+  # allocator for all, as logical devices on a CPU).
+  total_step_bytes: float = 0.0
+  fits: bool = True
+
+  @property
+  def memory_bytes(self) -> int:
+    """The fullest device's total."""
+    return max(s + t for s, t in zip(self.static_bytes, self.step_bytes))
+
+  def AsDict(self) -> dict[str, Any]:
+    """The plan as JSON-able fields, the layout's flattened in."""
+    fields = dataclasses.asdict(self)
+    return dict(fields.pop('layout'), **fields,
+                memory_bytes=self.memory_bytes)
+
+
+def ModelOf(layer_params: Sequence, input_shapes: Sequence,
+            bytes_per_param: int, value_bytes: int = 4) -> Model:
+  """The costs of a layer list from its FPropMeta (no variables are built).
+
+  Output bytes count every batched output (rank >= 1) as ``value_bytes`` per
+  element, whatever its dtype.
+  """
+  from gpipe_tf.layers import core  # pylint: disable=g-import-not-at-top
+  metas = core.MetaOfSequence(list(layer_params), tuple(input_shapes))
+  layers = tuple(LayerCost(float(m.flops), int(m.num_params),
+                           _BytesPerExample(m.out_shapes, value_bytes))
+                 for m in metas)
+  return Model(layers, _BytesPerExample(input_shapes, value_bytes),
+               bytes_per_param, value_bytes)
+
+
+def _BytesPerExample(shapes: Sequence, value_bytes: int) -> int:
+  return sum(value_bytes * math.prod(int(d or 1) for d in s[1:])
+             for s in shapes if len(s))
+
+
+def Candidates(num_devices: int, batch_size: int, num_layers: int,
+               schedules: Sequence[str] | None = None,
+               remats: Sequence[str] = REMATS,
+               virtual_stages: Sequence[int] = (2,),
+               max_micro_batches: int = 64) -> list[Layout]:
+  """Every layout to consider for D devices and a global batch of N.
+
+  K divides D and N / (D / K) is whole; M is a power of 2 up to the
+  per-replica batch and ``max_micro_batches``; 'interleaved_1f1b' takes
+  each V in ``virtual_stages`` (its V = 1 is '1f1b'), every other schedule
+  V = 1; K x V stages need at least as many layers.
+
+  Raises:
+    PlanError: a schedule that is not registered, or D, N or the largest M
+      below 1.
+  """
+  for value, name in ((num_devices, 'devices'), (batch_size, 'batch size'),
+                      (max_micro_batches, 'largest M')):
+    if value < 1:
+      raise PlanError(f'The {name} must be >= 1, got {value}.')
+  names = list(schedules or schedule_lib.Names())
+  unknown = [n for n in names if n not in schedule_lib.Names()]
+  if unknown:
+    raise PlanError(f"Unknown schedule(s) {', '.join(unknown)}; use names "
+                    f"from {', '.join(schedule_lib.Names())}.")
+  layouts = []
+  for k in (k for k in range(1, num_devices + 1) if num_devices % k == 0):
+    r = num_devices // k
+    if batch_size % r:
+      continue
+    n = batch_size // r
+    micro = [2**i for i in range(int(math.log2(min(n, max_micro_batches))) + 1)]
+    for name in names:
+      vs = virtual_stages if name == 'interleaved_1f1b' else (1,)
+      for v in (v for v in vs if k * v <= num_layers):
+        layouts += [Layout(k, r, m, name, v, remat) for m in micro
+                    for remat in remats]
+  return layouts
+
+
+def Evaluate(model: Model, layout: Layout, batch_size: int,
+             flops_per_second: float = 1e12) -> Plan:
+  """The estimated step time, bubble and per-device memory of one layout.
+
+  Args:
+    model: the layers' costs.
+    layout: the candidate.
+    batch_size: the global batch N (each replica gets N / R).
+    flops_per_second: a device's speed; it scales every time alike.
+  """
+  k, v = layout.num_partitions, layout.num_virtual_stages
+  n = batch_size // layout.num_replicas
+  b = -(-n // layout.num_micro_batches)  # The largest micro-batch.
+  layers = model.layers
+  balance = _Balance(tuple(c.flops for c in layers), k * v)
+  stages = partition.SplitByBalance(list(layers), balance)
+  recompute = layout.remat == 'always'
+  # Simulate needs positive times: a stage without FLOPs takes a tiny one.
+  fwd = [max(sum(c.flops for c in st) * b / flops_per_second, 1e-12)
+         for st in stages]
+  sched = _Schedule(layout.schedule, k, layout.num_micro_batches, v)
+  sim = schedule_lib.Simulate(sched, fwd, [f * (2 if recompute else 1)
+                                           for f in fwd], fwd)
+  inputs = [model.input_bytes] + [st[-1].output_bytes for st in stages[:-1]]
+  outputs = [sum(c.output_bytes for c in st) for st in stages]
+  if recompute:  # Boundary inputs; a stage's activations while recomputed.
+    held, transient = [i * b for i in inputs], [o * b for o in outputs]
+  else:
+    held, transient = [(i + o) * b for i, o in zip(inputs, outputs)], None
+  device_peaks, total_peak = _HeldBytes(sched, sim, held, transient)
+  params = [sum(c.num_params for s in range(k * v) if sched.DeviceOf(s) == d
+                for c in stages[s]) for d in range(k)]
+  grads = [p * model.grad_bytes_per_param for p in params]
+  return Plan(layout, tuple(balance), sim.makespan, sim.bubble_fraction,
+              layout.num_replicas * n / sim.makespan,
+              tuple(sim.peak_in_flight),
+              tuple(p * model.bytes_per_param for p in params),
+              tuple(g + a for g, a in zip(grads, device_peaks)),
+              sum(grads) + total_peak)
+
+
+# Both are the same for every M / remat / schedule (resp. remat) of a Rank
+# and take seconds for a thousand layers or K x M in the thousands.
+@functools.lru_cache(maxsize=32)
+def _Balance(flops: tuple[float, ...], num_stages: int) -> tuple[int, ...]:
+  return tuple(partition.PartitionBalanced(flops, num_stages))
+
+
+@functools.lru_cache(maxsize=256)
+def _Schedule(name: str, k: int, m: int, v: int) -> schedule_lib.Schedule:
+  return schedule_lib.Make(name, k, m, v)
+
+
+def _HeldBytes(sched: schedule_lib.Schedule, sim: schedule_lib.SimResult,
+               held: Sequence[float], transient: Sequence[float] | None
+               ) -> tuple[list[float], float]:
+  """The most activation bytes each device, and all at once, hold in the step.
+
+  (s, m) holds ``held[s]`` from the start of F(s, m) to the end of its BW or
+  W (as SimResult.peak_in_flight counts); with ``transient``, its backward
+  (B or BW) also holds ``transient[s]`` while it runs (the recomputed
+  activations). A release at time t precedes a hold at t.
+  """
+  events = []
+  for d, acts in enumerate(sched.actions):
+    for a in acts:
+      s = a.stage
+      if a.kind == schedule_lib.F:
+        events.append((sim.start[a], held[s], d))
+      elif a.kind in (schedule_lib.W, schedule_lib.BW):
+        events.append((sim.end[a], -held[s], d))
+      if transient and a.kind in (schedule_lib.B, schedule_lib.BW):
+        events += [(sim.start[a], transient[s], d),
+                   (sim.end[a], -transient[s], d)]
+  now, peaks = [0.0] * sched.num_devices, [0.0] * sched.num_devices
+  total = peak_total = 0.0
+  for _, delta, d in sorted(events):
+    now[d] += delta
+    total += delta
+    peaks[d] = max(peaks[d], now[d])
+    peak_total = max(peak_total, total)
+  return peaks, peak_total
+
+
+def Rank(model: Model, num_devices: int, batch_size: int,
+         memory_budget_bytes: float | None = None,
+         flops_per_second: float = 1e12, **candidate_args) -> list[Plan]:
+  """Every candidate's Plan: those that fit first, each group fastest first.
+
+  ``candidate_args`` go to Candidates (schedules, remats, virtual_stages,
+  max_micro_batches). Ties in throughput go to fewer passes per stage (M x
+  V: the model leaves out per-pass overheads), then to the smaller memory.
+  """
+  plans = []
+  for layout in Candidates(num_devices, batch_size, len(model.layers),
+                           **candidate_args):
+    plan = Evaluate(model, layout, batch_size, flops_per_second)
+    fits = memory_budget_bytes is None or (plan.memory_bytes <=
+                                           memory_budget_bytes)
+    plans.append(dataclasses.replace(plan, fits=fits))
+  return sorted(plans, key=_Order)
+
+
+def _Order(plan: Plan) -> tuple:
+  # Rounded, so that layouts whose simulated times differ only by float
+  # rounding count as equally fast.
+  lo = plan.layout
+  return (not plan.fits, -float(f'{plan.examples_per_sec:.9g}'),
+          lo.num_micro_batches * lo.num_virtual_stages, plan.memory_bytes,
+          lo.num_partitions, lo.schedule, lo.remat)
+
+
+def Best(plans: Sequence[Plan]) -> Plan:
+  """The first plan of Rank's order that fits.
+
+  Raises:
+    PlanError: none fits; the message names the smallest plan.
+  """
+  if not plans:
+    raise PlanError('No layout to consider: the global batch must be a '
+                    'multiple of D / K for some K dividing D.')
+  if plans[0].fits:
+    return plans[0]
+  small = min(plans, key=lambda p: p.memory_bytes)
+  raise PlanError(
+      f'No layout fits the memory budget; the smallest, '
+      f'{small.layout.Label()}, needs {small.memory_bytes / MIB:.1f} MiB on '
+      'its fullest device: raise the budget to at least that, or use more '
+      'devices or a smaller batch.')
+
+
+def Reason(plans: Sequence[Plan], budget_bytes: float | None) -> str:
+  """Why the first plan (Best) won, in a few sentences."""
+  best = Best(plans)
+  fitting = [p for p in plans if p.fits]
+  within = ('of all' if budget_bytes is None else
+            f'within {budget_bytes / MIB:.1f} MiB per device, of')
+  lines = [f'Recommended {best.layout.Label()}: the highest estimated '
+           f'throughput {within} {len(fitting)} plans; simulated bubble '
+           f'{best.bubble_fraction:.3f}, {best.memory_bytes / MIB:.1f} MiB on '
+           'its fullest device.']
+  if len(fitting) > 1:
+    nxt = fitting[1]
+    gap = 1 - nxt.examples_per_sec / best.examples_per_sec
+    lines.append(f'Next: {nxt.layout.Label()}, '
+                 + (f'{100 * gap:.1f}% slower' if gap > 1e-9 else
+                    f'as fast but {nxt.memory_bytes / MIB:.1f} MiB') + '.')
+  unbounded = min(plans, key=lambda p: _Order(dataclasses.replace(p,
+                                                                   fits=True)))
+  if unbounded is not best:
+    lines.append(
+        f'Memory decided it: without the budget {unbounded.layout.Label()} '
+        f'would come first ({unbounded.examples_per_sec / best.examples_per_sec:.2f}x '
+        f'as fast) but needs {unbounded.memory_bytes / MIB:.1f} MiB.')
+  return '\n'.join(lines)
+
+
+def FormatTable(plans: Sequence[Plan], top: int = 10) -> str:
+  """The first ``top`` plans that fit, as a markdown table."""
+  fitting = [p for p in plans if p.fits][:top] if top else plans
+  base = fitting[0].examples_per_sec if fitting else 1.0
+  lines = ['| # | K | R | M | schedule | V | remat | est. examples/sec | '
+           'vs #1 | bubble | MiB, fullest device (most params + most step) |',
+           '|---|---|---|---|---|---|---|---|---|---|---|']
+  for i, p in enumerate(fitting):
+    lo = p.layout
+    lines.append(
+        f'| {i + 1} | {lo.num_partitions} | {lo.num_replicas} | '
+        f'{lo.num_micro_batches} | {lo.schedule} | {lo.num_virtual_stages} | '
+        f'{lo.remat} | {_Rate(p.examples_per_sec)} | '
+        f'{p.examples_per_sec / base:.2f} | {p.bubble_fraction:.3f} | '
+        f'{p.memory_bytes / MIB:.1f} ({max(p.static_bytes) / MIB:.1f} + '
+        f'{max(p.step_bytes) / MIB:.1f}) |')
+  return '\n'.join(lines)
+
+
+def _Rate(examples_per_sec: float) -> str:
+  return (f'{examples_per_sec:,.0f}' if examples_per_sec >= 100 else
+          f'{examples_per_sec:.3g}')
+
+
+def Compare(model: Model, rows: Sequence[dict], batch_size: int) -> str:
+  """The planner's estimates beside measured tools.benchmark rows, as markdown.
+
+  Takes the pipelined training rows of one replica with remat 'never' or
+  'always'. Throughput is shown relative to the first such row (the estimate's
+  absolute scale is arbitrary); memory beside the measured peak step memory,
+  which counts gradients and activations of all devices (one allocator), so
+  the estimate shown is Plan.total_step_bytes. Spearman rank
+  correlations of both close the table.
+  """
+  rows = [r for r in rows if r['pipeline'] and r['mode'] == 'train' and
+          r['num_replicas'] == 1 and r['remat'] in REMATS and
+          not r['single_core']]
+  if not rows:
+    raise PlanError('No pipelined training row of one replica with remat '
+                    f"{' or '.join(REMATS)} to compare with.")
+  plans = [Evaluate(model, Layout(r['num_partitions'], 1,
+                                  r['num_micro_batches'],
+                                  r.get('schedule', 'gpipe'),
+                                  r.get('num_virtual_stages', 1), r['remat']),
+                    batch_size) for r in rows]
+  measured = [r['examples_per_sec'] for r in rows]
+  estimated = [p.examples_per_sec for p in plans]
+  rank_m, rank_e = _Ranks([-x for x in measured]), _Ranks(
+      [-float(f'{x:.9g}') for x in estimated])
+  lines = ['| configuration | examples/sec | measured x | planner x | rank '
+           'measured | rank planner | peak MiB measured | step MiB planner |',
+           '|---|---|---|---|---|---|---|---|']
+  for r, p, rm, re in zip(rows, plans, rank_m, rank_e):
+    lo = p.layout
+    lines.append(
+        f'| {lo.Label().replace(" R=1", "")} | {r["examples_per_sec"]:.0f} | '
+        f'{r["examples_per_sec"] / measured[0]:.2f} | '
+        f'{p.examples_per_sec / estimated[0]:.2f} | {rm:g} | {re:g} | '
+        f'{r["peak_memory_bytes"] / MIB:.1f} | '
+        f'{p.total_step_bytes / MIB:.1f} |')
+  memory = [p.total_step_bytes for p in plans]
+  lines.append(
+      f'\nSpearman rank correlation, planner vs measured: throughput '
+      f'{_Spearman(rank_m, rank_e):.2f}, memory '
+      f'{_Spearman(_Ranks([r["peak_memory_bytes"] for r in rows]), _Ranks(memory)):.2f}'
+      f' ({len(rows)} rows).')
+  return '\n'.join(lines)
+
+
+def _Ranks(values: Sequence[float]) -> list[float]:
+  """1-based ranks, ascending; ties share their average rank."""
+  order = sorted(range(len(values)), key=lambda i: values[i])
+  ranks = [0.0] * len(values)
+  i = 0
+  while i < len(order):
+    j = i
+    while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+      j += 1
+    for t in order[i:j + 1]:
+      ranks[t] = (i + j) / 2 + 1
+    i = j + 1
+  return ranks
+
+
+def _Spearman(a: Sequence[float], b: Sequence[float]) -> float:
+  """Pearson correlation of two rank lists (nan when one is constant)."""
+  ma, mb = sum(a) / len(a), sum(b) / len(b)
+  cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+  var = math.sqrt(sum((x - ma)**2 for x in a) * sum((y - mb)**2 for y in b))
+  return cov / var if var else math.nan

@@ -85,7 +85,7 @@ def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
                     remats: Sequence[str], inference: bool,
                     schedules: Sequence[str] = ('gpipe',),
                     virtual_stages: int = 2) -> list[dict]:
-  """The schedule x K x M x remat grid on one replica, after a SequentialLayer baseline.
+  """The schedule x K x M x remat grid of one replica, after SequentialLayer.
 
   'interleaved_1f1b' rows have ``virtual_stages`` cells per device (V; V = 1
   would be '1f1b'), every other schedule one. With ``inference``,

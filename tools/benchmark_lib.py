@@ -150,8 +150,10 @@ def Merge(*grids: Sequence[dict]) -> list[dict]:
 
 
 def Label(cfg: dict, with_schedule: bool = True) -> str:
-  """E.g. 'K=2 M=4 remat=never 1f1b' ('gpipe' and, unless
-  ``with_schedule``, every schedule left out)."""
+  """The row's name, e.g. 'K=2 M=4 remat=never 1f1b'.
+
+  The schedule is named unless it is 'gpipe' or ``with_schedule`` is False.
+  """
   if not cfg['pipeline']:
     label = 'SequentialLayer' + (', single core' if cfg['single_core'] else '')
   else:

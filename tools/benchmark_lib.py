@@ -85,7 +85,7 @@ def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
                     remats: Sequence[str], inference: bool,
                     schedules: Sequence[str] = ('gpipe',),
                     virtual_stages: int = 2) -> list[dict]:
-  """The schedule x K x M x remat grid on one replica, after a SequentialLayer baseline.
+  """The schedule x K x M x remat grid of one replica, after SequentialLayer.
 
   'interleaved_1f1b' rows have ``virtual_stages`` cells per device (V; V = 1
   would be '1f1b'), every other schedule one. With ``inference``,
@@ -150,8 +150,10 @@ def Merge(*grids: Sequence[dict]) -> list[dict]:
 
 
 def Label(cfg: dict, with_schedule: bool = True) -> str:
-  """E.g. 'K=2 M=4 remat=never 1f1b' ('gpipe' and, unless
-  ``with_schedule``, every schedule left out)."""
+  """The row's name, e.g. 'K=2 M=4 remat=never 1f1b'.
+
+  The schedule is named unless it is 'gpipe' or ``with_schedule`` is False.
+  """
   if not cfg['pipeline']:
     label = 'SequentialLayer' + (', single core' if cfg['single_core'] else '')
   else:

@@ -104,14 +104,14 @@ def _Path(row: dict) -> str:
 
 def ScheduleTable(rows: Sequence[dict], micro_batches: Sequence[int],
                   remats: Sequence[str], num_partitions: int = 2) -> str:
-  """Every schedule's training rows at K = ``num_partitions`` (R=1), side by side.
+  """Every schedule's training rows at K = ``num_partitions`` (R=1).
 
   One line per schedule x remat x M: examples/sec, x single-core (when
   measured) and peak step memory.
   """
   k = num_partitions
-  lines = [f'\nSchedules at K={k} (training, R=1; path of every row: '
-           f"{'loss inside' if any(r['loss_inside'] for r in rows) else 'tape'})",
+  path = 'loss inside' if any(r['loss_inside'] for r in rows) else 'tape'
+  lines = [f'\nSchedules at K={k} (training, R=1; path of every row: {path})',
            '| schedule | remat | M | examples/sec | x single-core | peak MiB |',
            '|---|---|---|---|---|---|']
   for name in Schedules(rows):

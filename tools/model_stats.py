@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import app
 from absl import flags
@@ -213,20 +213,30 @@ def Run(flag_values: flags.FlagValues) -> str:
   return FormatText(flag_values.model, stats)
 
 
+def PrintOrExit(tool: str, run: Callable[[], str],
+                errors: tuple[type[Exception], ...] = ()) -> None:
+  """Prints run()'s output; on bad input exits with status 1 and one line.
+
+  Bad input: an unregistered model, a bad override, K larger than the
+  layers, a ModelStatsError, or one of ``errors``.
+  """
+  from gpipe_tf import hyperparams  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import partition  # pylint: disable=g-import-not-at-top
+  try:
+    print(run())
+  except (model_registry.ModelNotFoundError, AttributeError,
+          hyperparams.ParamsParseError, partition.PartitionError,
+          ModelStatsError) + tuple(errors) as e:
+    sys.exit(f'{tool}: error: ' + ' '.join(str(e).split()))
+
+
 def main(argv: Sequence[str],
          flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Prints Run's output; exits with status 1 and one line on bad input."""
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
-  from gpipe_tf import hyperparams  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import partition  # pylint: disable=g-import-not-at-top
-  try:
-    print(Run(flag_values))
-  except (model_registry.ModelNotFoundError, AttributeError,
-          hyperparams.ParamsParseError, partition.PartitionError,
-          ModelStatsError) as e:
-    sys.exit('model_stats: error: ' + ' '.join(str(e).split()))
+  PrintOrExit('model_stats', lambda: Run(flag_values))
 
 
 if __name__ == '__main__':

@@ -25,10 +25,10 @@ over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
   * estimated throughput = R x n / makespan examples/sec.
 
 Plans over the memory budget are dropped; the rest are ranked by estimated
-throughput, then by fewer micro-batches, then by memory. Deliberately NOT modelled: transfers between
-stages and the all-reduce between replicas, per-action overheads, kernels
-that run faster on larger micro-batches, the backward pass's temporary
-buffers, the loss, the allocator's fragmentation. So more micro-batches and
+throughput, then by fewer micro-batches, then by memory. Deliberately NOT
+modelled: transfers between stages and the all-reduce between replicas,
+per-action overheads, kernels that run faster on larger micro-batches, the
+backward pass's temporary buffers, the loss, the allocator's fragmentation. So more micro-batches and
 more replicas always look at least as good here as they are; docs/planning.md
 compares the estimates with measured runs.
 """
@@ -319,16 +319,23 @@ def Reason(plans: Sequence[Plan], budget_bytes: float | None) -> str:
   if len(fitting) > 1:
     nxt = fitting[1]
     gap = 1 - nxt.examples_per_sec / best.examples_per_sec
-    lines.append(f'Next: {nxt.layout.Label()}, '
-                 + (f'{100 * gap:.1f}% slower' if gap > 1e-9 else
-                    f'as fast but {nxt.memory_bytes / MIB:.1f} MiB') + '.')
+    if gap > 1e-9:
+      why = f'{100 * gap:.1f}% slower'
+    elif _Order(nxt)[2] > _Order(best)[2]:
+      why = 'as fast with more micro-batches'
+    elif nxt.memory_bytes > best.memory_bytes:
+      why = f'as fast but {nxt.memory_bytes / MIB:.1f} MiB'
+    else:
+      why = 'a tie, broken by K, schedule and remat names'
+    lines.append(f'Next: {nxt.layout.Label()}, {why}.')
   unbounded = min(plans, key=lambda p: _Order(dataclasses.replace(p,
                                                                    fits=True)))
   if unbounded is not best:
+    speed = unbounded.examples_per_sec / best.examples_per_sec
     lines.append(
         f'Memory decided it: without the budget {unbounded.layout.Label()} '
-        f'would come first ({unbounded.examples_per_sec / best.examples_per_sec:.2f}x '
-        f'as fast) but needs {unbounded.memory_bytes / MIB:.1f} MiB.')
+        f'would come first ({speed:.2f}x as fast) but needs '
+        f'{unbounded.memory_bytes / MIB:.1f} MiB.')
   return '\n'.join(lines)
 
 
@@ -354,71 +361,3 @@ def FormatTable(plans: Sequence[Plan], top: int = 10) -> str:
 def _Rate(examples_per_sec: float) -> str:
   return (f'{examples_per_sec:,.0f}' if examples_per_sec >= 100 else
           f'{examples_per_sec:.3g}')
-
-
-def Compare(model: Model, rows: Sequence[dict], batch_size: int) -> str:
-  """The planner's estimates beside measured tools.benchmark rows, as markdown.
-
-  Takes the pipelined training rows of one replica with remat 'never' or
-  'always'. Throughput is shown relative to the first such row (the estimate's
-  absolute scale is arbitrary); memory beside the measured peak step memory,
-  which counts gradients and activations of all devices (one allocator), so
-  the estimate shown is Plan.total_step_bytes. Spearman rank
-  correlations of both close the table.
-  """
-  rows = [r for r in rows if r['pipeline'] and r['mode'] == 'train' and
-          r['num_replicas'] == 1 and r['remat'] in REMATS and
-          not r['single_core']]
-  if not rows:
-    raise PlanError('No pipelined training row of one replica with remat '
-                    f"{' or '.join(REMATS)} to compare with.")
-  plans = [Evaluate(model, Layout(r['num_partitions'], 1,
-                                  r['num_micro_batches'],
-                                  r.get('schedule', 'gpipe'),
-                                  r.get('num_virtual_stages', 1), r['remat']),
-                    batch_size) for r in rows]
-  measured = [r['examples_per_sec'] for r in rows]
-  estimated = [p.examples_per_sec for p in plans]
-  rank_m, rank_e = _Ranks([-x for x in measured]), _Ranks(
-      [-float(f'{x:.9g}') for x in estimated])
-  lines = ['| configuration | examples/sec | measured x | planner x | rank '
-           'measured | rank planner | peak MiB measured | step MiB planner |',
-           '|---|---|---|---|---|---|---|---|']
-  for r, p, rm, re in zip(rows, plans, rank_m, rank_e):
-    lo = p.layout
-    lines.append(
-        f'| {lo.Label().replace(" R=1", "")} | {r["examples_per_sec"]:.0f} | '
-        f'{r["examples_per_sec"] / measured[0]:.2f} | '
-        f'{p.examples_per_sec / estimated[0]:.2f} | {rm:g} | {re:g} | '
-        f'{r["peak_memory_bytes"] / MIB:.1f} | '
-        f'{p.total_step_bytes / MIB:.1f} |')
-  memory = [p.total_step_bytes for p in plans]
-  lines.append(
-      f'\nSpearman rank correlation, planner vs measured: throughput '
-      f'{_Spearman(rank_m, rank_e):.2f}, memory '
-      f'{_Spearman(_Ranks([r["peak_memory_bytes"] for r in rows]), _Ranks(memory)):.2f}'
-      f' ({len(rows)} rows).')
-  return '\n'.join(lines)
-
-
-def _Ranks(values: Sequence[float]) -> list[float]:
-  """1-based ranks, ascending; ties share their average rank."""
-  order = sorted(range(len(values)), key=lambda i: values[i])
-  ranks = [0.0] * len(values)
-  i = 0
-  while i < len(order):
-    j = i
-    while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-      j += 1
-    for t in order[i:j + 1]:
-      ranks[t] = (i + j) / 2 + 1
-    i = j + 1
-  return ranks
-
-
-def _Spearman(a: Sequence[float], b: Sequence[float]) -> float:
-  """Pearson correlation of two rank lists (nan when one is constant)."""
-  ma, mb = sum(a) / len(a), sum(b) / len(b)
-  cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
-  var = math.sqrt(sum((x - ma)**2 for x in a) * sum((y - mb)**2 for y in b))
-  return cov / var if var else math.nan

@@ -1,11 +1,14 @@
-"""tools/plan_lib.py and tools/plan.py: layouts estimated from FLOPs and the simulator, ranked, within a budget."""
+"""tools/plan.py, plan_lib.py and plan_check.py: layouts estimated from FLOPs and the simulator, ranked within a budget, checked against rows."""
 
 import dataclasses
 import json
+import os
+import tempfile
 
 from absl import flags
 from absl.testing import absltest
 
+from tools import plan_check
 from tools import plan_lib
 
 # 8 equal layers of 1 MFLOP, 1000 parameters and 4 KiB of output per example.
@@ -158,7 +161,7 @@ class CompareTest(absltest.TestCase):
                                           (2, 4, 'never', 150, 10),
                                           (2, 4, 'always', 120, 3),
                                           (2, 4, 'except_last', 1, 1))]
-    text = plan_lib.Compare(_MODEL, rows, 64)
+    text = plan_check.Compare(_MODEL, rows, 64)
     self.assertIn('| K=2 M=4 gpipe remat=never | 150 | 1.50 | 1.60 | 1 | 1 |',
                   text)
     self.assertNotIn('except_last', text)
@@ -170,13 +173,10 @@ class PlanToolTest(absltest.TestCase):
 
   def _Run(self, *args):
     from tools import plan  # pylint: disable=g-import-not-at-top
-    saved = {name: flags.FLAGS[name].value for name in flags.FLAGS}
-    try:
-      flags.FLAGS(['plan'] + list(args))
-      return plan._Run()  # pylint: disable=protected-access
-    finally:
-      for name, value in saved.items():
-        flags.FLAGS[name].value = value
+    flag_values = flags.FlagValues()
+    plan.DefineFlags(flag_values)
+    flag_values(['plan'] + list(args))
+    return plan.Run(flag_values)
 
   def testJsonOfTinyMlp(self):
     out = json.loads(self._Run('--model=synthetic.mlp.TinyPipelined',
@@ -189,6 +189,22 @@ class PlanToolTest(absltest.TestCase):
     # Tiny's optimizer is Adam: 4 + 8 bytes of weight and slots, 4 of gradient.
     params = 16 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4
     self.assertEqual(sum(first['static_bytes']), 12 * params)  # One replica.
+
+  def testCompareReadsTheBenchmarksModelAndRows(self):
+    row = dict(pipeline=True, mode='train', num_replicas=1, single_core=False,
+               num_partitions=2, num_micro_batches=2, remat='never',
+               schedule='1f1b', num_virtual_stages=1, examples_per_sec=50.0,
+               peak_memory_bytes=2**20)
+    path = os.path.join(tempfile.mkdtemp(), 'rows.json')
+    with open(path, 'w') as f:
+      json.dump(dict(block='fc', num_blocks=4, dim=8, seq_len=4,
+                     batch_size=16, learning_rate=0.1, num_devices=2,
+                     rows=[row]), f)
+    out = self._Run(f'--compare={path}', '--top=2')
+    self.assertIn("tools.benchmark's 4 x fc blocks of width 8: D=2 devices, "
+                  'batch 16', out)
+    self.assertIn('| K=2 M=2 1f1b remat=never | 50 | 1.00 | 1.00 | 1 | 1 | '
+                  '1.0 |', out)
 
 
 if __name__ == '__main__':

@@ -5,7 +5,6 @@ import test_utils  # pylint: disable=g-bad-import-order
 test_utils.SetUpDevices()
 
 import json  # pylint: disable=g-import-not-at-top,g-bad-import-order
-import os
 import subprocess
 import sys
 import time

@@ -37,10 +37,12 @@ class Cell:
     return core.AsTuple(core.RunSequence(self.layers, xs, training))
 
   def OnDevice(self, device: str) -> 'Cell':
-    """The same layers placed on another device (a data-parallel replica)."""
-    cell = Cell(self.index, self.layers, device)
-    cell._functions = self._functions  # pylint: disable=protected-access
-    return cell
+    """The same layers placed on another device (a data-parallel replica).
+
+    The copy traces its own functions: a function traced in one replica's
+    context captures that replica's copies of the variables.
+    """
+    return Cell(self.index, self.layers, device)
 
   def RunTraced(self, structure: Any, flat: Sequence[Any], training: bool,
                 seed: tf.Tensor, recompute: bool = False) -> list:

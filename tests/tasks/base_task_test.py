@@ -66,6 +66,32 @@ class BaseTaskTest(tf.test.TestCase):
     meta = tasks.BaseTask.FPropMeta(p, (4, 3))
     self.assertEqual(meta.out_shapes, ((4, 2),))
 
+  def testScheduleThatNeedsTheLossInsideNeedsLossTerms(self):
+    from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
+    from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
+
+    class _MeanOnly(tasks.BaseTask):
+      """A task that overrides ComputeLoss only (no per-example terms)."""
+
+      def ComputeLoss(self, batch, training=False):
+        return tf.reduce_mean(self.model.FProp(batch['inputs'],
+                                               training=training)), {}
+
+    layers = [core.FCLayer.Params().Set(name=f'fc{i}', input_dim=3,
+                                        output_dim=3) for i in range(2)]
+    model = PipeliningLayer.Params().Set(
+        name='net', layers=layers, num_partitions=2, num_micro_batches=2,
+        schedule='1f1b')
+    batch = {'inputs': tf.ones([4, 3])}
+    task = _MeanOnly.Params().Set(model=model.Copy()).Instantiate()
+    with self.assertRaisesRegex(loss_lib.LossNotSplittableError, 'LossTerms'):
+      task.ComputeLossAndGradients(batch, task.trainable_variables)
+    # With GPipe the GradientTape path trains it.
+    task = _MeanOnly.Params().Set(
+        model=model.Copy().Set(schedule='gpipe')).Instantiate()
+    _, _, grads = task.ComputeLossAndGradients(batch, task.trainable_variables)
+    self.assertNotIn(None, grads)
+
   def testBatchSize(self):
     self.assertEqual(int(tasks.BatchSize({'a': tf.zeros([5, 2]),
                                           'b': tf.zeros([5])})), 5)

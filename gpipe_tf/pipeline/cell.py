@@ -69,9 +69,7 @@ class Cell:
         holder['bn'], sums = stats.Export()
         return tf.nest.flatten(y), sums
 
-      fn = (tf.function(tf.autograph.experimental.do_not_convert(_Body),
-                        autograph=False,
-                        experimental_attributes={'_noinline': True}), holder)
+      fn = (_Function(_Body), holder)
       self._functions[key] = fn
     function, holder = fn
     flat_y, sums = function(seed, *flat)
@@ -80,3 +78,102 @@ class Cell:
       for layer, stats in zip(holder.get('bn', []), sums):
         deferred.Add(layer, *stats)
     return tf.nest.pack_sequence_as(holder['struct'], list(flat_y))
+
+  def BackwardTraced(self, structure: Any, flat: Sequence[Any],
+                     dys: Sequence[Any], training: bool, seed: tf.Tensor,
+                     input_grads: Sequence[bool],
+                     sums: Sequence[Any] | None = None
+                     ) -> tuple[list, list, list]:
+    """A rematerialised backward through one tf.function per cell.
+
+    The function recomputes the cell's forward from its boundary input `flat`
+    (step seed `seed`: dropout masks repeat) and differentiates it against the
+    output gradients `dys` (None where an output gets none), all inside: the
+    caller's graph holds one call per micro-batch, not TensorFlow's
+    forward-with-intermediates and backward pair, and no tape.
+
+    Args:
+      structure, flat, training, seed: as for RunTraced.
+      dys: one gradient (or None) per flat output.
+      input_grads: per flat input, whether to return its gradient.
+      sums: the dense weight gradients an earlier call returned (None where
+        it returned none or IndexedSlices), added to this micro-batch's inside
+        the function, so a step's graph holds no sum op per variable and
+        micro-batch.
+
+    Returns:
+      (dx, variables, dws): the input gradients (None where not asked or not
+      a float), the variables differentiated (the cell's own, then any other
+      trainable variable it read, e.g. a tied embedding) and their gradients,
+      plus `sums` where given (None for a variable the outputs do not depend
+      on; IndexedSlices stay sparse and are not summed).
+    """
+    present = tuple(d is not None for d in dys)
+    wanted = tuple(bool(w) and _IsFloat(x) for w, x in zip(input_grads, flat))
+    summed = None if sums is None else tuple(g is not None for g in sums)
+    key = ('backward', repr(tf.nest.map_structure(lambda _: 0, structure)),
+           training, present, wanted, summed)
+    fn = self._functions.get(key)
+    if fn is None:
+      holder = {}
+
+      def _Backward(step_seed, xs, gys, prev):
+        xs = list(xs)
+        with tf.GradientTape() as tape:
+          tape.watch([x for x, w in zip(xs, wanted) if w])
+          with random_seeds.StepSeedScope(step_seed), (
+              base_layer.RecomputeScope()), normalization.DeferMovingStats():
+            ys = tf.nest.flatten(self.Run(structure, xs, training))
+        own = {v.ref() for v in self.variables}
+        variables = list(self.variables) + [
+            v for v in tape.watched_variables()
+            if v.trainable and v.ref() not in own]
+        holder['variables'] = variables
+        pairs = [(y, g) for y, g in zip(ys, gys)
+                 if g is not None and _IsFloat(y)]
+        sources = [x for x, w in zip(xs, wanted) if w] + variables
+        if pairs:
+          grads = tape.gradient([y for y, _ in pairs], sources,
+                                output_gradients=[g for _, g in pairs])
+        else:
+          grads = [None] * len(sources)
+        grads = iter(grads)
+        dx = [next(grads) if w else None for w in wanted]
+        dws = list(grads)
+        if prev is not None:
+          dws = [_Sum(g, p) for g, p in zip(dws, prev)]
+        return dx, dws
+
+      fn = (_Function(_Backward), holder)
+      self._functions[key] = fn
+    function, holder = fn
+    dx, dws = function(seed, list(flat), list(dys),
+                       None if sums is None else list(sums))
+    return list(dx), list(holder['variables']), list(dws)
+
+
+def _Sum(grad: Any, prev: Any) -> Any:
+  if prev is None:
+    return grad
+  if grad is None:
+    return prev
+  return grad + prev
+
+
+def _IsFloat(x: Any) -> bool:
+  return x is not None and x.dtype.is_floating
+
+
+def _Function(body):
+  """A tf.function that Grappler neither inlines nor copies per call site.
+
+  Not inlined: the step's runtime graph keeps one call op per action.
+  Not specialised: Grappler's function optimizer would otherwise make a copy
+  of the function for every call whose inputs include a constant or whose
+  outputs go partly unused, and optimise and instantiate each copy, which
+  grows the first step's preparation with the number of micro-batches
+  (docs/scale.md).
+  """
+  return tf.function(tf.autograph.experimental.do_not_convert(body),
+                     autograph=False,
+                     experimental_attributes={'_noinline': True})

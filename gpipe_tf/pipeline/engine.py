@@ -73,6 +73,16 @@ def _MergeOutputs(run: executor_lib.StepExecutor, cells) -> Any:
   return core.FromTuple(tf.nest.pack_sequence_as(run.out_struct[-1], merged))
 
 
+# The engine builds its ops explicitly and branches only on Python values, so
+# AutoGraph has nothing to convert in it; left on (inside the user's
+# tf.function) it re-converts the executor's methods and the layers they call
+# action after action, which took a third of the trace time at M=32
+# (docs/scale.md). Entry points are therefore marked do_not_convert; the
+# cells' layers and the loss_fn then run as plain Python, as in Lingvo.
+_NotConverted = tf.autograph.experimental.do_not_convert
+
+
+@_NotConverted
 def RunPipeline(cells: Sequence[cell_lib.Cell],
                 schedule: schedule_lib.Schedule, remat: Remat, inputs: tuple,
                 training: bool, trace: Any = None,
@@ -162,6 +172,7 @@ def _InputGrads(run: executor_lib.StepExecutor, ts: Sequence[tf.Tensor],
   return input_grads
 
 
+@_NotConverted
 def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
                         schedule: schedule_lib.Schedule, remat: Remat,
                         inputs: tuple, labels: Any,

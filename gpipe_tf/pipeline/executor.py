@@ -53,6 +53,9 @@ def _Gate(tensors: Sequence[Any], after: Sequence[Any]) -> list[Any]:
   after = [a for a in after if a is not None]
   if not after or tf.executing_eagerly():
     return list(tensors)
+  if len(after) > 1:  # One edge per tensor, not len(after) per tensor.
+    with tf.control_dependencies(after):
+      after = [tf.no_op(name='after')]
   with tf.control_dependencies(after):
     return [None if t is None else tf.identity(t) for t in tensors]
 
@@ -130,6 +133,9 @@ class StepExecutor:
     self.grads: dict[Any, Any] = {}                 # var.ref() -> dense sum
     self.sparse: dict[Any, list] = {}               # var.ref() -> slices
     self.variables: dict[Any, tf.Variable] = {}
+    # trace_once: stage -> (variables, dense gradient sums) of its backward
+    # calls, summed inside them; folded into `grads` by Gradient.
+    self.cell_sums: dict[int, tuple[list, list]] = {}
 
   # ---- Driving -------------------------------------------------------------
   def Run(self, actions: Sequence[schedule_lib.Action],
@@ -211,6 +217,9 @@ class StepExecutor:
       x = self.inputs[s][m]
       before = self.device_done.get(d, [])
       tape = self.tapes[s][m]
+      if tape is None and self.trace_once:
+        self._BackwardTraced(action, cell, x, dy, before)
+        return
       if tape is None:  # Rematerialise from the boundary input.
         gate = before + [g for g in dy if g is not None]
         x = _Gate(x, gate)
@@ -264,6 +273,42 @@ class StepExecutor:
         self.dys[s - 1][m] = dx
       else:
         self.dxs[m] = dx
+
+  def _BackwardTraced(self, action, cell: cell_lib.Cell, x: list, dy: list,
+                      before: list) -> None:
+    """A rematerialised B or BW with trace_once: one call of the cell's
+    backward function (Cell.BackwardTraced), which recomputes the forward and
+    differentiates it inside. Its weight gradients are summed at once, also
+    for B (a function's gradient is one op: there is nothing to defer)."""
+    s, m = action.stage, action.micro_batch
+    gate = before + [g for g in dy if g is not None]
+    x = _Gate(x, gate)
+    seed = _Gate([self.seeds[m]], gate)[0]
+    self._Stamp('Start', action, x)
+    wanted = [s > 0 or self.input_grads] * len(x)
+    prev = self.cell_sums.get(s)
+    with self._BnScope():
+      dx, variables, dws = cell.BackwardTraced(
+          self.in_struct[s], x, dy, self.training, seed, wanted,
+          None if prev is None else prev[1])
+    dense = [None if isinstance(g, tf.IndexedSlices) else g for g in dws]
+    self.cell_sums[s] = (variables, dense)
+    # The call's outputs all exist once it has finished: one of them is
+    # enough to order the device's next action after it.
+    done = [g for g in dx + dense if g is not None][:1] or [
+        g for g in dy if g is not None]
+    if action.kind == schedule_lib.B:
+      self.deferred[(s, m)] = _Deferred(variables, [], [])
+    sparse = [(v, g) for v, g in zip(variables, dws)
+              if isinstance(g, tf.IndexedSlices)]
+    done += self._Accumulate([v for v, _ in sparse], [g for _, g in sparse])
+    self.tapes[s][m] = None
+    self._Stamp('End', action, done)
+    self.device_done[self._Device(s)] = done
+    if s > 0:
+      self.dys[s - 1][m] = dx
+    else:
+      self.dxs[m] = dx
 
   def _RunCell(self, cell: cell_lib.Cell, struct: Any, x: Sequence[Any],
                seed: tf.Tensor, recompute: bool = False) -> Any:
@@ -325,14 +370,24 @@ class StepExecutor:
       done.append(self.grads[v.ref()])
     return done
 
+  def _FoldCellSums(self) -> None:
+    """Adds the per-cell sums of trace_once backward calls to `grads`."""
+    sums, self.cell_sums = self.cell_sums, {}
+    for s in sorted(sums):
+      variables, dense = sums[s]
+      with tf.device(self.cells[s].device):
+        self._Accumulate(variables, dense)
+
   def ClearGradients(self) -> None:
     """Starts a new backward of the same forward (a persistent tape asking
     again): its gradients are summed afresh."""
     self.grads, self.sparse, self.deferred = {}, {}, {}
+    self.cell_sums = {}
     self.dxs = [None] * len(self.dxs)
 
   def Gradient(self, variable: tf.Variable) -> Any:
     """The summed gradient of `variable` (None if nothing read it)."""
+    self._FoldCellSums()
     ref = variable.ref()
     dense, parts = self.grads.get(ref), self.sparse.get(ref, [])
     if not parts:

@@ -18,7 +18,8 @@ over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
     parameters of its stages + the most activation bytes it holds at once
     in the simulated step: a micro-batch's pass of stage s holds, from its F
     to the end of its BW (or W), the stage's input only with remat 'always'
-    (and while its backward recomputes, the stage's activations too), the
+    (and from the start of its backward, which recomputes them, the stage's
+    activations too: until W, whose deferred weight gradients read them), the
     input and every layer's output with remat 'never'. That is
     peak_in_flight x one micro-batch's bytes when a device has one stage;
     sizes are FPropMeta's output shapes x 4 bytes;
@@ -235,8 +236,9 @@ def _HeldBytes(sched: schedule_lib.Schedule, sim: schedule_lib.SimResult,
 
   (s, m) holds ``held[s]`` from the start of F(s, m) to the end of its BW or
   W (as SimResult.peak_in_flight counts); with ``transient``, its backward
-  (B or BW) also holds ``transient[s]`` while it runs (the recomputed
-  activations). A release at time t precedes a hold at t.
+  also holds ``transient[s]`` (the recomputed activations) from the start of
+  its B or BW to the end of its BW or W: a split backward's weight gradients,
+  deferred to W, read them. A release at time t precedes a hold at t.
   """
   events = []
   for d, acts in enumerate(sched.actions):
@@ -247,8 +249,9 @@ def _HeldBytes(sched: schedule_lib.Schedule, sim: schedule_lib.SimResult,
       elif a.kind in (schedule_lib.W, schedule_lib.BW):
         events.append((sim.end[a], -held[s], d))
       if transient and a.kind in (schedule_lib.B, schedule_lib.BW):
-        events += [(sim.start[a], transient[s], d),
-                   (sim.end[a], -transient[s], d)]
+        events.append((sim.start[a], transient[s], d))
+      if transient and a.kind in (schedule_lib.W, schedule_lib.BW):
+        events.append((sim.end[a], -transient[s], d))
   now, peaks = [0.0] * sched.num_devices, [0.0] * sched.num_devices
   total = peak_total = 0.0
   for _, delta, d in sorted(events):

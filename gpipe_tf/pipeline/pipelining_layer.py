@@ -84,11 +84,11 @@ class PipeliningLayer(base_layer.BaseLayer):
              "Recompute policy. 'always': recompute every forward whose "
              'backward does not directly follow it on its device; the ones '
              'that do (Schedule.ForwardsFollowedByBackward: every micro-batch '
-             "of 1f1b's last stage, gpipe's last micro-batch) would rebuild "
-             'the same activations at once, so keeping them costs no peak '
-             "memory. 'except_last': as 'always', and also keep the last "
-             "micro-batch on every stage. 'never': keep every forward's "
-             'activations.')
+             "of 1f1b's last stage, gpipe's last micro-batch when V = 1) "
+             'would rebuild the same activations at once, so keeping them '
+             "costs no peak memory. 'except_last': as 'always', and also keep "
+             "the last micro-batch on every stage. 'never': keep every "
+             "forward's activations.")
     p.Define('devices', None,
              'Optional list of device strings; default: all GPUs, else TPU '
              'cores, else the logical CPU devices.')

@@ -9,17 +9,24 @@ over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
   * the layers are cut into S = K x V stages by partition.PartitionBalanced
     on forward FLOPs (what PipeliningLayer's cost='flops' does);
   * stage s takes F_s = flops_s x b / flops_per_second per forward,
-    B_s = F_s (+ F_s when remat recomputes the forward) for the input
-    gradient and W_s = F_s for the weight gradients (BW = B + W, ~2 F);
+    B_s = F_s (+ r_s x F_s with remat 'always') for the input gradient and
+    W_s = F_s for the weight gradients (BW = B + W, ~2 F). r_s is the share
+    of stage s's micro-batches whose forward is recomputed: all but those
+    whose backward directly follows their forward on the device
+    (Schedule.ForwardsFollowedByBackward; PipeliningLayer keeps them), so
+    r_s = 0 on 1F1B's last stage and (M - 1) / M on every GPipe stage
+    (V = 1); the saving is spread evenly over the stage's backwards;
   * schedule.Simulate(schedule.Make(name, K, M, V), F, B, W) gives the
     makespan, the bubble and peak_in_flight, the most (stage, micro-batch)
     pairs whose activations each device holds;
   * memory of a device = (weight + optimizer slots + gradient) bytes of the
     parameters of its stages + the most activation bytes it holds at once
     in the simulated step: a micro-batch's pass of stage s holds, from its F
-    to the end of its BW (or W), the stage's input only with remat 'always'
-    (and while its backward recomputes, the stage's activations too), the
-    input and every layer's output with remat 'never'. That is
+    to the end of its BW (or W), the stage's input only when its forward is
+    recomputed (and from the start of its backward, which recomputes them,
+    the stage's activations too: until W, whose deferred weight gradients
+    read them), the input and every layer's output when it is kept (remat
+    'never', and under 'always' the pairs above). That is
     peak_in_flight x one micro-batch's bytes when a device has one stage;
     sizes are FPropMeta's output shapes x 4 bytes;
   * estimated throughput = R x n / makespan examples/sec.
@@ -191,20 +198,19 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
   layers = model.layers
   balance = _Balance(tuple(c.flops for c in layers), k * v)
   stages = partition.SplitByBalance(list(layers), balance)
-  recompute = layout.remat == 'always'
   # Simulate needs positive times: a stage without FLOPs takes a tiny one.
   fwd = [max(sum(c.flops for c in st) * b / flops_per_second, 1e-12)
          for st in stages]
   sched = _Schedule(layout.schedule, k, layout.num_micro_batches, v)
-  sim = schedule_lib.Simulate(sched, fwd, [f * (2 if recompute else 1)
-                                           for f in fwd], fwd)
+  recomputed = _Recomputed(sched, layout.remat)
+  shares = [sum((s, m) in recomputed for m in range(sched.num_micro_batches))
+            / sched.num_micro_batches for s in range(sched.num_stages)]
+  sim = schedule_lib.Simulate(sched, fwd, [f * (1 + r)
+                                           for f, r in zip(fwd, shares)], fwd)
   inputs = [model.input_bytes] + [st[-1].output_bytes for st in stages[:-1]]
   outputs = [sum(c.output_bytes for c in st) for st in stages]
-  if recompute:  # Boundary inputs; a stage's activations while recomputed.
-    held, transient = [i * b for i in inputs], [o * b for o in outputs]
-  else:
-    held, transient = [(i + o) * b for i, o in zip(inputs, outputs)], None
-  device_peaks, total_peak = _HeldBytes(sched, sim, held, transient)
+  device_peaks, total_peak = _HeldBytes(sched, sim, [i * b for i in inputs],
+                                        [o * b for o in outputs], recomputed)
   params = [sum(c.num_params for s in range(k * v) if sched.DeviceOf(s) == d
                 for c in stages[s]) for d in range(k)]
   grads = [p * model.grad_bytes_per_param for p in params]
@@ -228,27 +234,48 @@ def _Schedule(name: str, k: int, m: int, v: int) -> schedule_lib.Schedule:
   return schedule_lib.Make(name, k, m, v)
 
 
+def _Recomputed(sched: schedule_lib.Schedule,
+                remat: str) -> frozenset[tuple[int, int]]:
+  """The (stage, micro-batch) pairs whose forward ``remat`` recomputes.
+
+  'always': all but Schedule.ForwardsFollowedByBackward(), as PipeliningLayer
+  does; any other policy (the planner's 'never'): none.
+  """
+  if remat != 'always':
+    return frozenset()
+  every = {(s, m) for s in range(sched.num_stages)
+           for m in range(sched.num_micro_batches)}
+  return frozenset(every - sched.ForwardsFollowedByBackward())
+
+
 def _HeldBytes(sched: schedule_lib.Schedule, sim: schedule_lib.SimResult,
-               held: Sequence[float], transient: Sequence[float] | None
+               inputs: Sequence[float], activations: Sequence[float],
+               recomputed: frozenset[tuple[int, int]]
                ) -> tuple[list[float], float]:
   """The most activation bytes each device, and all at once, hold in the step.
 
-  (s, m) holds ``held[s]`` from the start of F(s, m) to the end of its BW or
-  W (as SimResult.peak_in_flight counts); with ``transient``, its backward
-  (B or BW) also holds ``transient[s]`` while it runs (the recomputed
-  activations). A release at time t precedes a hold at t.
+  (s, m) holds ``inputs[s]`` from the start of F(s, m) to the end of its BW
+  or W (as SimResult.peak_in_flight counts), and ``activations[s]`` over the
+  same span when its forward is kept. When (s, m) is in ``recomputed`` its
+  backward holds ``activations[s]`` from the start of its B or BW (which
+  recomputes them) to the end of its BW or W (a split backward's weight
+  gradients, deferred to W, read them). A release at time t precedes a hold
+  at t.
   """
   events = []
   for d, acts in enumerate(sched.actions):
     for a in acts:
       s = a.stage
+      again = (s, a.micro_batch) in recomputed
+      held = inputs[s] + (0 if again else activations[s])
       if a.kind == schedule_lib.F:
-        events.append((sim.start[a], held[s], d))
+        events.append((sim.start[a], held, d))
       elif a.kind in (schedule_lib.W, schedule_lib.BW):
-        events.append((sim.end[a], -held[s], d))
-      if transient and a.kind in (schedule_lib.B, schedule_lib.BW):
-        events += [(sim.start[a], transient[s], d),
-                   (sim.end[a], -transient[s], d)]
+        events.append((sim.end[a], -held, d))
+      if again and a.kind in (schedule_lib.B, schedule_lib.BW):
+        events.append((sim.start[a], activations[s], d))
+      if again and a.kind in (schedule_lib.W, schedule_lib.BW):
+        events.append((sim.end[a], -activations[s], d))
   now, peaks = [0.0] * sched.num_devices, [0.0] * sched.num_devices
   total = peak_total = 0.0
   for _, delta, d in sorted(events):
@@ -266,7 +293,9 @@ def Rank(model: Model, num_devices: int, batch_size: int,
 
   ``candidate_args`` go to Candidates (schedules, remats, virtual_stages,
   max_micro_batches). Ties in throughput go to fewer passes per stage (M x
-  V: the model leaves out per-pass overheads), then to the smaller memory.
+  V: the model leaves out per-pass overheads), then to the smaller memory,
+  then to fewer devices per replica, by schedule name, and to remat 'never'
+  (an 'always' that recomputes nothing, as at M = 1, ties with it).
   """
   plans = []
   for layout in Candidates(num_devices, batch_size, len(model.layers),
@@ -282,9 +311,10 @@ def _Order(plan: Plan) -> tuple:
   # Rounded, so that layouts whose simulated times differ only by float
   # rounding count as equally fast.
   lo = plan.layout
+  # 'never' before 'always' on a tie: at M = 1 'always' recomputes nothing.
   return (not plan.fits, -float(f'{plan.examples_per_sec:.9g}'),
           lo.num_micro_batches * lo.num_virtual_stages, plan.memory_bytes,
-          lo.num_partitions, lo.schedule, lo.remat)
+          lo.num_partitions, lo.schedule, lo.remat != 'never', lo.remat)
 
 
 def Best(plans: Sequence[Plan]) -> Plan:
@@ -326,7 +356,7 @@ def Reason(plans: Sequence[Plan], budget_bytes: float | None) -> str:
     elif nxt.memory_bytes > best.memory_bytes:
       why = f'as fast but {nxt.memory_bytes / MIB:.1f} MiB'
     else:
-      why = 'a tie, broken by K, schedule and remat names'
+      why = "a tie, broken by K, schedule name and remat ('never' first)"
     lines.append(f'Next: {nxt.layout.Label()}, {why}.')
   unbounded = min(plans, key=lambda p: _Order(dataclasses.replace(p,
                                                                    fits=True)))

@@ -81,9 +81,14 @@ class PipeliningLayer(base_layer.BaseLayer):
              'M: micro-batches per mini-batch (M >= 4K makes the bubble '
              'negligible).')
     p.Define('remat', 'except_last',
-             "Recompute policy: 'always', 'except_last' (skip the last "
-             "micro-batch, whose backward directly follows its forward), "
-             "'never'.")
+             "Recompute policy. 'always': recompute every forward whose "
+             'backward does not directly follow it on its device; the ones '
+             'that do (Schedule.ForwardsFollowedByBackward: every micro-batch '
+             "of 1f1b's last stage, gpipe's last micro-batch when V = 1) "
+             'would rebuild the same activations at once, so keeping them '
+             "costs no peak memory. 'except_last': as 'always', and also keep "
+             "the last micro-batch on every stage. 'never': keep every "
+             "forward's activations.")
     p.Define('devices', None,
              'Optional list of device strings; default: all GPUs, else TPU '
              'cores, else the logical CPU devices.')
@@ -139,6 +144,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     num_stages = len(self._balance)
     num_devices = num_stages // p.num_virtual_stages
     self._schedule = self._MakeSchedule(num_devices)
+    self._kept = self._KeptForwards()
     self._devices = [all_devices[k] for k in range(num_devices)]
     per_layer = [self._devices[self._schedule.DeviceOf(s)]
                  for s, n in enumerate(self._balance) for _ in range(n)]
@@ -234,13 +240,25 @@ class PipeliningLayer(base_layer.BaseLayer):
     the schedule runs a backward before the last forward."""
     return not self._schedule.IsFillDrain()
 
+  def _KeptForwards(self) -> frozenset[tuple[int, int]] | None:
+    """The (stage, micro-batch) pairs ``remat`` does not recompute; None: all.
+
+    'always' keeps the pairs whose backward directly follows their forward on
+    the device; 'except_last' keeps those and the last micro-batch of every
+    stage; 'never' keeps everything.
+    """
+    p = self.p
+    if p.remat == 'never':
+      return None
+    kept = set(self._schedule.ForwardsFollowedByBackward())
+    if p.remat == 'except_last':
+      kept |= {(s, p.num_micro_batches - 1)
+               for s in range(self._schedule.num_stages)}
+    return frozenset(kept)
+
   def _Remat(self, s: int, m: int) -> bool:
-    del s
-    if self.p.remat == 'always':
-      return True
-    if self.p.remat == 'never':
-      return False
-    return m != self.p.num_micro_batches - 1
+    """True when F(s, m) keeps only its input and its backward recomputes it."""
+    return self._kept is not None and (s, m) not in self._kept
 
   def FProp(self, *inputs, training=False, trace=None):
     """Runs the pipeline; returns the last cell's outputs, merged.

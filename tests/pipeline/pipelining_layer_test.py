@@ -1,4 +1,4 @@
-"""PipeliningLayer: placement of every cell's ops, memory saved by remat, balance and errors."""
+"""PipeliningLayer: placement of every cell's ops, what remat recomputes and the memory it saves, balance and errors."""
 
 import collections
 import re
@@ -10,12 +10,14 @@ test_utils.SetUpDevices()
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
+from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import ShapeMismatchError
 from gpipe_tf.pipeline import MicroBatchError
 from gpipe_tf.pipeline import PartitionError
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import cost as cost_lib
+from gpipe_tf.pipeline import loss as loss_lib
 
 # Nodes the runtime adds when it partitions a graph across devices: transfers
 # are named after the op whose output they carry, and live on the other side.
@@ -84,6 +86,67 @@ class PlacementTest(tf.test.TestCase):
     for k in range(4):
       self.assertGreater(seen[(k, 'fwd')], 0, k)
       self.assertGreater(seen[(k, 'bwd')], 0, k)
+
+
+class _CountingFc(core.FCLayer):
+  """An FCLayer that counts the micro-batches it recomputes (run eagerly)."""
+
+  recomputed = collections.Counter()
+
+  def FProp(self, x, training=False):
+    if base_layer.InRecompute():
+      _CountingFc.recomputed[self.p.name] += 1
+    return super().FProp(x, training=training)
+
+
+def _CountingLayers(n):
+  return [_CountingFc.Params().Set(name=f'fc{i}', input_dim=16, output_dim=16,
+                                   activation='TANH') for i in range(n)]
+
+
+class RematTest(tf.test.TestCase):
+
+  def _Recomputed(self, schedule, remat, num_micro_batches=4):
+    """Eager ComputeLossAndGradients: (recomputes per layer, gradients)."""
+    pipe = _Pipe(_CountingLayers(2), num_partitions=2, balance=[1, 1],
+                 num_micro_batches=num_micro_batches, remat=remat,
+                 schedule=schedule)
+    x = tf.random.stateless_normal([8, 16], [5, 5])
+    loss_fn = lambda y, _: loss_lib.LossTerms(tf.reduce_sum(tf.sin(y), -1))
+    _CountingFc.recomputed.clear()
+    grads = pipe.ComputeLossAndGradients(x, tf.zeros([8]), loss_fn)[2]
+    return pipe, dict(_CountingFc.recomputed), grads
+
+  def testAlwaysSkipsBackwardsThatFollowTheirForward(self):
+    # 1F1B's last stage runs F(1, m) then BW(1, m) for every m: nothing to
+    # save there, so only stage 0 recomputes, all four micro-batches.
+    pipe, counts, grads = self._Recomputed('1f1b', 'always')
+    self.assertEqual([pipe._Remat(s, m) for s in range(2) for m in range(4)],
+                     [True] * 4 + [False] * 4)
+    self.assertEqual(counts, {'fc0': 4})
+    _, never, want = self._Recomputed('1f1b', 'never')
+    self.assertEqual(never, {})
+    for g, w in zip(grads, want):
+      self.assertAllClose(g, w, rtol=1e-5, atol=1e-5)
+    # GPipe: BW(s, M-1) directly follows F(s, M-1) on every device.
+    _, counts, _ = self._Recomputed('gpipe', 'always')
+    self.assertEqual(counts, {'fc0': 3, 'fc1': 3})
+
+  def testExceptLastAlsoSkipsTheLastMicroBatch(self):
+    _, counts, _ = self._Recomputed('1f1b', 'except_last')
+    self.assertEqual(counts, {'fc0': 3})
+    # With V = 2 under gpipe, F(0, M-1) is followed by stage 2's forwards:
+    # 'always' recomputes it, 'except_last' does not.
+    pipe = _Pipe(_CountingLayers(4), num_partitions=2, num_virtual_stages=2,
+                 balance=[1, 1, 1, 1], num_micro_batches=3, remat='always')
+    self.assertEqual([s for s in range(4) if not pipe._Remat(s, 2)], [2, 3])
+    self.assertTrue(all(pipe._Remat(s, m) for s in range(4) for m in (0, 1)))
+    pipe = _Pipe(_CountingLayers(4), num_partitions=2, num_virtual_stages=2,
+                 balance=[1, 1, 1, 1], num_micro_batches=3,
+                 remat='except_last')
+    self.assertEqual([s for s in range(4) if not pipe._Remat(s, 2)],
+                     [0, 1, 2, 3])
+    self.assertTrue(all(pipe._Remat(s, m) for s in range(4) for m in (0, 1)))
 
 
 class MemoryTest(tf.test.TestCase):

@@ -188,6 +188,43 @@ class ScheduleTest(unittest.TestCase):
                        InGrad(0, 1), WGrad(0, 1)]], 2)
     self.assertFalse(split.IsFillDrain())
 
+  def testForwardsFollowedByBackwardGPipe(self):
+    # GPipe runs each device's backwards in reverse micro-batch order, so the
+    # last micro-batch's BW comes right after its F on every stage (V = 1).
+    sched = schedule.Make('gpipe', num_devices=2, num_micro_batches=4)
+    self.assertEqual(sched.ForwardsFollowedByBackward(), {(0, 3), (1, 3)})
+    # With V = 2, F(0, 3) is followed by F(2, 0) on device 0: only each
+    # device's last stage keeps its last micro-batch adjacent.
+    sched = schedule.Make('gpipe', 2, 4, num_virtual_stages=2)
+    self.assertEqual(sched.ForwardsFollowedByBackward(), {(2, 3), (3, 3)})
+
+  def testForwardsFollowedByBackward1F1B(self):
+    for k in (2, 3):
+      sched = schedule.Make('1f1b', num_devices=k, num_micro_batches=4)
+      self.assertEqual(sched.ForwardsFollowedByBackward(),
+                       {(k - 1, m) for m in range(4)}, k)
+
+  def testForwardsFollowedByBackwardCountsSplitBackward(self):
+    sched = schedule.Make('zb_h1', num_devices=2, num_micro_batches=3)
+    self.assertEqual(sched.ForwardsFollowedByBackward(),
+                     {(1, m) for m in range(3)})
+
+  def testForwardsFollowedByBackwardNeedsTheSamePairNext(self):
+    # F(1, 0) BW(1, 1): a backward follows, but of another micro-batch; F(0, 1)
+    # is followed by the BW of stage 1 only in Order(), not on its device.
+    dev0 = [Fwd(0, 0), Fwd(0, 1), Bwd(0, 0), Bwd(0, 1)]
+    dev1 = [Fwd(1, 0), Fwd(1, 1), Bwd(1, 1), Bwd(1, 0)]
+    sched = TwoStage(dev0, dev1)
+    self.assertEqual(sched.ForwardsFollowedByBackward(), {(1, 1)})
+    dev1 = [Fwd(1, 0), Fwd(1, 1), Bwd(1, 0), Bwd(1, 1)]
+    self.assertEqual(TwoStage(dev0, dev1).ForwardsFollowedByBackward(), set())
+    # A W, or an F of another stage on the same device, in between.
+    split = Schedule([[Fwd(0, 0), InGrad(0, 0), Fwd(0, 1), WGrad(0, 0),
+                       InGrad(0, 1), WGrad(0, 1)]], 2)
+    self.assertEqual(split.ForwardsFollowedByBackward(), {(0, 0)})
+    looped = Schedule([[Fwd(0, 0), Fwd(1, 0), Bwd(1, 0), Bwd(0, 0)]], 1)
+    self.assertEqual(looped.ForwardsFollowedByBackward(), {(1, 0)})
+
   def testEqualityHashAndRepr(self):
     self.assertEqual(TwoStage(), TwoStage(name='other'))
     self.assertEqual(hash(TwoStage()), hash(TwoStage(name='other')))

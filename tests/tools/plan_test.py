@@ -64,16 +64,50 @@ class EvaluateTest(absltest.TestCase):
   def testRematKeepsBoundaryInputsAndCostsAForward(self):
     never = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32)
     always = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4, remat='always'), 32)
-    # 4 inputs + one stage's 4 outputs, of 8 examples each.
+    # 4 inputs + one stage's 4 outputs, of 8 examples each: micro-batches 0-2
+    # while BW(0, 2) recomputes, or all 4 inputs and the kept micro-batch 3
+    # (its BW directly follows its F) until BW(0, 3).
     self.assertEqual(always.step_bytes[0], 4000 * 4 + (4 + 4) * 8 * 4096)
-    self.assertAlmostEqual(always.makespan / never.makespan, 4 / 3)
+    # 3 of 4 micro-batches recomputed: BW = 2F + 3/4 F on both stages, and
+    # fill-drain takes (M + K - 1)(F + BW): 3.75 F against 3 F per slot.
+    self.assertAlmostEqual(always.makespan / never.makespan, 3.75 / 3)
+
+  def testAlwaysKeepsForwardsWhoseBackwardFollows(self):
+    # 1F1B, K = 2, M = 4, F = 1: stage 1 runs F(1, m) BW(1, m) back to back
+    # and recomputes nothing (BW = 2), stage 0 recomputes all (BW = 3).
+    # Device 0 runs F0 F1 BW0 F2 BW1 F3 BW2 BW3 and ends at 18 (20 when
+    # stage 1 recomputed too, 15 without remat).
+    never = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4, schedule='1f1b'), 32)
+    always = plan_lib.Evaluate(
+        _MODEL, _Layout(k=2, m=4, schedule='1f1b', remat='always'), 32)
+    self.assertAlmostEqual(always.makespan / never.makespan, 18 / 15)
+    # Stage 1 holds one micro-batch whole either way; stage 0 two inputs and
+    # one recompute instead of two micro-batches whole.
+    self.assertEqual(always.step_bytes,
+                     (4000 * 4 + (2 + 4) * 8 * 4096, never.step_bytes[1]))
+    # With M = 1 every backward follows its forward: 'always' is 'never'.
+    for name in ('gpipe', '1f1b'):
+      never = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=1, schedule=name), 32)
+      always = plan_lib.Evaluate(
+          _MODEL, _Layout(k=2, m=1, schedule=name, remat='always'), 32)
+      self.assertEqual(
+          (always.makespan, always.step_bytes, always.total_step_bytes),
+          (never.makespan, never.step_bytes, never.total_step_bytes), name)
 
   def testAllDevicesAtOnceHoldLessThanTheSumOfTheirPeaks(self):
-    plan = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=1, remat='always'), 32)
-    one_device = 4000 * 4 + (1 + 4) * 32 * 4096  # Its input, its recompute.
-    self.assertEqual(plan.step_bytes, (one_device,) * 2)
-    # The stages recompute one after the other: both inputs, one recompute.
-    self.assertEqual(plan.total_step_bytes, 8000 * 4 + (2 + 4) * 32 * 4096)
+    # 1F1B, K = 4, M = 2, F = 1 per stage of 2 layers: stages 0-2 recompute
+    # (BW = 3) one after the other, BW(2, 0) at [6, 9), BW(1, 0) at [9, 12),
+    # BW(0, 0) at [12, 15); stage 3 keeps both micro-batches, F(3, 0) BW(3, 0)
+    # at [3, 6) and F(3, 1) BW(3, 1) at [6, 9).
+    plan = plan_lib.Evaluate(_MODEL, _Layout(k=4, m=2, schedule='1f1b',
+                                             remat='always'), 32)
+    unit = 16 * 4096  # One example-layer output of the 16-example batch.
+    # Stages 0-2: 2 inputs + a recompute of 2 outputs; stage 3: one whole.
+    self.assertEqual(plan.step_bytes, (2000 * 4 + 4 * unit,) * 3 +
+                     (2000 * 4 + 3 * unit,))
+    # At [6, 9): devices 0 and 1 hold 2 inputs each, device 2 recomputes
+    # (4), device 3 holds micro-batch 1 whole (3): 11 units, not 4 + 4 + 4 + 3.
+    self.assertEqual(plan.total_step_bytes, 8000 * 4 + 11 * unit)
 
   def testMoreMicroBatchesLowerTheBubble(self):
     bubbles = [plan_lib.Evaluate(_MODEL, _Layout(k=4, m=m), 64).bubble_fraction

@@ -142,6 +142,26 @@ class Schedule:
     """True when the backward of (stage, micro_batch) runs as B + W, False for BW."""
     return Action(B, stage, micro_batch) in self._present
 
+  def ForwardsFollowedByBackward(self) -> frozenset[tuple[int, int]]:
+    """Returns the (stage, micro_batch) pairs whose backward directly follows their F.
+
+    (s, m) is in the set when the action right after F(s, m) in its device's
+    list is B(s, m) or BW(s, m). Nothing else runs on that device in between,
+    so rematerialising F(s, m) would drop its activations only to rebuild the
+    same ones at once: keeping them costs no peak memory on the device. E.g.
+    every micro-batch of 1F1B's last stage, and for 'gpipe' (M - 1) on the
+    last stage of every device (with V = 1, every stage).
+
+    Pure list inspection: the schedule need not be validated.
+    """
+    pairs = set()
+    for acts in self._actions:
+      for fwd, nxt in zip(acts, acts[1:]):
+        if (fwd.kind == F and nxt.kind in (B, BW) and
+            (nxt.stage, nxt.micro_batch) == (fwd.stage, fwd.micro_batch)):
+          pairs.add((fwd.stage, fwd.micro_batch))
+    return frozenset(pairs)
+
   def Dependencies(self, act: Action) -> list[Action]:
     """Returns the actions whose outputs the given action consumes.
 

@@ -1,8 +1,10 @@
-"""Measures what building a pipelined step costs as M grows: unrolled cells vs cells traced once.
+"""Measures what building a pipelined step costs as M grows: unrolled cells, cells traced once, the micro-batch loop.
 
 For a stack of Transformer encoder blocks pipelined over K logical devices,
-and for every M and both ``trace_once`` settings, it builds a fresh
-PipeliningLayer and times (in one process, one configuration after another):
+and for every M and every mode (``unrolled``: trace_once=False;
+``trace_once``: one function per cell, one call per action; ``loop``:
+micro_batch_loop, two while loops), it builds a fresh PipeliningLayer and
+times (in one process, one configuration after another):
 
   * tracing: building the step's graph in Python (get_concrete_function);
   * first step: tracing plus the first call, which optimises and places the
@@ -11,11 +13,12 @@ PipeliningLayer and times (in one process, one configuration after another):
   * graph ops: the number of ops in the traced step's graph.
 
     python -m tools.trace_cost                      # K=4, M in {4, 32}, 8 blocks
-    python -m tools.trace_cost --micro_batches=4,8,16,32 --schedule=1f1b
+    python -m tools.trace_cost --modes=trace_once,loop --micro_batches=4,8,32
+    python -m tools.trace_cost --modes=trace_once --schedule=1f1b
 
-Ratios within one run are what count on a shared machine (the target: first
-step at M=32 within 1.5x of M=4 with trace_once; steady step no worse than the
-unrolled graph's at M <= 8).
+Ratios within one run are what count on a shared machine (the targets: first
+step at M=32 within 1.5x of M=4; steady step no worse than the unrolled
+graph's at M <= 8). The loop runs schedule 'gpipe' only.
 """
 
 from __future__ import annotations
@@ -35,12 +38,16 @@ _BATCH = flags.DEFINE_integer('batch_size', 64, 'Mini-batch (sequences).')
 _STEPS = flags.DEFINE_integer('steps', 5, 'Steady steps timed (median).')
 _SCHEDULE = flags.DEFINE_string('schedule', 'gpipe', 'Pipeline schedule.')
 _REMAT = flags.DEFINE_string('remat', 'always', 'Remat policy.')
-_ONLY_TRACE_ONCE = flags.DEFINE_bool(
-    'only_trace_once', False, 'Skip the unrolled rows (they take minutes at '
-    'large M).')
+_MODES = flags.DEFINE_list(
+    'modes', ['unrolled', 'trace_once', 'loop'],
+    "Modes to time: 'unrolled', 'trace_once', 'loop' (unrolled rows take "
+    'minutes at large M).')
+_MODE_PARAMS = {'unrolled': dict(trace_once=False),
+                'trace_once': dict(trace_once=True),
+                'loop': dict(micro_batch_loop=True)}
 
 
-def Measure(k: int, m: int, trace_once: bool) -> dict:
+def Measure(k: int, m: int, mode: str) -> dict:
   """Times one configuration; returns its row."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
@@ -53,8 +60,9 @@ def Measure(k: int, m: int, trace_once: bool) -> dict:
             for i in range(_BLOCKS.value)]
   pipe = PipeliningLayer.Params().Set(
       name='net', layers=blocks, num_partitions=k, num_micro_batches=m,
-      remat=_REMAT.value, schedule=_SCHEDULE.value, trace_once=trace_once,
-      input_shapes=[(None, t, d), (None, t)]).Instantiate()
+      remat=_REMAT.value, schedule=_SCHEDULE.value,
+      input_shapes=[(None, t, d), (None, t)], **_MODE_PARAMS[mode]
+  ).Instantiate()
   x = tf.random.stateless_normal([n, t, d], [1, 2])
   paddings = tf.zeros([n, t])
   opt = tf.keras.optimizers.SGD(1e-4)
@@ -81,7 +89,7 @@ def Measure(k: int, m: int, trace_once: bool) -> dict:
     _Step().numpy()
     times.append(time.perf_counter() - start)
   ops = len(_Step.get_concrete_function().graph.get_operations())
-  return {'num_micro_batches': m, 'trace_once': trace_once,
+  return {'num_micro_batches': m, 'mode': mode,
           'trace_s': traced, 'first_step_s': first, 'steady_step_s': statistics.median(times),
           'graph_ops': ops}
 
@@ -90,25 +98,33 @@ def main(argv):
   del argv
   from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
   devices.SplitCpu(_K.value)
-  modes = (True,) if _ONLY_TRACE_ONCE.value else (False, True)
-  rows = [Measure(_K.value, int(m), once) for m in _M.value
-          for once in modes]
+  for mode in _MODES.value:
+    if mode not in _MODE_PARAMS:
+      raise app.UsageError(f'unknown mode {mode!r}; use {list(_MODE_PARAMS)}')
+  rows = [Measure(_K.value, int(m), mode) for m in _M.value
+          for mode in _MODES.value]
   print(f'K={_K.value}, {_BLOCKS.value} Transformer blocks (d={_DIM.value}, '
         f'T={_SEQ.value}), batch {_BATCH.value}, schedule {_SCHEDULE.value}, '
         f'remat {_REMAT.value}')
-  print('| M | trace_once | tracing (s) | first step incl. tracing (s) | '
+  print('| M | mode | tracing (s) | first step incl. tracing (s) | '
         'steady step (ms) | graph ops |')
   print('|---|---|---|---|---|---|')
   for r in rows:
-    print(f"| {r['num_micro_batches']} | {r['trace_once']} | "
+    print(f"| {r['num_micro_batches']} | {r['mode']} | "
           f"{r['trace_s']:.1f} | {r['first_step_s']:.1f} | "
           f"{1000 * r['steady_step_s']:.0f} | {r['graph_ops']} |")
-  by = {(r['num_micro_batches'], r['trace_once']): r for r in rows}
+  by = {(r['num_micro_batches'], r['mode']): r for r in rows}
   lo, hi = min(int(m) for m in _M.value), max(int(m) for m in _M.value)
-  for once in modes:
-    ratio = by[(hi, once)]['first_step_s'] / by[(lo, once)]['first_step_s']
-    print(f'trace_once={once}: first step at M={hi} / M={lo}: {ratio:.2f}x'
-          + ('  (target <= 1.5x)' if once else ''))
+  for mode in _MODES.value:
+    ratio = by[(hi, mode)]['first_step_s'] / by[(lo, mode)]['first_step_s']
+    print(f'{mode}: first step at M={hi} / M={lo}: {ratio:.2f}x '
+          '(target <= 1.5x)')
+  if 'unrolled' in _MODES.value:
+    for m in sorted({int(m) for m in _M.value}):
+      base = by[(m, 'unrolled')]['steady_step_s']
+      print(f'M={m}: steady step / unrolled: ' + ', '.join(
+          f"{mode} {by[(m, mode)]['steady_step_s'] / base:.2f}x"
+          for mode in _MODES.value if mode != 'unrolled'))
 
 
 if __name__ == '__main__':

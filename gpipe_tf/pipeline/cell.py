@@ -10,7 +10,7 @@ what a layer returns.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
@@ -44,21 +44,25 @@ class Cell:
     """
     return Cell(self.index, self.layers, device)
 
-  def RunTraced(self, structure: Any, flat: Sequence[Any], training: bool,
-                seed: tf.Tensor, recompute: bool = False) -> list:
-    """Like Run, through one tf.function per cell: traced once, called M times.
+  def _Traced(self, key: tuple, make_body: Callable[[dict], Callable]
+              ) -> tuple[Any, dict]:
+    """The (tf.function, holder) cached under `key`; the body fills holder
+    with what its trace learns (output structure, variables read)."""
+    entry = self._functions.get(key)
+    if entry is None:
+      holder: dict = {}
+      entry = (_Function(make_body(holder)), holder)
+      self._functions[key] = entry
+    return entry
 
-    The step seed is an argument (a captured tensor would freeze the first
-    micro-batch's dropout masks), and BatchNorm statistics deferred inside are
-    returned and added to the caller's DeferMovingStats scope, so the
-    function has no hidden inputs or outputs. Returns the outputs, as Run.
-    """
-    key = (repr(tf.nest.map_structure(lambda _: 0, structure)), training,
-           recompute)
-    fn = self._functions.get(key)
-    if fn is None:
-      holder = {}
+  def ForwardFunction(self, structure: Any, training: bool,
+                      recompute: bool = False) -> tuple[Any, dict]:
+    """The cell's forward as (fn, holder): fn(seed, *flat) returns
+    (flat outputs, BatchNorm sums); after a trace holder['struct'] is the
+    output nest and holder['bn'] the BatchNorm layers the sums belong to."""
+    key = ('forward', _StructKey(structure), training, recompute)
 
+    def _Make(holder):
       def _Body(step_seed, *xs):
         scope = (base_layer.RecomputeScope() if recompute else
                  contextlib.nullcontext())
@@ -68,10 +72,20 @@ class Cell:
         holder['struct'] = y
         holder['bn'], sums = stats.Export()
         return tf.nest.flatten(y), sums
+      return _Body
 
-      fn = (_Function(_Body), holder)
-      self._functions[key] = fn
-    function, holder = fn
+    return self._Traced(key, _Make)
+
+  def RunTraced(self, structure: Any, flat: Sequence[Any], training: bool,
+                seed: tf.Tensor, recompute: bool = False) -> list:
+    """Like Run, through one tf.function per cell: traced once, called M times.
+
+    The step seed is an argument (a captured tensor would freeze the first
+    micro-batch's dropout masks), and BatchNorm statistics deferred inside are
+    returned and added to the caller's DeferMovingStats scope, so the
+    function has no hidden inputs or outputs. Returns the outputs, as Run.
+    """
+    function, holder = self.ForwardFunction(structure, training, recompute)
     flat_y, sums = function(seed, *flat)
     deferred = normalization.CurrentDeferral()
     if deferred is not None:
@@ -79,44 +93,24 @@ class Cell:
         deferred.Add(layer, *stats)
     return tf.nest.pack_sequence_as(holder['struct'], list(flat_y))
 
-  def BackwardTraced(self, structure: Any, flat: Sequence[Any],
-                     dys: Sequence[Any], training: bool, seed: tf.Tensor,
-                     input_grads: Sequence[bool],
-                     sums: Sequence[Any] | None = None
-                     ) -> tuple[list, list, list]:
-    """A rematerialised backward through one tf.function per cell.
+  def BackwardFunction(self, structure: Any, training: bool,
+                       present: Sequence[bool], wanted: Sequence[bool],
+                       summed: Sequence[bool] | str | None
+                       ) -> tuple[Any, dict]:
+    """The rematerialising backward as (fn, holder); see BackwardTraced.
 
-    The function recomputes the cell's forward from its boundary input `flat`
-    (step seed `seed`: dropout masks repeat) and differentiates it against the
-    output gradients `dys` (None where an output gets none), all inside: the
-    caller's graph holds one call per micro-batch, not TensorFlow's
-    forward-with-intermediates and backward pair, and no tape.
-
-    Args:
-      structure, flat, training, seed: as for RunTraced.
-      dys: one gradient (or None) per flat output.
-      input_grads: per flat input, whether to return its gradient.
-      sums: the dense weight gradients an earlier call returned (None where
-        it returned none or IndexedSlices), added to this micro-batch's inside
-        the function, so a step's graph holds no sum op per variable and
-        micro-batch.
-
-    Returns:
-      (dx, variables, dws): the input gradients (None where not asked or not
-      a float), the variables differentiated (the cell's own, then any other
-      trainable variable it read, e.g. a tied embedding) and their gradients,
-      plus `sums` where given (None for a variable the outputs do not depend
-      on; IndexedSlices stay sparse and are not summed).
+    fn(seed, flat, dys, sums) returns (dx, dws); after a trace
+    holder['variables'] lists the variables dws belong to. With summed='flat'
+    `sums` is one vector, the concatenation of the flattened gradients that
+    are not None, and fn returns it plus this micro-batch's: one tensor for
+    a loop to carry instead of one per variable (loop.py).
     """
-    present = tuple(d is not None for d in dys)
-    wanted = tuple(bool(w) and _IsFloat(x) for w, x in zip(input_grads, flat))
-    summed = None if sums is None else tuple(g is not None for g in sums)
-    key = ('backward', repr(tf.nest.map_structure(lambda _: 0, structure)),
-           training, present, wanted, summed)
-    fn = self._functions.get(key)
-    if fn is None:
-      holder = {}
+    key = ('backward', _StructKey(structure), training, tuple(present),
+           tuple(wanted),
+           summed if summed is None or isinstance(summed, str)
+           else tuple(summed))
 
+    def _Make(holder):
       def _Backward(step_seed, xs, gys, prev):
         xs = list(xs)
         with tf.GradientTape() as tape:
@@ -140,16 +134,58 @@ class Cell:
         grads = iter(grads)
         dx = [next(grads) if w else None for w in wanted]
         dws = list(grads)
+        if summed == 'flat':
+          return dx, prev + tf.concat(
+              [tf.reshape(tf.convert_to_tensor(g), [-1])
+               for g in dws if g is not None], 0)
         if prev is not None:
           dws = [_Sum(g, p) for g, p in zip(dws, prev)]
         return dx, dws
+      return _Backward
 
-      fn = (_Function(_Backward), holder)
-      self._functions[key] = fn
-    function, holder = fn
+    return self._Traced(key, _Make)
+
+  def BackwardTraced(self, structure: Any, flat: Sequence[Any],
+                     dys: Sequence[Any], training: bool, seed: tf.Tensor,
+                     input_grads: Sequence[bool],
+                     sums: Sequence[Any] | None = None
+                     ) -> tuple[list, list, list]:
+    """A rematerialised backward through one tf.function per cell.
+
+    The function recomputes the cell's forward from its boundary input `flat`
+    (step seed `seed`: dropout masks repeat) and differentiates it against the
+    output gradients `dys` (None where an output gets none), all inside: the
+    caller's graph holds one call per micro-batch, not TensorFlow's
+    forward-with-intermediates and backward pair, and no tape.
+
+    Args:
+      structure, flat, training, seed: as for RunTraced.
+      dys: one gradient (or None) per flat output.
+      input_grads: per flat input, whether to return its gradient.
+      sums: the weight gradients an earlier call returned (None where it
+        returned none), added to this micro-batch's inside the function, so
+        a step's graph holds no sum op per variable and micro-batch. A sparse
+        gradient (IndexedSlices) is made dense when it is summed.
+
+    Returns:
+      (dx, variables, dws): the input gradients (None where not asked or not
+      a float), the variables differentiated (the cell's own, then any other
+      trainable variable it read, e.g. a tied embedding) and their gradients,
+      plus `sums` where given (None for a variable the outputs do not depend
+      on; without `sums`, IndexedSlices stay sparse).
+    """
+    present = [d is not None for d in dys]
+    wanted = [bool(w) and _IsFloat(x) for w, x in zip(input_grads, flat)]
+    summed = None if sums is None else [g is not None for g in sums]
+    function, holder = self.BackwardFunction(structure, training, present,
+                                             wanted, summed)
     dx, dws = function(seed, list(flat), list(dys),
                        None if sums is None else list(sums))
     return list(dx), list(holder['variables']), list(dws)
+
+
+def _StructKey(structure: Any) -> str:
+  return repr(tf.nest.map_structure(lambda _: 0, structure))
 
 
 def _Sum(grad: Any, prev: Any) -> Any:
@@ -157,7 +193,7 @@ def _Sum(grad: Any, prev: Any) -> Any:
     return grad
   if grad is None:
     return prev
-  return grad + prev
+  return tf.convert_to_tensor(grad) + prev
 
 
 def _IsFloat(x: Any) -> bool:

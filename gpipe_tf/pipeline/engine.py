@@ -33,6 +33,7 @@ from gpipe_tf.layers import normalization
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import executor as executor_lib
+from gpipe_tf.pipeline import loop as loop_lib
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import schedule as schedule_lib
@@ -86,7 +87,7 @@ _NotConverted = tf.autograph.experimental.do_not_convert
 def RunPipeline(cells: Sequence[cell_lib.Cell],
                 schedule: schedule_lib.Schedule, remat: Remat, inputs: tuple,
                 training: bool, trace: Any = None,
-                trace_once: bool = False) -> Any:
+                trace_once: bool = False, loop: bool = False) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
 
   Args:
@@ -97,6 +98,8 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
     training: training mode (dropout, batch statistics, custom gradient).
     trace: optional trace.ScheduleTrace recording each action.
     trace_once: build each cell once (a tf.function called per micro-batch).
+    loop: run as loop.py's two tf.while_loops (the caller checked
+      loop.Problem); a per-action trace is not available then.
 
   Raises:
     ScheduleNeedsLossError: training with a schedule that is not fill-drain.
@@ -112,6 +115,10 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
   flat, idx, tensors = _Flatten(inputs)
   num_micro = schedule.num_micro_batches
   seed = _StepSeed()
+  if loop:
+    _NoTrace(trace)
+    return _RunPipelineLoop(cells, num_micro, inputs, flat, idx, tensors,
+                            training, seed)
 
   if not training:
     run = executor_lib.StepExecutor(cells, schedule, remat, False, seed,
@@ -156,6 +163,44 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
       tf.nest.pack_sequence_as(run.out_struct[-1], list(merged)))
 
 
+def _NoTrace(trace: Any) -> None:
+  if trace is not None:
+    raise loop_lib.LoopTraceError(
+        'A per-action trace needs one op per action; micro_batch_loop runs '
+        'them in two loops. Trace with micro_batch_loop=False (the schedule '
+        'and the results are the same).')
+
+
+def _RunPipelineLoop(cells, num_micro: int, inputs: tuple, flat: list,
+                     idx: list[int], tensors: list, training: bool,
+                     seed: tf.Tensor) -> Any:
+  """RunPipeline as the two loops of loop.py."""
+  if not training:
+    run = loop_lib.FillDrainLoop(cells, num_micro, False, seed)
+    merged = run.Forward(inputs, _Fill(flat, idx, tensors))
+    return core.FromTuple(tf.nest.pack_sequence_as(run.out_struct, merged))
+  bn_stats = normalization.DeferredMovingStats()
+  run = loop_lib.FillDrainLoop(cells, num_micro, True, seed)
+
+  @tf.custom_gradient
+  def _Pipeline(*ts):
+    merged = run.Forward(inputs, _Fill(flat, idx, ts), bn_stats=bn_stats)
+    bn_stats.Apply()
+
+    def _Grad(*dys, variables=None):
+      input_dx, grads = run.Backward(list(dys), input_grads=True)
+      return ([input_dx[i] for i in idx],
+              [grads[v.ref()][1] if v.ref() in grads else None
+               for v in (variables or [])])
+
+    return merged, _Grad
+
+  merged = _Pipeline(*tensors)
+  if not isinstance(merged, (list, tuple)):
+    merged = [merged]
+  return core.FromTuple(tf.nest.pack_sequence_as(run.out_struct, list(merged)))
+
+
 def _InputGrads(run: executor_lib.StepExecutor, ts: Sequence[tf.Tensor],
                 idx: list[int]) -> list:
   """Gradients of the pipeline's tensor inputs, merged over micro-batches."""
@@ -178,12 +223,13 @@ def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
                         inputs: tuple, labels: Any,
                         loss_fn: loss_lib.LossFn,
                         variables: Sequence[tf.Variable], trace: Any = None,
-                        trace_once: bool = False
+                        trace_once: bool = False, loop: bool = False
                         ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
   """One training step's loss, metrics and gradients, the loss inside the pipeline.
 
   Args:
-    cells, schedule, remat, inputs, trace, trace_once: as for RunPipeline;
+    cells, schedule, remat, inputs, trace, trace_once, loop: as for
+      RunPipeline;
       any valid schedule runs.
     labels: any nest of tensors split into micro-batches like the inputs
       (rank-0 leaves are shared); loss_fn sees micro-batch m's.
@@ -199,6 +245,11 @@ def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
     trace.schedule = schedule
   num_micro = schedule.num_micro_batches
   flat, idx, tensors = _Flatten(inputs)
+  if loop:
+    _NoTrace(trace)
+    return _LossAndGradientsLoop(cells, num_micro, inputs,
+                                 _Fill(flat, idx, tensors), labels, loss_fn,
+                                 variables)
   micro = microbatch.Split(_Fill(flat, idx, tensors), num_micro)
   label_flat = tf.nest.flatten(labels)
   with tf.device(cells[-1].device):
@@ -214,11 +265,33 @@ def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
   bn_stats.Apply()
   with tf.device(cells[-1].device):
     total = loss_lib.Total(run.loss_sums)
+  grads = [run.Gradient(v) for v in variables]
+  run.Release()
+  return _Scaled(cells, total, variables, grads)
+
+
+def _LossAndGradientsLoop(cells, num_micro: int, inputs: tuple, flat: list,
+                          labels: Any, loss_fn: loss_lib.LossFn,
+                          variables: Sequence[tf.Variable]) -> tuple:
+  """RunLossAndGradients as loop.py's two loops."""
+  bn_stats = normalization.DeferredMovingStats()
+  run = loop_lib.FillDrainLoop(cells, num_micro, True, _StepSeed())
+  total = run.Forward(inputs, flat, labels, loss_fn, bn_stats=bn_stats)
+  bn_stats.Apply()
+  _, grads = run.Backward()
+  return _Scaled(cells, total, variables,
+                 [grads[v.ref()][1] if v.ref() in grads else None
+                  for v in variables])
+
+
+def _Scaled(cells, total: loss_lib.Sums, variables: Sequence[tf.Variable],
+            summed: Sequence[Any]) -> tuple[tf.Tensor, dict, list]:
+  """(loss, metrics, gradients / total weight) from the step's sums."""
+  with tf.device(cells[-1].device):
     loss, metrics = loss_lib.Means(total)
     scale = 1.0 / tf.maximum(total.weight, 1e-12)
   grads = []
-  for v in variables:
-    g = run.Gradient(v)
+  for v, g in zip(variables, summed):
     if g is None:
       grads.append(None)
       continue
@@ -228,5 +301,4 @@ def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
                                       g.indices, g.dense_shape))
       else:
         grads.append(g * tf.cast(scale, g.dtype))
-  run.Release()
   return loss, metrics, grads

@@ -14,6 +14,7 @@ from gpipe_tf.layers import normalization
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
+from gpipe_tf.pipeline import loop as loop_lib
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
@@ -23,6 +24,10 @@ REMAT_POLICIES = ('always', 'except_last', 'never')
 
 class TraceOnceError(errors.Error, ValueError):
   """A model that trace_once cannot run exactly."""
+
+
+class MicroBatchLoopError(errors.Error, ValueError):
+  """micro_batch_loop asked for a layout the loops do not run."""
 
 
 class PipeliningLayer(base_layer.BaseLayer):
@@ -119,6 +124,13 @@ class PipeliningLayer(base_layer.BaseLayer):
              'instead of unrolling its ops M times. Not with BatchNorm '
              'use_moving_avg_in_training; with zb_h1 the B action computes '
              "the whole backward (a function's gradient is one op).")
+    p.Define('micro_batch_loop', False,
+             "Run GPipe as two tf.while_loops over clock ticks (Lingvo's "
+             'way): the step graph and its tracing do not grow with M at '
+             "all. Needs schedule='gpipe', num_virtual_stages=1 and remat "
+             "'always' or 'except_last' (every forward is recomputed); cells "
+             'are traced once as with trace_once. Steady steps are slower '
+             'than trace_once on CPU (docs/scale.md).')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              'into K x V cells, cell s on device s % K.')
@@ -159,16 +171,25 @@ class PipeliningLayer(base_layer.BaseLayer):
       start += n
 
   def _CheckTraceOnce(self) -> None:
-    if not self.p.trace_once:
+    p = self.p
+    if p.micro_batch_loop:
+      problem = loop_lib.Problem(len(self._balance), self._schedule,
+                                 self._Remat)
+      if problem:
+        raise MicroBatchLoopError(
+            f"PipeliningLayer '{self.path}': micro_batch_loop cannot run "
+            f'this layout: {problem} (or set micro_batch_loop=False).')
+    if not (p.trace_once or p.micro_batch_loop):
       return
+    flag = 'micro_batch_loop' if p.micro_batch_loop else 'trace_once'
     for module in self.submodules:
       if isinstance(module, normalization.BatchNormLayer) and (
           module.p.use_moving_avg_in_training):
         raise TraceOnceError(
-            f"PipeliningLayer '{self.path}': trace_once cannot rematerialise "
+            f"PipeliningLayer '{self.path}': {flag} cannot rematerialise "
             f"BatchNorm '{module.path}' with use_moving_avg_in_training (a "
             'traced cell rereads the moving statistics after their update); '
-            'set trace_once=False for this model.')
+            f'set {flag}=False for this model.')
 
   def _MakeSchedule(self, num_devices: int) -> schedule_lib.Schedule:
     """The schedule: a registered name, a CSV file, or a Schedule object."""
@@ -274,7 +295,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     """
     return engine.RunPipeline(self._ReplicaCells(), self._schedule,
                               self._Remat, inputs, training, trace,
-                              self.p.trace_once)
+                              self.p.trace_once, self.p.micro_batch_loop)
 
   def ComputeLossAndGradients(self, inputs, labels, loss_fn: loss_lib.LossFn,
                               variables=None, trace=None):
@@ -307,7 +328,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     return engine.RunLossAndGradients(
         self._ReplicaCells(), self._schedule, self._Remat, inputs, labels,
-        loss_fn, list(variables), trace, self.p.trace_once)
+        loss_fn, list(variables), trace, self.p.trace_once,
+        self.p.micro_batch_loop)
 
   def _ReplicaCells(self) -> list[cell_lib.Cell]:
     """The cells, placed on this replica's devices when data-parallel."""

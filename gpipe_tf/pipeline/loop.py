@@ -1,0 +1,470 @@
+"""GPipe's fill-drain schedule as two tf.while_loops over clock ticks (``micro_batch_loop``).
+
+With ``trace_once`` the engine calls each cell's traced function once per
+action, so a step's graph still holds a few ops per action: K x M of them.
+For the 'gpipe' schedule with one cell per device, where the action order is
+fixed by a clock, this module builds the step with a graph that does not grow
+with M at all (Lingvo's GPipe loops over micro-batches the same way):
+
+  forward loop, tick t = 0 .. M+K-2: cell k runs F on micro-batch m = t - k
+      (when 0 <= m < M), reading cell k-1's output of the previous tick, and
+      keeps its boundary input in a TensorArray on its own device; the last
+      cell also computes the loss of m and d(loss)/d(outputs) there, or keeps
+      its outputs.
+  backward loop, tick t = 0 .. M+K-2: cell k runs BW on micro-batch
+      m = M-1 - (t - (K-1-k)) (GPipe's order: the last micro-batch first),
+      reading cell k+1's input gradient of the previous tick, and calls the
+      cell's backward function, which recomputes the forward from the kept
+      input and adds the weight gradients to running sums carried by the loop.
+
+Every cell's work in a tick sits in a ``tf.cond`` on its device, so idle
+ticks (the bubble) cost nothing but the predicate. The loops carry only the
+boundary tensors, the per-device TensorArrays and the sums; each cell's tick
+depends on its own previous tick (device order) and on its neighbour's
+(dataflow), so cells run concurrently as in the unrolled graph.
+
+Every forward is recomputed in the backward (a loop keeps no activations
+between its ticks), BatchNorm statistics and losses are summed in the loop,
+and dropout seeds are FoldIn(step seed, m) exactly as in the unrolled engine,
+so results equal SequentialLayer's (tests/pipeline/loop_test.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from gpipe_tf import errors
+from gpipe_tf.layers import core
+from gpipe_tf.pipeline import cell as cell_lib
+from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import microbatch
+from gpipe_tf.pipeline import schedule as schedule_lib
+
+
+class LoopTraceError(errors.Error, ValueError):
+  """A per-action schedule trace was asked of a step run as loops."""
+
+
+def Problem(num_cells: int, schedule: schedule_lib.Schedule,
+            remat: Callable[[int, int], bool]) -> str | None:
+  """Why a step cannot run as these loops (None: it can).
+
+  The loops are GPipe's own schedule with one cell per device, and they
+  recompute every forward, so a remat policy that keeps activations of any
+  micro-batch but the last does not fit.
+  """
+  k, m = schedule.num_devices, schedule.num_micro_batches
+  if num_cells != k:
+    return (f'it needs one cell per device (num_virtual_stages=1); got '
+            f'{num_cells} cells on {k} devices')
+  if schedule != schedule_lib.Make('gpipe', k, m):
+    return (f"it runs GPipe's fill-drain order only (schedule='gpipe'); got "
+            f"'{schedule.name}'")
+  if not all(remat(s, i) for s in range(k) for i in range(m - 1)):
+    return ("it recomputes every forward in the backward; use remat 'always' "
+            "or 'except_last'")
+  return None
+
+
+def _FoldIn(seed: tf.Tensor, m: tf.Tensor) -> tf.Tensor:
+  """random_seeds.FoldIn with a tensor micro-batch index (same values)."""
+  return tf.cast(tf.random.experimental.stateless_fold_in(seed, m), tf.int64)
+
+
+def _Relaxed(x: tf.Tensor) -> tf.Tensor:
+  """`x` with its batch dimension unknown: a loop carries micro-batches of
+  different sizes (N not divisible by M) in one variable."""
+  if x.shape.rank is None or x.shape.rank == 0:
+    return x
+  return tf.compat.v1.placeholder_with_default(
+      x, [None] + x.shape.as_list()[1:])
+
+
+def _Dummy(spec: Any) -> tf.Tensor:
+  """An empty (zero-example) tensor of `spec`'s dtype and rank: what a carry
+  holds before the first tick that writes it."""
+  shape = spec.shape
+  if shape.rank == 0:
+    return tf.zeros([], spec.dtype)
+  return _Relaxed(tf.zeros([0] + [d or 0 for d in shape.as_list()[1:]],
+                           spec.dtype))
+
+
+def _Spec(x: Any) -> tf.TensorSpec | None:
+  if x is None:
+    return None
+  shape = x.shape
+  if shape.rank:
+    shape = tf.TensorShape([None] + shape.as_list()[1:])
+  return tf.TensorSpec(shape, x.dtype)
+
+
+def _Batched(x: Any) -> bool:
+  return x is not None and x.shape.rank is not None and x.shape.rank > 0
+
+
+def _TensorArray(spec: tf.TensorSpec, size: int) -> tf.TensorArray:
+  return tf.TensorArray(spec.dtype, size=size, infer_shape=False,
+                        element_shape=spec.shape)
+
+
+def _Select(pred: tf.Tensor, run: Callable[[], Any], keep: Any) -> Any:
+  """tf.cond(pred, run, lambda: keep), for nests with None leaves."""
+  flat_keep = tf.nest.flatten(keep)
+  where = [i for i, x in enumerate(flat_keep) if x is not None]
+
+  def _Run():
+    out = tf.nest.flatten(run())
+    return [out[i] for i in where]
+
+  picked = tf.cond(pred, _Run, lambda: [flat_keep[i] for i in where])
+  full = list(flat_keep)
+  for i, x in zip(where, picked):
+    full[i] = x
+  return tf.nest.pack_sequence_as(keep, full)
+
+
+class FillDrainLoop:
+  """One training (or inference) step of GPipe as two loops; see the module.
+
+  Args:
+    cells: the K cells, cell k on device k.
+    num_micro_batches: M.
+    training: training mode.
+    seed: the step seed.
+  """
+
+  def __init__(self, cells: Sequence[cell_lib.Cell], num_micro_batches: int,
+               training: bool, seed: tf.Tensor) -> None:
+    self.cells = list(cells)
+    self.m = num_micro_batches
+    self.training = training
+    self.seed = seed
+    self.ticks = self.m + len(self.cells) - 1
+    self.in_structs: list[Any] = []
+    self.in_specs: list[list] = []     # flat input specs of each cell
+    self.out_struct: Any = None
+    self.stashes: list[list] = []      # per cell, per flat input: TensorArray
+    self.sizes: Any = None
+    self.input_batched: list[bool] = []
+
+  # ---- Inputs --------------------------------------------------------------
+  def _SplitInputs(self, flat: Sequence[Any]) -> list:
+    """Per flat input: a TensorArray of its M micro-batches (None if None,
+    the tensor itself if it has no batch dimension)."""
+    n = microbatch.BatchSize(flat)
+    if isinstance(n, int):
+      self.sizes = microbatch.MicroBatchSizes(n, self.m)
+    else:
+      base = n // self.m
+      self.sizes = base + tf.cast(tf.range(self.m) < n % self.m, n.dtype)
+    out = []
+    for x in flat:
+      if _Batched(x):
+        out.append(_TensorArray(_Spec(x), self.m).split(x, self.sizes))
+      else:
+        out.append(x)
+    return out
+
+  def _Trace(self, structure: Any, flat: Sequence[Any]) -> None:
+    """Traces every cell's forward on specs, to learn each boundary's
+    structure and specs before the loops are built."""
+    struct, specs = structure, [_Spec(x) for x in flat]
+    seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
+    for cell in self.cells:
+      self.in_structs.append(struct)
+      self.in_specs.append(specs)
+      function, holder = cell.ForwardFunction(struct, self.training)
+      concrete = function.get_concrete_function(
+          seed_spec, *[s for s in specs])
+      flat_y, _ = concrete.structured_outputs
+      struct = holder['struct']
+      specs = [_Spec(y) for y in flat_y]
+    self.out_struct = struct
+    self.out_specs = specs
+
+  # ---- Forward -------------------------------------------------------------
+  def Forward(self, structure: Any, flat: Sequence[Any],
+              labels: Any = None, loss_fn: loss_lib.LossFn | None = None,
+              bn_stats: Any = None) -> Any:
+    """Runs the forward loop.
+
+    Returns the last cell's outputs merged over micro-batches (flat list),
+    or, with `loss_fn`, the loss.Sums of the whole mini-batch (then
+    `self.dys` holds d(loss sum)/d(outputs) per micro-batch for Backward).
+    """
+    inputs = self._SplitInputs(flat)
+    self._Trace(structure, flat)
+    k_last = len(self.cells) - 1
+    label_tas = None
+    if loss_fn is not None:
+      with tf.device(self.cells[-1].device):
+        label_flat = tf.nest.flatten(labels)
+        label_tas = [_TensorArray(_Spec(x), self.m).split(x, self.sizes)
+                     if _Batched(x) else x for x in label_flat]
+        loss_step, dys0, sums0 = self._LossFunction(labels, label_flat,
+                                                    loss_fn)
+
+    carries, stashes, bns = [], [], []
+    for k, cell in enumerate(self.cells):
+      with tf.device(cell.device):
+        stashes.append([None if s is None else _TensorArray(s, self.m)
+                        for s in self.in_specs[k]])
+        function, holder = cell.ForwardFunction(self.in_structs[k],
+                                                self.training)
+        bns.append([[tf.zeros_like(t) for t in stats]
+                    for stats in function.get_concrete_function(
+                        tf.TensorSpec(self.seed.shape, self.seed.dtype),
+                        *self.in_specs[k]).structured_outputs[1]])
+        if k < k_last:
+          carries.append([None if s is None else _Dummy(s)
+                          for s in self.in_specs[k + 1]])
+    with tf.device(self.cells[-1].device):
+      if loss_fn is None:
+        last = [None if s is None else _TensorArray(s, self.m)
+                for s in self.out_specs]
+      else:
+        last = ([None if g is None else _TensorArray(s, self.m)
+                 for s, g in zip(self.out_specs, dys0)], sums0)
+
+    def _Body(t, carries, stashes, bns, last):
+      new_carries, new_stashes, new_bns = list(carries), [], []
+      new_last = last
+      for k, cell in enumerate(self.cells):
+        with tf.device(cell.device):
+          m = t - k
+          active = tf.logical_and(m >= 0, m < self.m)
+          mc = tf.clip_by_value(m, 0, self.m - 1)
+          function, _ = cell.ForwardFunction(self.in_structs[k],
+                                             self.training)
+          if k == 0:
+            x = [ta.read(mc) if isinstance(ta, tf.TensorArray) else ta
+                 for ta in inputs]
+          else:
+            x = carries[k - 1]
+
+          def _Run(k=k, x=x, mc=mc, function=function):
+            seed = _FoldIn(self.seed, mc)
+            flat_y, sums = function(seed, *[xi for xi in x])
+            stash = [None if ta is None else ta.write(mc, xi)
+                     for ta, xi in zip(stashes[k], x)]
+            bn = [[a + b for a, b in zip(acc, s)]
+                  for acc, s in zip(bns[k], sums)]
+            if k < k_last:
+              out = list(flat_y)
+            elif loss_fn is None:
+              out = [None if ta is None else ta.write(mc, y)
+                     for ta, y in zip(last, flat_y)]
+            else:
+              label_m = [ta.read(mc) if isinstance(ta, tf.TensorArray)
+                         else ta for ta in label_tas]
+              dys, sums_m = loss_step(list(flat_y), label_m)
+              dy_tas, acc = last
+              out = ([None if ta is None else ta.write(mc, g)
+                      for ta, g in zip(dy_tas, dys)],
+                     tf.nest.map_structure(tf.add, acc, sums_m))
+            return out, stash, bn
+
+          keep_out = carries[k] if k < k_last else last
+          out, stash, bn = _Select(active, _Run,
+                                   (keep_out, stashes[k], bns[k]))
+          if k < k_last:
+            new_carries[k] = out
+          else:
+            new_last = out
+          new_stashes.append(stash)
+          new_bns.append(bn)
+      return new_carries, new_stashes, new_bns, new_last
+
+    stashes, bns, last = _Loop(self.ticks, _Body,
+                               (carries, stashes, bns, last))[1:]
+    self.stashes = stashes
+    if bn_stats is not None:
+      for k, cell in enumerate(self.cells):
+        _, holder = cell.ForwardFunction(self.in_structs[k], self.training)
+        for layer, stats in zip(holder.get('bn', []), bns[k]):
+          bn_stats.Add(layer, *stats)
+    with tf.device(self.cells[-1].device):
+      if loss_fn is None:
+        return [None if ta is None else ta.concat() for ta in last]
+      dy_tas, total = last
+      self.dys = dy_tas
+      return total
+
+  def _LossFunction(self, labels: Any, label_flat: list,
+                    loss_fn: loss_lib.LossFn) -> tuple[Callable, Any]:
+    """The last cell's loss step (outputs, labels of m) -> (dys, Sums of m),
+    the dys of a trace on specs (None where an output gets no gradient) and
+    zero Sums of the step's structure."""
+    out_struct, k_last = self.out_struct, len(self.cells) - 1
+    del k_last
+
+    def _Step(flat_y, label_m):
+      floats = [y for y in flat_y if y is not None and y.dtype.is_floating]
+      with tf.GradientTape() as tape:
+        tape.watch(floats)
+        ys = tf.nest.pack_sequence_as(out_struct, list(flat_y))
+        terms = loss_fn(core.FromTuple(ys),
+                        tf.nest.pack_sequence_as(labels, list(label_m)))
+        n = flat_y[0].shape[0] if flat_y and flat_y[0].shape.rank else None
+        sums = loss_lib.WeightedSums(terms, n)
+      grads = iter(tape.gradient(sums.loss, floats))
+      dys = [next(grads) if y is not None and y.dtype.is_floating else None
+             for y in flat_y]
+      return dys, sums
+
+    function = tf.function(tf.autograph.experimental.do_not_convert(_Step),
+                           autograph=False)
+    concrete = function.get_concrete_function(
+        list(self.out_specs), [_Spec(x) for x in label_flat])
+    dys, sums = concrete.structured_outputs
+    zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), sums)
+    return function, dys, zeros
+
+  # ---- Backward ------------------------------------------------------------
+  def Backward(self, dys: Sequence[Any] | None = None,
+               input_grads: bool = False) -> tuple[list, dict]:
+    """Runs the backward loop.
+
+    Args:
+      dys: gradients of the merged outputs (FProp's custom gradient); None
+        after a Forward with a loss (its gradients are used).
+      input_grads: whether to return gradients of the first cell's inputs.
+
+    Returns:
+      (dx, grads): the input gradients merged over micro-batches (None where
+      not asked or not a float) and {variable.ref(): (variable, gradient)}
+      summed over micro-batches and cells.
+    """
+    k_last = len(self.cells) - 1
+    seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
+    with tf.device(self.cells[-1].device):
+      if dys is not None:
+        dy_tas = [None if g is None else
+                  _TensorArray(_Spec(g), self.m).split(g, self.sizes)
+                  for g in dys]
+      else:
+        dy_tas = self.dys
+    present_last = [ta is not None for ta in dy_tas]
+
+    wanted_all = [[s is not None and s.dtype.is_floating and
+                   (k > 0 or input_grads) for s in specs]
+                  for k, specs in enumerate(self.in_specs)]
+    # From the last cell back: a trace without sums learns the variables,
+    # which of them get gradients and which inputs do (an input the outputs
+    # do not depend on gets None, and the cell before it then none either).
+    functions, accs = [None] * len(self.cells), [None] * len(self.cells)
+    present, dx_present = present_last, [None] * len(self.cells)
+    for k in reversed(range(len(self.cells))):
+      cell, specs = self.cells[k], self.in_specs[k]
+      out_specs = self.out_specs if k == k_last else self.in_specs[k + 1]
+      dy_specs = [s if p else None for p, s in zip(present, out_specs)]
+      with tf.device(cell.device):
+        plain, holder = cell.BackwardFunction(
+            self.in_structs[k], self.training, present, wanted_all[k], None)
+        dx, dws = plain.get_concrete_function(
+            seed_spec, list(specs), list(dy_specs), None).structured_outputs
+        variables = holder['variables']
+        # The loop carries one running sum per variable. (One flat vector
+        # per cell would mean fewer loop variables but a concatenation of
+        # every gradient on every tick: slower at realistic widths.)
+        layout = [(v, v.shape) for v, g in zip(variables, dws)
+                  if g is not None]
+        accs[k] = [None if g is None else tf.zeros(v.shape, v.dtype)
+                   for v, g in zip(variables, dws)]
+        summed, _ = cell.BackwardFunction(
+            self.in_structs[k], self.training, present, wanted_all[k],
+            [g is not None for g in dws])
+        functions[k] = (summed, layout)
+      dx_present[k] = [g is not None for g in dx]
+      present = dx_present[k]
+    carries = []
+    for k in range(1, len(self.cells)):
+      with tf.device(self.cells[k].device):
+        carries.append([_Dummy(s) if p else None
+                        for s, p in zip(self.in_specs[k], dx_present[k])])
+    with tf.device(self.cells[0].device):
+      first = [_TensorArray(s, self.m) if w and _BatchedSpec(s) else
+               (tf.zeros(s.shape, s.dtype) if w else None)
+               for s, w in zip(self.in_specs[0], dx_present[0])]
+
+    def _Body(t, carries, accs, first):
+      new_carries, new_accs, new_first = list(carries), [], first
+      for k, cell in enumerate(self.cells):
+        with tf.device(cell.device):
+          j = t - (k_last - k)
+          active = tf.logical_and(j >= 0, j < self.m)
+          mc = tf.clip_by_value(self.m - 1 - j, 0, self.m - 1)
+          function, _ = functions[k]
+          if k == k_last:
+            dy = [None if ta is None else ta.read(mc) for ta in dy_tas]
+          else:
+            dy = carries[k]   # cell k+1's input gradient, previous tick
+
+          def _Run(k=k, dy=dy, mc=mc, function=function):
+            x = [None if ta is None else ta.read(mc) for ta in self.stashes[k]]
+            dx, dws = function(_FoldIn(self.seed, mc), x, list(dy), accs[k])
+            if k > 0:
+              return list(dx), list(dws)
+            out = []
+            for slot, g in zip(first, dx):
+              if slot is None:
+                out.append(None)
+              elif isinstance(slot, tf.TensorArray):
+                out.append(slot.write(mc, g))
+              else:
+                out.append(slot + g)
+            return out, list(dws)
+
+          keep = carries[k - 1] if k > 0 else first
+          out, acc = _Select(active, _Run, (keep, accs[k]))
+          if k > 0:
+            new_carries[k - 1] = out
+          else:
+            new_first = out
+          new_accs.append(acc)
+      return new_carries, new_accs, new_first
+
+    accs, first = _Loop(self.ticks, _Body, (carries, accs, first))[1:]
+    grads: dict = {}
+    for k, (_, layout) in enumerate(functions):
+      for (v, _), g in zip(layout, [g for g in accs[k] if g is not None]):
+        if v.ref() in grads:
+          with tf.device(v.device):
+            g = grads[v.ref()][1] + g
+        grads[v.ref()] = (v, g)
+    with tf.device(self.cells[0].device):
+      dx = [slot.concat() if isinstance(slot, tf.TensorArray) else slot
+            for slot in first]
+    return dx, grads
+
+
+def _Loop(ticks: int, body: Callable, state: tuple) -> tuple:
+  """state = body(t, *state) for t in range(ticks), as one tf.while_loop.
+
+  None leaves of `state` (an input that gets no gradient, say) stay None
+  and are not loop variables.
+  """
+  flat = tf.nest.flatten(state)
+  where = [i for i, x in enumerate(flat) if x is not None]
+
+  def _Pack(values):
+    full = [None] * len(flat)
+    for i, x in zip(where, values):
+      full[i] = x
+    return tf.nest.pack_sequence_as(state, full)
+
+  def _Body(t, *values):
+    out = tf.nest.flatten(body(t, *_Pack(values)))
+    return [t + 1] + [out[i] for i in where]
+
+  result = tf.while_loop(lambda t, *_: t < ticks, _Body,
+                         [tf.constant(0)] + [flat[i] for i in where],
+                         maximum_iterations=ticks)
+  return _Pack(result[1:])
+
+
+def _BatchedSpec(spec: tf.TensorSpec | None) -> bool:
+  return spec is not None and spec.shape.rank is not None and spec.shape.rank > 0

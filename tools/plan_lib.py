@@ -7,6 +7,7 @@ over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
   * every K dividing D gives R = D / K replicas of a K-device pipeline, each
     with n = N / R examples cut into M micro-batches of b = ceil(n / M);
   * the layers are cut into S = K x V stages by partition.PartitionBalanced
+    (weighted by each stage's recompute share, as PipeliningLayer does)
     on forward FLOPs (what PipeliningLayer's cost='flops' does);
   * stage s takes F_s = flops_s x b / flops_per_second per forward,
     B_s = F_s (+ r_s x F_s with remat 'always') for the input gradient and
@@ -196,15 +197,18 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
   n = batch_size // layout.num_replicas
   b = -(-n // layout.num_micro_batches)  # The largest micro-batch.
   layers = model.layers
-  balance = _Balance(tuple(c.flops for c in layers), k * v)
-  stages = partition.SplitByBalance(list(layers), balance)
-  # Simulate needs positive times: a stage without FLOPs takes a tiny one.
-  fwd = [max(sum(c.flops for c in st) * b / flops_per_second, 1e-12)
-         for st in stages]
   sched = _Schedule(layout.schedule, k, layout.num_micro_batches, v)
   recomputed = _Recomputed(sched, layout.remat)
   shares = [sum((s, m) in recomputed for m in range(sched.num_micro_batches))
             / sched.num_micro_batches for s in range(sched.num_stages)]
+  # As PipeliningLayer does: a stage that recomputes more takes fewer layers.
+  weights = tuple((3.0 + r) / 3.0 for r in shares)
+  balance = _Balance(tuple(c.flops for c in layers), k * v,
+                     None if len(set(weights)) == 1 else weights)
+  stages = partition.SplitByBalance(list(layers), balance)
+  # Simulate needs positive times: a stage without FLOPs takes a tiny one.
+  fwd = [max(sum(c.flops for c in st) * b / flops_per_second, 1e-12)
+         for st in stages]
   sim = schedule_lib.Simulate(sched, fwd, [f * (1 + r)
                                            for f, r in zip(fwd, shares)], fwd)
   inputs = [model.input_bytes] + [st[-1].output_bytes for st in stages[:-1]]
@@ -225,8 +229,9 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
 # Both are the same for every M / remat / schedule (resp. remat) of a Rank
 # and take seconds for a thousand layers or K x M in the thousands.
 @functools.lru_cache(maxsize=32)
-def _Balance(flops: tuple[float, ...], num_stages: int) -> tuple[int, ...]:
-  return tuple(partition.PartitionBalanced(flops, num_stages))
+def _Balance(flops: tuple[float, ...], num_stages: int,
+             weights: tuple[float, ...] | None) -> tuple[int, ...]:
+  return tuple(partition.PartitionBalanced(flops, num_stages, weights))
 
 
 @functools.lru_cache(maxsize=256)

@@ -64,7 +64,8 @@ def _PrefixSums(costs: Sequence[float]) -> list[float]:
   return prefix
 
 
-def PartitionBalanced(costs: Sequence[float], num_partitions: int) -> list[int]:
+def PartitionBalanced(costs: Sequence[float], num_partitions: int,
+                      weights: Sequence[float] | None = None) -> list[int]:
   """Splits layers with the given costs into contiguous cells minimising the slowest cell.
 
   The objective, in order:
@@ -84,6 +85,10 @@ def PartitionBalanced(costs: Sequence[float], num_partitions: int) -> list[int]:
   Args:
     costs: L non-negative finite per-layer costs, in layer order.
     num_partitions: K, the number of cells; 1 <= K <= L.
+    weights: optional K positive factors, one per cell: cell c costs
+      weights[c] times the sum of its layers' costs (a cell that also
+      recomputes its forward in the backward does more work per layer than
+      one that does not). None: all 1.
 
   Returns:
     A list of K positive layer counts summing to L.
@@ -108,36 +113,88 @@ def PartitionBalanced(costs: Sequence[float], num_partitions: int) -> list[int]:
         f'cannot split {num_layers} layers into {k_cells} cells; '
         f'use num_partitions <= {num_layers}')
 
+  if weights is None:
+    weights = [1.0] * k_cells
+  weights = [float(w) for w in weights]
+  if len(weights) != k_cells or not all(
+      math.isfinite(w) and w > 0 for w in weights):
+    raise PartitionError(
+        f'weights must be {k_cells} positive finite numbers, one per cell; '
+        f'got {list(weights)}')
   prefix = _PrefixSums(values)
-  total = prefix[-1]
+  total = prefix[-1] * max(weights)
   eps = _RTOL * total
   eps_sq = _RTOL * total * total
   inf = math.inf
 
-  def seg(i: int, e: int) -> float:
-    return prefix[e] - prefix[i]
+  def seg(i: int, e: int, c: int = 1) -> float:
+    """Cost of layers i..e-1 as the first of the last c cells."""
+    return (prefix[e] - prefix[i]) * weights[k_cells - c]
 
   # Phase 1: best[c][i] = smallest possible maximum cell cost when layers i..L-1 are
   # split into c non-empty cells. It is non-increasing in i, while the first cell's
   # cost seg(i, e) is non-decreasing in e, so the optimum over e sits where the two
   # cross and is found by bisection.
+  if len(set(weights)) > 1:
+    # With unequal weights best[c][i] is no longer monotone in i (a cell's
+    # weight depends on its position), so bisect on the answer instead. A
+    # cap is feasible when the last layer can be reached cell by cell: from
+    # each reachable start, a cell reaches an interval of ends, whose upper
+    # end never moves back as the start moves on (costs are >= 0).
+    def feasible(cap_value: float) -> bool:
+      reach = [False] * (num_layers + 1)
+      reach[0] = True
+      for c in range(k_cells, 0, -1):
+        marks = [0] * (num_layers + 2)
+        end = 0
+        for i in range(num_layers):
+          if not reach[i] or seg(i, i + 1, c) > cap_value:
+            continue
+          end = max(end, i + 1)
+          while end < num_layers and seg(i, end + 1, c) <= cap_value:
+            end += 1
+          marks[i + 1] += 1
+          marks[end + 1] -= 1
+        running, reach = 0, [False] * (num_layers + 1)
+        for e in range(num_layers + 1):
+          running += marks[e]
+          reach[e] = running > 0
+      return reach[num_layers]
+
+    lo, hi = 0.0, seg(0, num_layers, 1) * max(weights) / weights[-1]
+    for _ in range(200):
+      mid = (lo + hi) / 2
+      if feasible(mid):
+        hi = mid
+      else:
+        lo = mid
+      if hi - lo <= eps * 1e-3:
+        break
+    return _TieBreak(k_cells, num_layers, prefix, seg, hi + eps, eps_sq)
   best = [[inf] * (num_layers + 1) for _ in range(k_cells + 1)]
   for i in range(num_layers):
-    best[1][i] = seg(i, num_layers)
+    best[1][i] = seg(i, num_layers, 1)
   for c in range(2, k_cells + 1):
     rest = best[c - 1]
     for i in range(num_layers - c + 1):
       lo, hi = i + 1, num_layers - c + 1  # Candidate ends e of the first cell.
       while lo < hi:  # First e with seg(i, e) >= rest[e], or hi if none.
         mid = (lo + hi) // 2
-        if seg(i, mid) >= rest[mid]:
+        if seg(i, mid, c) >= rest[mid]:
           hi = mid
         else:
           lo = mid + 1
-      candidates = [max(seg(i, e), rest[e]) for e in (lo - 1, lo)
+      candidates = [max(seg(i, e, c), rest[e]) for e in (lo - 1, lo)
                     if i + 1 <= e <= num_layers - c + 1]
       best[c][i] = min(candidates)
-  cap = best[k_cells][0] + eps
+  return _TieBreak(k_cells, num_layers, prefix, seg,
+                   best[k_cells][0] + eps, eps_sq)
+
+
+def _TieBreak(k_cells: int, num_layers: int, prefix: list[float], seg,
+              cap: float, eps_sq: float) -> list[int]:
+  """Phases 2 and 3 of PartitionBalanced under the optimal maximum `cap`."""
+  inf = math.inf
 
   # Phase 2: squares[c][i] = smallest sum of squared cell costs when layers i..L-1 are
   # split into c non-empty cells, each costing at most cap.
@@ -148,9 +205,9 @@ def PartitionBalanced(costs: Sequence[float], num_partitions: int) -> list[int]:
     # Feasible remainders form a suffix: start at the first one.
     first = next(e for e in range(num_layers + 1) if rest[e] < inf)
     for i in range(num_layers - c + 1):
-      value, start = inf, prefix[i]
+      value = inf
       for e in range(max(i + 1, first), num_layers - c + 2):
-        s = prefix[e] - start
+        s = seg(i, e, c)
         if s > cap:
           break
         if rest[e] < inf:
@@ -163,7 +220,7 @@ def PartitionBalanced(costs: Sequence[float], num_partitions: int) -> list[int]:
   i = 0
   for c in range(k_cells, 0, -1):
     for e in range(num_layers - c + 1, i, -1):
-      s = seg(i, e)
+      s = seg(i, e, c)
       rest = squares[c - 1][e]
       if s <= cap and rest < inf and s * s + rest <= squares[c][i] + eps_sq:
         break

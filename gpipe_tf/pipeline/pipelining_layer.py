@@ -156,7 +156,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     num_stages = len(self._balance)
     num_devices = num_stages // p.num_virtual_stages
     self._schedule = self._MakeSchedule(num_devices)
-    self._kept = self._KeptForwards()
+    self._kept = self._KeptForwards(self._schedule)
     self._devices = [all_devices[k] for k in range(num_devices)]
     per_layer = [self._devices[self._schedule.DeviceOf(s)]
                  for s, n in enumerate(self._balance) for _ in range(n)]
@@ -234,7 +234,32 @@ class PipeliningLayer(base_layer.BaseLayer):
       return [num_layers]
     costs = cost_lib.LayerCosts(p.layers, p.cost, p.input_shapes,
                                 p.profile_batch_size, p.num_micro_batches)
-    return partition.PartitionBalanced(costs, num_cells)
+    return partition.PartitionBalanced(costs, num_cells,
+                                       self._RecomputeWeights())
+
+  def _RecomputeWeights(self) -> list[float] | None:
+    """Per-cell work factors when remat recomputes some cells' forwards
+    more often than others' (None when all recompute alike).
+
+    With the backward costing about twice the forward, a cell that
+    recomputes a share r of its micro-batches does (3 + r) / 3 times the work
+    of one that recomputes none: under 1F1B with remat 'always' the last cell
+    recomputes nothing (its backward directly follows each forward), so it
+    can take more layers. Only registered schedules are weighed; a schedule
+    given as a file or object is balanced on the layer costs alone.
+    """
+    p = self.p
+    if not isinstance(p.schedule, str) or p.schedule.endswith('.csv'):
+      return None
+    sched = schedule_lib.Make(p.schedule, p.num_partitions,
+                              p.num_micro_batches, p.num_virtual_stages)
+    kept = self._KeptForwards(sched)
+    if kept is None:
+      return None
+    m = p.num_micro_batches
+    weights = [(3.0 + sum((s, i) not in kept for i in range(m)) / m) / 3.0
+               for s in range(sched.num_stages)]
+    return None if len(set(weights)) == 1 else weights
 
   @property
   def balance(self) -> list[int]:
@@ -261,7 +286,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     the schedule runs a backward before the last forward."""
     return not self._schedule.IsFillDrain()
 
-  def _KeptForwards(self) -> frozenset[tuple[int, int]] | None:
+  def _KeptForwards(self, sched: schedule_lib.Schedule
+                    ) -> frozenset[tuple[int, int]] | None:
     """The (stage, micro-batch) pairs ``remat`` does not recompute; None: all.
 
     'always' keeps the pairs whose backward directly follows their forward on
@@ -271,10 +297,9 @@ class PipeliningLayer(base_layer.BaseLayer):
     p = self.p
     if p.remat == 'never':
       return None
-    kept = set(self._schedule.ForwardsFollowedByBackward())
+    kept = set(sched.ForwardsFollowedByBackward())
     if p.remat == 'except_last':
-      kept |= {(s, p.num_micro_batches - 1)
-               for s in range(self._schedule.num_stages)}
+      kept |= {(s, p.num_micro_batches - 1) for s in range(sched.num_stages)}
     return frozenset(kept)
 
   def _Remat(self, s: int, m: int) -> bool:

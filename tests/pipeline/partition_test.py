@@ -112,6 +112,35 @@ class PartitionBalancedTest(unittest.TestCase):
       self.assertEqual(_sum_of_squares(costs, balance), best_squares, msg=msg)
       self.assertEqual(balance, max(ties), msg=msg)
 
+  def test_weighted_cells_match_brute_force(self):
+    # Cell c costs weights[c] x its layers' costs; integer weights keep ties
+    # exact. The minimal maximum is checked against every split.
+    rng = random.Random(1)
+    for _ in range(300):
+      num_layers = rng.randint(1, 9)
+      num_cells = rng.randint(1, min(4, num_layers))
+      costs = [rng.randint(0, 6) for _ in range(num_layers)]
+      weights = [rng.randint(1, 4) for _ in range(num_cells)]
+
+      def weighted_max(b, costs=costs, weights=weights):
+        cells = partition.CellCosts(costs, b)
+        return max(w * c for w, c in zip(weights, cells))
+
+      balance = partition.PartitionBalanced(costs, num_cells, weights)
+      best = min(weighted_max(b)
+                 for b in _all_balances(num_layers, num_cells))
+      self.assertEqual(weighted_max(balance), best,
+                       msg=f'costs={costs} weights={weights} got {balance}')
+
+  def test_weights_move_layers_to_lighter_cells(self):
+    # A cell that also recomputes its forward (4/3 the work) takes fewer.
+    self.assertEqual(partition.PartitionBalanced([1.0] * 16, 2), [8, 8])
+    self.assertEqual(
+        partition.PartitionBalanced([1.0] * 16, 2, [4 / 3, 1.0]), [7, 9])
+    for bad in ([1.0], [1.0, 0.0], [1.0, math.inf]):
+      with self.assertRaisesRegex(PartitionError, 'weights must be 2'):
+        partition.PartitionBalanced([1.0] * 4, 2, bad)
+
   def test_matches_brute_force_on_float_costs(self):
     rng = random.Random(1)
     for _ in range(400):

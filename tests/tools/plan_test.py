@@ -73,18 +73,24 @@ class EvaluateTest(absltest.TestCase):
     self.assertAlmostEqual(always.makespan / never.makespan, 3.75 / 3)
 
   def testAlwaysKeepsForwardsWhoseBackwardFollows(self):
-    # 1F1B, K = 2, M = 4, F = 1: stage 1 runs F(1, m) BW(1, m) back to back
-    # and recomputes nothing (BW = 2), stage 0 recomputes all (BW = 3).
-    # Device 0 runs F0 F1 BW0 F2 BW1 F3 BW2 BW3 and ends at 18 (20 when
-    # stage 1 recomputed too, 15 without remat).
+    # 1F1B, K = 2, M = 4: stage 1 runs F(1, m) BW(1, m) back to back and
+    # recomputes nothing (work 3 F per layer), stage 0 recomputes all (4 F),
+    # so the weighted partition gives stage 1 more layers: (3, 5).
     never = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4, schedule='1f1b'), 32)
     always = plan_lib.Evaluate(
         _MODEL, _Layout(k=2, m=4, schedule='1f1b', remat='always'), 32)
+    self.assertEqual(never.balance, (4, 4))
+    self.assertEqual(always.balance, (3, 5))
+    # In units of a 4-layer forward: stage 0 F = 0.75, BW = 2.25; stage 1
+    # F = 1.25, BW = 2.5. Device 1 runs F0 [0.75, 2) BW0 [2, 4.5) F1 BW1 F2
+    # BW2 F3 [12, 13.25) BW3 [13.25, 15.75); device 0's BW(0, 3) then runs
+    # [15.75, 18): 18 against 15 without remat (the same as with (4, 4)).
     self.assertAlmostEqual(always.makespan / never.makespan, 18 / 15)
-    # Stage 1 holds one micro-batch whole either way; stage 0 two inputs and
-    # one recompute instead of two micro-batches whole.
+    # Stage 0 (3 layers): gradients + two inputs and one recompute of 3
+    # outputs; stage 1 (5 layers): gradients + one micro-batch whole.
     self.assertEqual(always.step_bytes,
-                     (4000 * 4 + (2 + 4) * 8 * 4096, never.step_bytes[1]))
+                     (3000 * 4 + (2 + 3) * 8 * 4096,
+                      5000 * 4 + (1 + 5) * 8 * 4096))
     # With M = 1 every backward follows its forward: 'always' is 'never'.
     for name in ('gpipe', '1f1b'):
       never = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=1, schedule=name), 32)

@@ -132,6 +132,17 @@ class RematTest(tf.test.TestCase):
     _, counts, _ = self._Recomputed('gpipe', 'always')
     self.assertEqual(counts, {'fc0': 3, 'fc1': 3})
 
+  def testCellsWeighedByTheirRecomputes(self):
+    # 16 equal FC layers: 1F1B with remat 'always' recomputes on cell 0 only
+    # ((3 + 1) / 3 the work per layer), so cell 1 takes more layers; GPipe
+    # and remat 'never' recompute alike everywhere and split evenly.
+    layers = [test_utils.FcParams(i, 8, 8) for i in range(16)]
+    balance = lambda **kw: _Pipe(layers, num_partitions=2,
+                                 num_micro_batches=4, **kw).balance
+    self.assertEqual(balance(schedule='1f1b', remat='always'), [7, 9])
+    self.assertEqual(balance(schedule='1f1b', remat='never'), [8, 8])
+    self.assertEqual(balance(schedule='gpipe', remat='always'), [8, 8])
+
   def testExceptLastAlsoSkipsTheLastMicroBatch(self):
     _, counts, _ = self._Recomputed('1f1b', 'except_last')
     self.assertEqual(counts, {'fc0': 3})

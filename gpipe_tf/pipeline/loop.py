@@ -147,8 +147,9 @@ class FillDrainLoop:
     self.in_specs: list[list] = []     # flat input specs of each cell
     self.out_struct: Any = None
     self.stashes: list[list] = []      # per cell, per flat input: TensorArray
-    self.sizes: Any = None
-    self.input_batched: list[bool] = []
+    self.sizes: Any = None             # micro-batch sizes
+    self.out_specs: list = []
+    self.dys: list = []                # per last-cell output: TensorArray
 
   # ---- Inputs --------------------------------------------------------------
   def _SplitInputs(self, flat: Sequence[Any]) -> list:
@@ -298,8 +299,7 @@ class FillDrainLoop:
     """The last cell's loss step (outputs, labels of m) -> (dys, Sums of m),
     the dys of a trace on specs (None where an output gets no gradient) and
     zero Sums of the step's structure."""
-    out_struct, k_last = self.out_struct, len(self.cells) - 1
-    del k_last
+    out_struct = self.out_struct
 
     def _Step(flat_y, label_m):
       floats = [y for y in flat_y if y is not None and y.dtype.is_floating]

@@ -83,21 +83,22 @@ def _Relaxed(x: tf.Tensor) -> tf.Tensor:
 
 
 def _Dummy(spec: Any) -> tf.Tensor:
-  """An empty (zero-example) tensor of `spec`'s dtype and rank: what a carry
-  holds before the first tick that writes it."""
+  """What a carry holds before the first tick that writes it: zeros of a
+  fully known `spec`, else an empty (zero-example) tensor of its rank."""
   shape = spec.shape
-  if shape.rank == 0:
-    return tf.zeros([], spec.dtype)
+  if shape.is_fully_defined():
+    return tf.zeros(shape, spec.dtype)
   return _Relaxed(tf.zeros([0] + [d or 0 for d in shape.as_list()[1:]],
                            spec.dtype))
 
 
-def _Spec(x: Any) -> tf.TensorSpec | None:
+def _Spec(x: Any, batch: int | None) -> tf.TensorSpec | None:
+  """`x`'s spec for one micro-batch of `batch` examples (None: any size)."""
   if x is None:
     return None
   shape = x.shape
   if shape.rank:
-    shape = tf.TensorShape([None] + shape.as_list()[1:])
+    shape = tf.TensorShape([batch] + shape.as_list()[1:])
   return tf.TensorSpec(shape, x.dtype)
 
 
@@ -148,6 +149,7 @@ class FillDrainLoop:
     self.out_struct: Any = None
     self.stashes: list[list] = []      # per cell, per flat input: TensorArray
     self.sizes: Any = None             # micro-batch sizes
+    self.batch: int | None = None      # their common static size, if any
     self.out_specs: list = []
     self.dys: list = []                # per last-cell output: TensorArray
 
@@ -158,13 +160,18 @@ class FillDrainLoop:
     n = microbatch.BatchSize(flat)
     if isinstance(n, int):
       self.sizes = microbatch.MicroBatchSizes(n, self.m)
+      # Equal micro-batches keep a static shape through the loops (shapes
+      # known when the cells are traced run faster than unknown ones).
+      if len(set(self.sizes)) == 1:
+        self.batch = self.sizes[0]
     else:
       base = n // self.m
       self.sizes = base + tf.cast(tf.range(self.m) < n % self.m, n.dtype)
     out = []
     for x in flat:
       if _Batched(x):
-        out.append(_TensorArray(_Spec(x), self.m).split(x, self.sizes))
+        out.append(_TensorArray(_Spec(x, self.batch), self.m).split(
+            x, self.sizes))
       else:
         out.append(x)
     return out
@@ -172,7 +179,7 @@ class FillDrainLoop:
   def _Trace(self, structure: Any, flat: Sequence[Any]) -> None:
     """Traces every cell's forward on specs, to learn each boundary's
     structure and specs before the loops are built."""
-    struct, specs = structure, [_Spec(x) for x in flat]
+    struct, specs = structure, [_Spec(x, self.batch) for x in flat]
     seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
     for cell in self.cells:
       self.in_structs.append(struct)
@@ -182,7 +189,8 @@ class FillDrainLoop:
           seed_spec, *[s for s in specs])
       flat_y, _ = concrete.structured_outputs
       struct = holder['struct']
-      specs = [_Spec(y) for y in flat_y]
+      specs = [None if y is None else tf.TensorSpec(y.shape, y.dtype)
+               for y in flat_y]
     self.out_struct = struct
     self.out_specs = specs
 
@@ -203,7 +211,8 @@ class FillDrainLoop:
     if loss_fn is not None:
       with tf.device(self.cells[-1].device):
         label_flat = tf.nest.flatten(labels)
-        label_tas = [_TensorArray(_Spec(x), self.m).split(x, self.sizes)
+        label_tas = [_TensorArray(_Spec(x, self.batch), self.m).split(
+            x, self.sizes)
                      if _Batched(x) else x for x in label_flat]
         loss_step, dys0, sums0 = self._LossFunction(labels, label_flat,
                                                     loss_fn)
@@ -318,7 +327,7 @@ class FillDrainLoop:
     function = tf.function(tf.autograph.experimental.do_not_convert(_Step),
                            autograph=False)
     concrete = function.get_concrete_function(
-        list(self.out_specs), [_Spec(x) for x in label_flat])
+        list(self.out_specs), [_Spec(x, self.batch) for x in label_flat])
     dys, sums = concrete.structured_outputs
     zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), sums)
     return function, dys, zeros
@@ -343,7 +352,8 @@ class FillDrainLoop:
     with tf.device(self.cells[-1].device):
       if dys is not None:
         dy_tas = [None if g is None else
-                  _TensorArray(_Spec(g), self.m).split(g, self.sizes)
+                  _TensorArray(_Spec(g, self.batch), self.m).split(
+                      g, self.sizes)
                   for g in dys]
       else:
         dy_tas = self.dys

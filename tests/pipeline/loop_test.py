@@ -78,8 +78,8 @@ class LayoutTest(tf.test.TestCase):
 
 class LossInsideTest(tf.test.TestCase):
 
-  def _Check(self, layers_fn, k, m, remat, reference):
-    x, y = st._Data()  # pylint: disable=protected-access
+  def _Check(self, layers_fn, k, m, remat, reference, n=11):
+    x, y = st._Data(n)  # pylint: disable=protected-access
     pipe = _Pipe(layers_fn(), k, m, remat)
 
     @tf.function
@@ -109,6 +109,11 @@ class LossInsideTest(tf.test.TestCase):
       with self.subTest(k=k, m=m, remat=remat):
         self._Check(st._MlpLayers, k, m, remat,  # pylint: disable=protected-access
                     lambda *_: want)
+    # 12 examples in 4 equal micro-batches: the loops keep static shapes.
+    x, y = st._Data(12)  # pylint: disable=protected-access
+    want = st._TapeLossAndGrads(seq, x, y)  # pylint: disable=protected-access
+    with self.subTest(k=4, m=4, static=True):
+      self._Check(st._MlpLayers, 4, 4, 'always', lambda *_: want, n=12)  # pylint: disable=protected-access
 
   def testDropoutAndBatchNormEqualTheUnrolledEngine(self):
     # Batch statistics and dropout masks depend on the micro-batch split: the

@@ -202,9 +202,9 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
   shares = [sum((s, m) in recomputed for m in range(sched.num_micro_batches))
             / sched.num_micro_batches for s in range(sched.num_stages)]
   # As PipeliningLayer does: a stage that recomputes more takes fewer layers.
-  weights = tuple((3.0 + r) / 3.0 for r in shares)
+  weights = partition.RecomputeWeights(shares)
   balance = _Balance(tuple(c.flops for c in layers), k * v,
-                     None if len(set(weights)) == 1 else weights)
+                     None if weights is None else tuple(weights))
   stages = partition.SplitByBalance(list(layers), balance)
   # Simulate needs positive times: a stage without FLOPs takes a tiny one.
   fwd = [max(sum(c.flops for c in st) * b / flops_per_second, 1e-12)

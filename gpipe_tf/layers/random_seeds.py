@@ -45,11 +45,14 @@ def NewStepSeed() -> tf.Tensor:
   return tf.random.uniform([2], minval=0, maxval=2**31 - 1, dtype=tf.int64)
 
 
-def FoldIn(seed: tf.Tensor, data: int) -> tf.Tensor:
-  """A new seed derived from `seed` and the integer `data`."""
-  return tf.cast(
-      tf.random.experimental.stateless_fold_in(seed, int(data) % 2**31),
-      tf.int64)
+def FoldIn(seed: tf.Tensor, data: int | tf.Tensor) -> tf.Tensor:
+  """A new seed derived from `seed` and the integer `data` (a Python int, or
+  an integer tensor in [0, 2**31) such as a loop's micro-batch index: the
+  same value gives the same seed either way)."""
+  if not isinstance(data, tf.Tensor):
+    data = int(data) % 2**31
+  return tf.cast(tf.random.experimental.stateless_fold_in(seed, data),
+                 tf.int64)
 
 
 def NameSeed(name: str) -> int:

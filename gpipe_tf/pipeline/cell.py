@@ -124,7 +124,7 @@ class Cell:
             if v.trainable and v.ref() not in own]
         holder['variables'] = variables
         pairs = [(y, g) for y, g in zip(ys, gys)
-                 if g is not None and _IsFloat(y)]
+                 if g is not None and IsFloat(y)]
         sources = [x for x, w in zip(xs, wanted) if w] + variables
         if pairs:
           grads = tape.gradient([y for y, _ in pairs], sources,
@@ -175,7 +175,7 @@ class Cell:
       on; without `sums`, IndexedSlices stay sparse).
     """
     present = [d is not None for d in dys]
-    wanted = [bool(w) and _IsFloat(x) for w, x in zip(input_grads, flat)]
+    wanted = [bool(w) and IsFloat(x) for w, x in zip(input_grads, flat)]
     summed = None if sums is None else [g is not None for g in sums]
     function, holder = self.BackwardFunction(structure, training, present,
                                              wanted, summed)
@@ -196,7 +196,8 @@ def _Sum(grad: Any, prev: Any) -> Any:
   return tf.convert_to_tensor(grad) + prev
 
 
-def _IsFloat(x: Any) -> bool:
+def IsFloat(x: Any) -> bool:
+  """Whether `x` is a floating-point tensor (one that gets gradients)."""
   return x is not None and x.dtype.is_floating
 
 

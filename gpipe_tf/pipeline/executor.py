@@ -44,8 +44,7 @@ from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 
 
-def IsFloat(x: Any) -> bool:
-  return x is not None and x.dtype.is_floating
+IsFloat = cell_lib.IsFloat
 
 
 def _Gate(tensors: Sequence[Any], after: Sequence[Any]) -> list[Any]:
@@ -264,15 +263,20 @@ class StepExecutor:
         self.deferred[(s, m)] = _Deferred(variables, dws, roots)
       else:
         done += self._Accumulate(variables, dws)
-      # Its activations are no longer needed (a second gradient of the same
-      # step recomputes them from the boundary input, which is kept).
-      self.tapes[s][m] = None
-      self._Stamp('End', action, done)
-      self.device_done[d] = done
-      if s > 0:
-        self.dys[s - 1][m] = dx
-      else:
-        self.dxs[m] = dx
+      self._EndBackward(action, done, dx)
+
+  def _EndBackward(self, action, done: list, dx: list) -> None:
+    """Closes a B or BW: its input gradient goes to the stage before."""
+    s, m = action.stage, action.micro_batch
+    # Its activations are no longer needed (a second gradient of the same
+    # step recomputes them from the boundary input, which is kept).
+    self.tapes[s][m] = None
+    self._Stamp('End', action, done)
+    self.device_done[self._Device(s)] = done
+    if s > 0:
+      self.dys[s - 1][m] = dx
+    else:
+      self.dxs[m] = dx
 
   def _BackwardTraced(self, action, cell: cell_lib.Cell, x: list, dy: list,
                       before: list) -> None:
@@ -302,13 +306,7 @@ class StepExecutor:
     sparse = [(v, g) for v, g in zip(variables, dws)
               if isinstance(g, tf.IndexedSlices)]
     done += self._Accumulate([v for v, _ in sparse], [g for _, g in sparse])
-    self.tapes[s][m] = None
-    self._Stamp('End', action, done)
-    self.device_done[self._Device(s)] = done
-    if s > 0:
-      self.dys[s - 1][m] = dx
-    else:
-      self.dxs[m] = dx
+    self._EndBackward(action, done, dx)
 
   def _RunCell(self, cell: cell_lib.Cell, struct: Any, x: Sequence[Any],
                seed: tf.Tensor, recompute: bool = False) -> Any:

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 from gpipe_tf.layers import core
+from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import microbatch
@@ -66,11 +67,6 @@ def Problem(num_cells: int, schedule: schedule_lib.Schedule,
     return ("it recomputes every forward in the backward; use remat 'always' "
             "or 'except_last'")
   return None
-
-
-def _FoldIn(seed: tf.Tensor, m: tf.Tensor) -> tf.Tensor:
-  """random_seeds.FoldIn with a tensor micro-batch index (same values)."""
-  return tf.cast(tf.random.experimental.stateless_fold_in(seed, m), tf.int64)
 
 
 def _Relaxed(x: tf.Tensor) -> tf.Tensor:
@@ -103,6 +99,7 @@ def _Spec(x: Any, batch: int | None) -> tf.TensorSpec | None:
 
 
 def _Batched(x: Any) -> bool:
+  """Whether a tensor or TensorSpec has a batch dimension."""
   return x is not None and x.shape.rank is not None and x.shape.rank > 0
 
 
@@ -111,20 +108,33 @@ def _TensorArray(spec: tf.TensorSpec, size: int) -> tf.TensorArray:
                         element_shape=spec.shape)
 
 
+class _Compact:
+  """A nest's non-None leaves as a flat list, and back: tf.cond and
+  tf.while_loop take tensors only, and a None (an input that gets no
+  gradient, say) stays None outside them."""
+
+  def __init__(self, nest: Any) -> None:
+    self.nest = nest
+    self.flat = tf.nest.flatten(nest)
+    self.where = [i for i, x in enumerate(self.flat) if x is not None]
+
+  def Values(self, nest: Any = None) -> list:
+    """The non-None leaves of `nest` (default: the nest given), in order."""
+    flat = self.flat if nest is None else tf.nest.flatten(nest)
+    return [flat[i] for i in self.where]
+
+  def Pack(self, values: Sequence[Any]) -> Any:
+    full = [None] * len(self.flat)
+    for i, x in zip(self.where, values):
+      full[i] = x
+    return tf.nest.pack_sequence_as(self.nest, full)
+
+
 def _Select(pred: tf.Tensor, run: Callable[[], Any], keep: Any) -> Any:
   """tf.cond(pred, run, lambda: keep), for nests with None leaves."""
-  flat_keep = tf.nest.flatten(keep)
-  where = [i for i, x in enumerate(flat_keep) if x is not None]
-
-  def _Run():
-    out = tf.nest.flatten(run())
-    return [out[i] for i in where]
-
-  picked = tf.cond(pred, _Run, lambda: [flat_keep[i] for i in where])
-  full = list(flat_keep)
-  for i, x in zip(where, picked):
-    full[i] = x
-  return tf.nest.pack_sequence_as(keep, full)
+  compact = _Compact(keep)
+  return compact.Pack(tf.cond(pred, lambda: compact.Values(run()),
+                              compact.Values))
 
 
 class FillDrainLoop:
@@ -146,6 +156,7 @@ class FillDrainLoop:
     self.ticks = self.m + len(self.cells) - 1
     self.in_structs: list[Any] = []
     self.in_specs: list[list] = []     # flat input specs of each cell
+    self.bn_zeros: list[list] = []     # per cell: zero BatchNorm sums
     self.out_struct: Any = None
     self.stashes: list[list] = []      # per cell, per flat input: TensorArray
     self.sizes: Any = None             # micro-batch sizes
@@ -187,7 +198,10 @@ class FillDrainLoop:
       function, holder = cell.ForwardFunction(struct, self.training)
       concrete = function.get_concrete_function(
           seed_spec, *[s for s in specs])
-      flat_y, _ = concrete.structured_outputs
+      flat_y, bn_sums = concrete.structured_outputs
+      with tf.device(cell.device):
+        self.bn_zeros.append([[tf.zeros(t.shape, t.dtype) for t in stats]
+                              for stats in bn_sums])
       struct = holder['struct']
       specs = [None if y is None else tf.TensorSpec(y.shape, y.dtype)
                for y in flat_y]
@@ -217,17 +231,11 @@ class FillDrainLoop:
         loss_step, dys0, sums0 = self._LossFunction(labels, label_flat,
                                                     loss_fn)
 
-    carries, stashes, bns = [], [], []
+    carries, stashes, bns = [], [], self.bn_zeros
     for k, cell in enumerate(self.cells):
       with tf.device(cell.device):
         stashes.append([None if s is None else _TensorArray(s, self.m)
                         for s in self.in_specs[k]])
-        function, holder = cell.ForwardFunction(self.in_structs[k],
-                                                self.training)
-        bns.append([[tf.zeros_like(t) for t in stats]
-                    for stats in function.get_concrete_function(
-                        tf.TensorSpec(self.seed.shape, self.seed.dtype),
-                        *self.in_specs[k]).structured_outputs[1]])
         if k < k_last:
           carries.append([None if s is None else _Dummy(s)
                           for s in self.in_specs[k + 1]])
@@ -256,7 +264,7 @@ class FillDrainLoop:
             x = carries[k - 1]
 
           def _Run(k=k, x=x, mc=mc, function=function):
-            seed = _FoldIn(self.seed, mc)
+            seed = random_seeds.FoldIn(self.seed, mc)
             flat_y, sums = function(seed, *[xi for xi in x])
             stash = [None if ta is None else ta.write(mc, xi)
                      for ta, xi in zip(stashes[k], x)]
@@ -396,7 +404,7 @@ class FillDrainLoop:
         carries.append([_Dummy(s) if p else None
                         for s, p in zip(self.in_specs[k], dx_present[k])])
     with tf.device(self.cells[0].device):
-      first = [_TensorArray(s, self.m) if w and _BatchedSpec(s) else
+      first = [_TensorArray(s, self.m) if w and _Batched(s) else
                (tf.zeros(s.shape, s.dtype) if w else None)
                for s, w in zip(self.in_specs[0], dx_present[0])]
 
@@ -415,7 +423,7 @@ class FillDrainLoop:
 
           def _Run(k=k, dy=dy, mc=mc, function=function):
             x = [None if ta is None else ta.read(mc) for ta in self.stashes[k]]
-            dx, dws = function(_FoldIn(self.seed, mc), x, list(dy), accs[k])
+            dx, dws = function(random_seeds.FoldIn(self.seed, mc), x, list(dy), accs[k])
             if k > 0:
               return list(dx), list(dws)
             out = []
@@ -457,28 +465,17 @@ def _Loop(ticks: int, body: Callable, state: tuple) -> tuple:
   None leaves of `state` (an input that gets no gradient, say) stay None
   and are not loop variables.
   """
-  flat = tf.nest.flatten(state)
-  where = [i for i, x in enumerate(flat) if x is not None]
-
-  def _Pack(values):
-    full = [None] * len(flat)
-    for i, x in zip(where, values):
-      full[i] = x
-    return tf.nest.pack_sequence_as(state, full)
+  compact = _Compact(state)
 
   def _Body(t, *values):
-    out = tf.nest.flatten(body(t, *_Pack(values)))
-    return [t + 1] + [out[i] for i in where]
+    return [t + 1] + compact.Values(body(t, *compact.Pack(values)))
 
   # One tick at a time: the cells of a tick already run concurrently, and
   # letting ticks overlap (the default, 10) only multiplies the in-flight
   # frames of every loop variable: at K=4, M=32 a step took 357 ms with 10,
   # 174 ms with 1 (docs/scale.md).
   result = tf.while_loop(lambda t, *_: t < ticks, _Body,
-                         [tf.constant(0)] + [flat[i] for i in where],
+                         [tf.constant(0)] + compact.Values(),
                          maximum_iterations=ticks, parallel_iterations=1)
-  return _Pack(result[1:])
+  return compact.Pack(result[1:])
 
-
-def _BatchedSpec(spec: tf.TensorSpec | None) -> bool:
-  return spec is not None and spec.shape.rank is not None and spec.shape.rank > 0

@@ -231,6 +231,18 @@ def _TieBreak(k_cells: int, num_layers: int, prefix: list[float], seg,
   return balance
 
 
+def RecomputeWeights(shares: Sequence[float]) -> list[float] | None:
+  """PartitionBalanced weights for cells that recompute different shares.
+
+  With the backward costing about twice the forward, a cell that recomputes
+  its forward for a share r of its micro-batches does (3 + r) / 3 the work
+  per layer of one that recomputes none. None when all shares are equal
+  (the plain split is then the same).
+  """
+  weights = [(3.0 + r) / 3.0 for r in shares]
+  return None if len(set(weights)) <= 1 else weights
+
+
 def CheckDevices(num_partitions: int, num_devices: int) -> None:
   """Checks that every cell can get its own device.
 

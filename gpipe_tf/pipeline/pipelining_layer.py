@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 
@@ -20,6 +21,13 @@ from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
 
 REMAT_POLICIES = ('always', 'except_last', 'never')
+
+
+@functools.lru_cache(maxsize=32)
+def _Registered(name: str, k: int, m: int, v: int) -> schedule_lib.Schedule:
+  """schedule.Make, once per layout: balancing and the layer both need it,
+  and building and validating a long schedule takes seconds."""
+  return schedule_lib.Make(name, k, m, v)
 
 
 class TraceOnceError(errors.Error, ValueError):
@@ -208,8 +216,8 @@ class PipeliningLayer(base_layer.BaseLayer):
             f'{num_devices} devices, {len(self._balance)} cells and '
             f'num_micro_batches={p.num_micro_batches}: make them agree.')
       return sched
-    return schedule_lib.Make(p.schedule, num_devices, p.num_micro_batches,
-                             p.num_virtual_stages)
+    return _Registered(p.schedule, num_devices, p.num_micro_batches,
+                       p.num_virtual_stages)
 
   def _Balance(self, num_devices: int) -> list[int]:
     """Layers per cell: K x V cells (V = num_virtual_stages)."""
@@ -238,28 +246,25 @@ class PipeliningLayer(base_layer.BaseLayer):
                                        self._RecomputeWeights())
 
   def _RecomputeWeights(self) -> list[float] | None:
-    """Per-cell work factors when remat recomputes some cells' forwards
-    more often than others' (None when all recompute alike).
-
-    With the backward costing about twice the forward, a cell that
-    recomputes a share r of its micro-batches does (3 + r) / 3 times the work
-    of one that recomputes none: under 1F1B with remat 'always' the last cell
-    recomputes nothing (its backward directly follows each forward), so it
-    can take more layers. Only registered schedules are weighed; a schedule
-    given as a file or object is balanced on the layer costs alone.
+    """Per-cell work factors (partition.RecomputeWeights) when remat
+    recomputes some cells' forwards more often than others', e.g. under 1F1B
+    with remat 'always' the last cell recomputes nothing (each backward
+    directly follows its forward), so it can take more layers. Only
+    registered schedules are weighed; a schedule given as a file or object is
+    balanced on the layer costs alone.
     """
     p = self.p
     if not isinstance(p.schedule, str) or p.schedule.endswith('.csv'):
       return None
-    sched = schedule_lib.Make(p.schedule, p.num_partitions,
-                              p.num_micro_batches, p.num_virtual_stages)
+    sched = _Registered(p.schedule, p.num_partitions, p.num_micro_batches,
+                        p.num_virtual_stages)
     kept = self._KeptForwards(sched)
     if kept is None:
       return None
     m = p.num_micro_batches
-    weights = [(3.0 + sum((s, i) not in kept for i in range(m)) / m) / 3.0
-               for s in range(sched.num_stages)]
-    return None if len(set(weights)) == 1 else weights
+    return partition.RecomputeWeights(
+        [sum((s, i) not in kept for i in range(m)) / m
+         for s in range(sched.num_stages)])
 
   @property
   def balance(self) -> list[int]:

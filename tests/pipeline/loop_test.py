@@ -88,16 +88,7 @@ class LossInsideTest(tf.test.TestCase):
 
     got, calls = _Calls(_Step)
     self.assertEqual(calls, 1)
-    self.AssertSame(reference(pipe, x, y), got)
-
-  def AssertSame(self, want, got):
-    (l1, m1, g1), (l2, m2, g2) = want, got
-    self.assertAllClose(l1, l2, rtol=1e-5, atol=1e-6)
-    self.assertAllClose(m1['accuracy'], m2['accuracy'], rtol=1e-5)
-    self.assertLen(g2, len(g1))
-    for a, b in zip(g1, g2):
-      self.assertIsNotNone(b)
-      self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+    st.AssertSameLossAndGrads(self, reference(pipe, x, y), got)
 
   def testEqualsSequential(self):
     x, y = st._Data()  # pylint: disable=protected-access

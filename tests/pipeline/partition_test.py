@@ -89,15 +89,21 @@ class HistogramRuleCounterExamplesTest(unittest.TestCase):
           msg=f'costs={costs} K={num_cells}')
 
 
+def _random_integer_problem(rng):
+  """(num_layers, num_cells, costs): 1-9 layers of integer cost 0-6 into 1-4
+  cells, small enough to enumerate every split."""
+  num_layers = rng.randint(1, 9)
+  num_cells = rng.randint(1, min(4, num_layers))
+  return num_layers, num_cells, [rng.randint(0, 6) for _ in range(num_layers)]
+
+
 class PartitionBalancedTest(unittest.TestCase):
 
   def test_matches_brute_force_on_integer_costs(self):
     # Integer costs make ties exact, so the full objective can be checked exactly.
     rng = random.Random(0)
     for _ in range(400):
-      num_layers = rng.randint(1, 9)
-      num_cells = rng.randint(1, min(4, num_layers))
-      costs = [rng.randint(0, 6) for _ in range(num_layers)]
+      num_layers, num_cells, costs = _random_integer_problem(rng)
       balance = partition.PartitionBalanced(costs, num_cells)
       msg = f'costs={costs} K={num_cells} got {balance}'
       candidates = list(_all_balances(num_layers, num_cells))
@@ -117,9 +123,7 @@ class PartitionBalancedTest(unittest.TestCase):
     # exact. The minimal maximum is checked against every split.
     rng = random.Random(1)
     for _ in range(300):
-      num_layers = rng.randint(1, 9)
-      num_cells = rng.randint(1, min(4, num_layers))
-      costs = [rng.randint(0, 6) for _ in range(num_layers)]
+      num_layers, num_cells, costs = _random_integer_problem(rng)
       weights = [rng.randint(1, 4) for _ in range(num_cells)]
 
       def weighted_max(b, costs=costs, weights=weights):

@@ -89,16 +89,22 @@ def _InsideLossAndGrads(pipe, x, y):
     return pipe.ComputeLossAndGradients(x, y, _LossFn)
 
 
+def AssertSameLossAndGrads(test, want, got):
+  """(loss, metrics, grads) `got` equals `want` (rtol 1e-5), every gradient
+  present."""
+  (l1, m1, g1), (l2, m2, g2) = want, got
+  test.assertAllClose(l1, l2, rtol=1e-5, atol=1e-6)
+  test.assertAllClose(m1['accuracy'], m2['accuracy'], rtol=1e-5)
+  test.assertLen(g2, len(g1))
+  for a, b in zip(g1, g2):
+    test.assertIsNotNone(b)
+    test.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+
 class ScheduleTransparencyTest(tf.test.TestCase):
 
   def _AssertSame(self, want, got):
-    (l1, m1, g1), (l2, m2, g2) = want, got
-    self.assertAllClose(l1, l2, rtol=1e-5, atol=1e-6)
-    self.assertAllClose(m1['accuracy'], m2['accuracy'], rtol=1e-5)
-    self.assertLen(g2, len(g1))
-    for a, b in zip(g1, g2):
-      self.assertIsNotNone(b)
-      self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+    AssertSameLossAndGrads(self, want, got)
 
   def testFullGridEager(self):
     x, y = _Data()

@@ -179,5 +179,32 @@ class GraphSizeTest(tf.test.TestCase):
     self.assertGreater(_Ops(16, False), _Ops(4, False) + 100)
 
 
+class PlacementTest(tf.test.TestCase):
+
+  def testLoopVariablesStayOnTheirCellsDevice(self):
+    # A loop body's outputs pass through Identity ops tf.function makes
+    # outside every device scope; each must sit beside its input, or every
+    # loop variable of cells 1..K-1 crosses devices twice per tick.
+    x, y = st._Data(n=8)  # pylint: disable=protected-access
+    pipe = _Pipe(st._MlpLayers(), 2, 4)  # pylint: disable=protected-access
+    fn = tf.function(lambda: st._InsideLossAndGrads(pipe, x, y))  # pylint: disable=protected-access
+    graph = fn.get_concrete_function().graph.as_graph_def()
+    library = {f.signature.name: f for f in graph.library.function}
+    bodies = [library[n.attr['body'].func.name] for n in graph.node
+              if n.op in ('While', 'StatelessWhile')]
+    self.assertLen(bodies, 2)
+    for body in bodies:
+      device = {n.name: n.device for n in body.node_def}
+      outputs = [n for n in body.node_def if n.op == 'Identity' and
+                 n.input and device.get(n.input[0].split(':')[0])]
+      self.assertNotEmpty(outputs)
+      on_cell_1 = 0
+      for n in outputs:
+        source = device[n.input[0].split(':')[0]]
+        self.assertEqual(n.device, source, n.name)
+        on_cell_1 += source.endswith(':1')
+      self.assertGreater(on_cell_1, 0)
+
+
 if __name__ == '__main__':
   tf.test.main()

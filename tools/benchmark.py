@@ -21,6 +21,9 @@ SequentialLayer on one device with one thread in total (intra-op = inter-op =
 whose rounds are interleaved with the grid's (tools/benchmark_baseline.py).
 Each row's examples/sec over the baseline's (of the same mode, training or
 inference) is its ``x single-core``; on C cores C x is the physical limit.
+The target checks also give the best row's ratio in every round (baseline
+round r against grid round r) and in how many rounds it met the target:
+steps here move by up to 20% between runs, and --rounds=N narrows the median.
 --nocompare_single_core leaves the baseline out.
 
 --schedules=gpipe,1f1b,interleaved_1f1b,zb_h1 times every pipelined training
@@ -42,8 +45,8 @@ remat); with more than one schedule, the per-schedule table (schedule x remat
 x M at K=2: examples/sec, x single-core, peak MiB). Table 2 and the targets
 read the 'gpipe' rows. --json PATH writes one row per configuration (the
 baseline's rows have ``single_core`` true; every row has
-``speedup_vs_single_core``, ``schedule``, ``num_virtual_stages`` and
-``loss_inside``).
+``speedup_vs_single_core``, ``speedup_rounds``, ``seconds_per_step_rounds``,
+``schedule``, ``num_virtual_stages`` and ``loss_inside``).
 
 Threads: by default each of the D logical devices gets cores // D intra-op
 threads and there are D inter-op threads (gpipe_tf.runtime.devices.SplitCpu),

@@ -243,9 +243,11 @@ def TimeRound(step: Callable[[], tf.Tensor], steps_per_round: int) -> float:
 
 def Rows(spec: ModelSpec, configs: Sequence[dict],
          times: Sequence[Sequence[float]], peaks: Sequence[int]) -> list[dict]:
-  """The result rows: each configuration with its median throughput and peak."""
+  """The result rows: each configuration with its median throughput, peak
+  and the seconds per step of every round (in the order they ran)."""
   return [dict(cfg, examples_per_sec=spec.batch_size / statistics.median(ts),
-               peak_memory_bytes=int(peak))
+               peak_memory_bytes=int(peak),
+               seconds_per_step_rounds=[float(t) for t in ts])
           for cfg, ts, peak in zip(configs, times, peaks)]
 
 

@@ -9,7 +9,9 @@ times (in one process, one configuration after another):
   * tracing: building the step's graph in Python (get_concrete_function);
   * first step: tracing plus the first call, which optimises and places the
     graph (what a user waits for before training starts);
-  * steady step: the median of the next steps;
+  * steady step: after --warmup more steps of every mode, --steps rounds in
+    which each mode of the same M runs one step in turn; the median (so a
+    slow spell of the machine slows every mode alike);
   * graph ops: the number of ops in the traced step's graph.
 
     python -m tools.trace_cost                      # K=4, M in {4, 32}, 8 blocks
@@ -35,7 +37,10 @@ _BLOCKS = flags.DEFINE_integer('num_blocks', 8, 'Transformer blocks.')
 _DIM = flags.DEFINE_integer('dim', 64, 'Model width.')
 _SEQ = flags.DEFINE_integer('seq_len', 16, 'Sequence length.')
 _BATCH = flags.DEFINE_integer('batch_size', 64, 'Mini-batch (sequences).')
-_STEPS = flags.DEFINE_integer('steps', 5, 'Steady steps timed (median).')
+_STEPS = flags.DEFINE_integer(
+    'steps', 15, 'Steady steps timed per mode (median), interleaved across '
+    'the modes of one M.')
+_WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps before them.')
 _SCHEDULE = flags.DEFINE_string('schedule', 'gpipe', 'Pipeline schedule.')
 _REMAT = flags.DEFINE_string('remat', 'always', 'Remat policy.')
 _MODES = flags.DEFINE_list(
@@ -47,8 +52,9 @@ _MODE_PARAMS = {'unrolled': dict(trace_once=False),
                 'loop': dict(micro_batch_loop=True)}
 
 
-def Measure(k: int, m: int, mode: str) -> dict:
-  """Times one configuration; returns its row."""
+def Build(k: int, m: int, mode: str) -> tuple[dict, object]:
+  """Builds one configuration's step and times its building; returns its row
+  (without the steady step) and the step."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
@@ -83,15 +89,24 @@ def Measure(k: int, m: int, mode: str) -> dict:
   traced = time.perf_counter() - start
   _Step().numpy()
   first = time.perf_counter() - start
-  times = []
-  for _ in range(_STEPS.value):
-    start = time.perf_counter()
-    _Step().numpy()
-    times.append(time.perf_counter() - start)
   ops = len(_Step.get_concrete_function().graph.get_operations())
-  return {'num_micro_batches': m, 'mode': mode,
-          'trace_s': traced, 'first_step_s': first, 'steady_step_s': statistics.median(times),
-          'graph_ops': ops}
+  return {'num_micro_batches': m, 'mode': mode, 'trace_s': traced,
+          'first_step_s': first, 'graph_ops': ops}, _Step
+
+
+def SteadySteps(steps: list, warmup: int, rounds: int) -> list[float]:
+  """Median seconds per step of each of `steps`, timed in interleaved rounds
+  after `warmup` untimed steps of each."""
+  for _ in range(warmup):
+    for step in steps:
+      step().numpy()
+  times = [[] for _ in steps]
+  for _ in range(rounds):
+    for i, step in enumerate(steps):
+      start = time.perf_counter()
+      step().numpy()
+      times[i].append(time.perf_counter() - start)
+  return [statistics.median(ts) for ts in times]
 
 
 def main(argv):
@@ -101,8 +116,13 @@ def main(argv):
   for mode in _MODES.value:
     if mode not in _MODE_PARAMS:
       raise app.UsageError(f'unknown mode {mode!r}; use {list(_MODE_PARAMS)}')
-  rows = [Measure(_K.value, int(m), mode) for m in _M.value
-          for mode in _MODES.value]
+  rows = []
+  for m in _M.value:
+    built = [Build(_K.value, int(m), mode) for mode in _MODES.value]
+    steady = SteadySteps([step for _, step in built], _WARMUP.value,
+                         _STEPS.value)
+    for (row, _), seconds in zip(built, steady):
+      rows.append(dict(row, steady_step_s=seconds))
   print(f'K={_K.value}, {_BLOCKS.value} Transformer blocks (d={_DIM.value}, '
         f'T={_SEQ.value}), batch {_BATCH.value}, schedule {_SCHEDULE.value}, '
         f'remat {_REMAT.value}')

@@ -18,7 +18,7 @@ _TINY = lib.ModelSpec(num_blocks=4, dim=8, batch_size=16)
 _ROW_KEYS = ('pipeline', 'num_partitions', 'num_micro_batches', 'remat',
              'mode', 'num_replicas', 'single_core', 'schedule',
              'num_virtual_stages', 'loss_inside', 'examples_per_sec',
-             'peak_memory_bytes')
+             'peak_memory_bytes', 'seconds_per_step_rounds')
 _SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 
 
@@ -187,6 +187,16 @@ class SingleCoreTablesTest(tf.test.TestCase):
     self.assertIn('[MISSED] best K=2 training: 0.95x',
                   tables.SingleCoreTargets(tables.WithSpeedups(slower), 2))
 
+  def testTargetsGiveTheBestRowsRatioInEveryRound(self):
+    rounds = dict(self._ROWS[0], seconds_per_step_rounds=[1.0, 1.2, 0.9])
+    best = dict(self._ROWS[3], seconds_per_step_rounds=[0.5, 0.7, 0.45])
+    rows = tables.WithSpeedups([rounds, best] + self._ROWS[1:3])
+    self.assertAllClose(rows[1]['speedup_rounds'], [2.0, 1.2 / 0.7, 2.0])
+    self.assertIsNone(rows[3]['speedup_rounds'])  # No rounds of its own.
+    text = tables.SingleCoreTargets(rows, 2)
+    self.assertIn('[ok] best K=2 training: 1.90x (K=2 M=8 remat=never), '
+                  'target >= 1.85x; per round 1.71-2.00x, met in 2 of 3', text)
+
 
 class SingleCoreBaselineTest(tf.test.TestCase):
 
@@ -200,7 +210,8 @@ class SingleCoreBaselineTest(tf.test.TestCase):
     self.assertEqual([(r['single_core'], r['pipeline']) for r in rows],
                      [(True, False), (False, True)])
     base, pipe = tables.WithSpeedups(rows)
-    self.assertEqual(set(base), set(_ROW_KEYS + ('speedup_vs_single_core',)))
+    self.assertEqual(set(base), set(_ROW_KEYS + ('speedup_vs_single_core',
+                                                 'speedup_rounds')))
     self.assertEqual(base['mode'], 'train')
     # The median of two rounds' step times is their mean, so the row's
     # throughput is the harmonic mean of the rounds' throughputs.
@@ -208,6 +219,10 @@ class SingleCoreBaselineTest(tf.test.TestCase):
                         statistics.harmonic_mean(rounds))
     self.assertEqual(pipe['speedup_vs_single_core'],
                      pipe['examples_per_sec'] / base['examples_per_sec'])
+    self.assertLen(pipe['seconds_per_step_rounds'], 2)
+    self.assertEqual(pipe['speedup_rounds'], [
+        b / t for b, t in zip(base['seconds_per_step_rounds'],
+                              pipe['seconds_per_step_rounds'])])
     self.assertIn(f"| K=2 M=2 remat=always | "
                   f"{pipe['peak_memory_bytes'] / 2**20:.1f} | "
                   f"{pipe['examples_per_sec']:.0f} | "

@@ -7,6 +7,7 @@ test_utils.SetUpDevices()
 import dataclasses  # pylint: disable=g-import-not-at-top
 import subprocess
 import sys
+from unittest import mock
 
 import tensorflow as tf
 
@@ -14,7 +15,9 @@ from gpipe_tf.runtime import distribute
 from gpipe_tf import pipeline
 from gpipe_tf.train import loop
 from gpipe_tf.layers import normalization
+from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import engine
+from gpipe_tf.pipeline import loop as loop_lib
 from params.synthetic import mlp
 
 NUM_STEPS = 3
@@ -55,6 +58,20 @@ class _PlainBatchNorm(_Plain):
 
 class _PipedBatchNorm(_Piped):
   WITH_BATCH_NORM = True
+
+
+def _Variant(base, **params):
+  """`base` with these PipeliningLayer Params set."""
+
+  class _Variant(base):
+
+    def Task(self):
+      p = super().Task()
+      p.model.Set(**params)
+      return p
+
+  _Variant.__name__ = base.__name__ + ''.join(sorted(params))
+  return _Variant
 
 
 class DistributeTest(tf.test.TestCase):
@@ -105,6 +122,41 @@ class DistributeTest(tf.test.TestCase):
     self.assertAllClose(variance, x.var(0), atol=1e-4)
     for k in stats:
       self.assertAllClose(a[k], b[k], atol=1e-5, msg=k)
+
+  def testCellsTracedOnceOrLoopedPerReplicaEqualOneDevice(self):
+    # Each replica's cells trace their functions in that replica's context
+    # (its copies of the variables, its devices) and run their own loops;
+    # BatchNorm statistics are still summed across replicas.
+    root = self.get_temp_dir()
+    loop.train_and_evaluate(_Plain, root + '/p', 'train', max_steps=2)
+    loop.train_and_evaluate(_PlainBatchNorm, root + '/pbn', 'train',
+                            max_steps=2)
+    plain = test_utils.CheckpointValues(root + '/p')
+    plain_bn = test_utils.CheckpointValues(root + '/pbn')
+    for params, used in (
+        (dict(trace_once=True), (cell_lib.Cell, 'BackwardTraced')),
+        (dict(micro_batch_loop=True), (loop_lib.FillDrainLoop, 'Backward'))):
+      with self.subTest(**params):
+        name = ''.join(params)
+        with mock.patch.object(*used, autospec=True,
+                               side_effect=getattr(*used)) as called:
+          loop.train_and_evaluate(_Variant(_Piped, **params),
+                                  root + '/' + name, 'train', max_steps=2,
+                                  num_replicas=2)
+        self.assertTrue(called.called)
+        values = test_utils.CheckpointValues(root + '/' + name)
+        self.assertEqual(sorted(plain), sorted(values))
+        for key in plain:  # Weights, Adam slots, global step.
+          self.assertAllClose(plain[key], values[key], rtol=1e-4, atol=1e-5,
+                              msg=key)
+        loop.train_and_evaluate(_Variant(_PipedBatchNorm, **params),
+                                root + '/bn' + name, 'train', max_steps=2,
+                                num_replicas=2)
+        values = test_utils.CheckpointValues(root + '/bn' + name)
+        stats = [k for k in plain_bn if 'moving_' in k]
+        self.assertLen(stats, 2)
+        for key in stats:
+          self.assertAllClose(plain_bn[key], values[key], atol=1e-5, msg=key)
 
   def testEachReplicaPipelinesOnItsOwnDevices(self):
     cpus = test_utils.devices.LogicalCpus()

@@ -153,6 +153,12 @@ class FillDrainLoop:
     self.m = num_micro_batches
     self.training = training
     self.seed = seed
+    # A copy of the step seed on every cell's device: read inside a tick's
+    # tf.cond, a seed on one device would cross to the others every tick.
+    self.seeds = []
+    for cell in self.cells:
+      with tf.device(cell.device):
+        self.seeds.append(tf.identity(seed))
     self.ticks = self.m + len(self.cells) - 1
     self.in_structs: list[Any] = []
     self.in_specs: list[list] = []     # flat input specs of each cell
@@ -264,7 +270,7 @@ class FillDrainLoop:
             x = carries[k - 1]
 
           def _Run(k=k, x=x, mc=mc, function=function):
-            seed = random_seeds.FoldIn(self.seed, mc)
+            seed = random_seeds.FoldIn(self.seeds[k], mc)
             flat_y, sums = function(seed, *[xi for xi in x])
             stash = [None if ta is None else ta.write(mc, xi)
                      for ta, xi in zip(stashes[k], x)]
@@ -423,7 +429,8 @@ class FillDrainLoop:
 
           def _Run(k=k, dy=dy, mc=mc, function=function):
             x = [None if ta is None else ta.read(mc) for ta in self.stashes[k]]
-            dx, dws = function(random_seeds.FoldIn(self.seed, mc), x, list(dy), accs[k])
+            dx, dws = function(random_seeds.FoldIn(self.seeds[k], mc), x,
+                               list(dy), accs[k])
             if k > 0:
               return list(dx), list(dws)
             out = []

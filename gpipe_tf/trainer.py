@@ -175,6 +175,7 @@ _FAIL_LOCK = threading.Lock()
 def _ConnectPipelineCluster():
   """Connects to --pipeline_cluster before any op; returns the cluster."""
   from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import worker_health  # pylint: disable=g-import-not-at-top
   if FLAGS.num_replicas > 1:
     _Fail(f'--num_replicas={FLAGS.num_replicas} with --pipeline_cluster: a '
           'pipeline cluster trains one replica (its cells on the workers); '
@@ -188,7 +189,7 @@ def _ConnectPipelineCluster():
     names = pipeline_cluster.ConnectToCluster(cluster,
                                               FLAGS.worker_timeout_seconds)
   except (pipeline_cluster.PipelineClusterError,
-          pipeline_cluster.WorkerUnreachableError) as e:
+          worker_health.WorkerUnreachableError) as e:
     _FailNow(str(e))
   logging.info('Connected to the pipeline cluster %s; devices: %s',
                cluster.AsJson(), names)
@@ -216,9 +217,9 @@ def _PlaceCells(params, cluster) -> None:
 
 def _OnWorkerFailure(cluster, index, what: str) -> NoReturn:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import worker_health  # pylint: disable=g-import-not-at-top
   newest = tf.train.latest_checkpoint(os.path.join(FLAGS.logdir, 'ckpt'))
-  _FailNow(pipeline_cluster.FailureMessage(cluster, index, what, newest))
+  _FailNow(worker_health.FailureMessage(cluster, index, what, newest))
 
 
 def main(argv: Sequence[str]) -> None:
@@ -240,6 +241,7 @@ def _Run() -> None:
   from gpipe_tf.runtime import cluster  # pylint: disable=g-import-not-at-top
   from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
   from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import worker_health  # pylint: disable=g-import-not-at-top
 
   pipe_cluster = _ConnectPipelineCluster() if FLAGS.pipeline_cluster else None
   multi_worker = pipe_cluster is None and cluster.NumTrainingTasks() > 1
@@ -258,7 +260,7 @@ def _Run() -> None:
   monitor = None
   if pipe_cluster is not None:
     _PlaceCells(params, pipe_cluster)
-    monitor = pipeline_cluster.WorkerMonitor(
+    monitor = worker_health.WorkerMonitor(
         pipe_cluster, lambda i, why: _OnWorkerFailure(pipe_cluster, i, why),
         interval_seconds=min(2.0, FLAGS.worker_timeout_seconds / 2),
         timeout_seconds=FLAGS.worker_timeout_seconds).Start()
@@ -302,7 +304,7 @@ def _Run() -> None:
     if pipe_cluster is not None:
       _OnWorkerFailure(pipe_cluster,
                        pipeline_cluster.FailedWorker(pipe_cluster, e),
-                       f'failed or hung up ({pipeline_cluster.ErrorSummary(e)})')
+                       f'failed or hung up ({worker_health.ErrorSummary(e)})')
     if strategy is None:
       raise
     # Without TensorFlow's '{{function_node ...}}' prefix.

@@ -137,10 +137,10 @@ def WithSpeedups(rows: Sequence[dict]) -> list[dict]:
   out = []
   for r in rows:
     b = base.get(r['mode'])
-    out.append(dict(
-        r, speedup_vs_single_core=(
-            None if b is None else r['examples_per_sec'] / b['examples_per_sec']),
-        speedup_rounds=_RoundRatios(b, r)))
+    speedup = (None if b is None else
+               r['examples_per_sec'] / b['examples_per_sec'])
+    out.append(dict(r, speedup_vs_single_core=speedup,
+                    speedup_rounds=_RoundRatios(b, r)))
   return out
 
 

@@ -169,8 +169,9 @@ def ConnectToCluster(cluster: PipelineCluster,
   """Makes this process the cluster's chief; returns every device it sees.
 
   Must run before TensorFlow runs any op. Waits for the workers
-  (``worker_health.WaitForWorkers``), then connects (tf.config.experimental_connect_to_
-  cluster) with a ClusterSpec rather than a resolver, so ops without a device
+  (``worker_health.WaitForWorkers``), then connects
+  (tf.config.experimental_connect_to_cluster) with a ClusterSpec rather than
+  a resolver, so ops without a device
   stay on this process's own devices (the input pipeline, the loss, the
   non-pipelined layers) and only the cells go remote.
 
@@ -178,8 +179,8 @@ def ConnectToCluster(cluster: PipelineCluster,
     Every device name, this process's and the workers', fully qualified.
 
   Raises:
-    worker_health.WorkerUnreachableError: a worker did not accept connections, or
-      connecting did not finish, within `timeout_seconds`.
+    worker_health.WorkerUnreachableError: a worker did not accept
+      connections, or connecting did not finish, within `timeout_seconds`.
     PipelineClusterError: this process cannot listen on the chief address.
   """
   start = time.monotonic()

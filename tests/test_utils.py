@@ -5,6 +5,7 @@ import os
 import socket
 import threading
 
+import numpy as np
 import tensorflow as tf
 
 from gpipe_tf.runtime import devices
@@ -29,6 +30,14 @@ def MlpLayers():
   dims = [6, 12, 12, 10, 12, 12, 8, 8, 5]
   acts = ['TANH', 'RELU', 'SIGMOID', 'GELU', 'TANH', 'RELU', 'TANH', 'NONE']
   return [FcParams(i, dims[i], dims[i + 1], acts[i]) for i in range(len(acts))]
+
+
+def LogSoftmax(x):
+  """NumPy log-softmax over the last axis in float64: the reference the task
+  loss tests compare against."""
+  x = np.asarray(x, np.float64)
+  x = x - x.max(axis=-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 def SetUpDevices() -> list:

@@ -1,5 +1,6 @@
 """Tests of gpipe_tf.tasks.classification: softmax cross-entropy loss and accuracy metrics."""
 
+import test_utils  # pylint: disable=g-bad-import-order
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -32,12 +33,6 @@ def _Task(logits, **kwargs):
   return p.Instantiate()
 
 
-def _LogSoftmax(x):
-  x = np.asarray(x, np.float64)
-  x = x - x.max(axis=-1, keepdims=True)
-  return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
 class ClassificationTaskTest(tf.test.TestCase):
 
   def testLossAndAccuracy(self):
@@ -47,7 +42,7 @@ class ClassificationTaskTest(tf.test.TestCase):
     task = _Task(logits)
     loss, metrics = task.ComputeLoss(
         {'inputs': tf.zeros([3, 5]), 'labels': labels})
-    expected = -np.mean(_LogSoftmax(logits)[np.arange(3), labels])
+    expected = -np.mean(test_utils.LogSoftmax(logits)[np.arange(3), labels])
     self.assertAllClose(loss, expected, rtol=1e-6)
     self.assertAllClose(metrics['loss'], expected, rtol=1e-6)
     self.assertAllClose(metrics['accuracy'], 2 / 3)  # Rows 0 and 2 are right.
@@ -67,7 +62,7 @@ class ClassificationTaskTest(tf.test.TestCase):
     plain, _ = _Task(logits).ComputeLoss(batch)
     smooth, _ = _Task(logits, label_smoothing=0.3).ComputeLoss(batch)
     clipped, _ = _Task(logits, logits_clip=1.0).ComputeLoss(batch)
-    log_p = _LogSoftmax(logits)[0]
+    log_p = test_utils.LogSoftmax(logits)[0]
     self.assertAllClose(smooth, 0.7 * -log_p[0] + 0.3 * -log_p.mean(),
                         rtol=1e-5)
     self.assertGreater(float(smooth), float(plain))

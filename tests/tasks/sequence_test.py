@@ -1,20 +1,21 @@
-"""Tests of gpipe_tf.tasks.sequence: token losses over unpadded positions and greedy decoding."""
+"""Tests of gpipe_tf.tasks.sequence: token losses over unpadded positions, label smoothing and greedy decoding."""
 
-import numpy as np
-import tensorflow as tf
+import test_utils  # pylint: disable=g-bad-import-order
 
-from gpipe_tf import tasks
-from gpipe_tf.layers import base_layer
-from gpipe_tf.tasks import sequence
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf.layers import base_layer  # pylint: disable=g-import-not-at-top
+from gpipe_tf.tasks import sequence  # pylint: disable=g-import-not-at-top
 
 
-class FixedLogits(base_layer.BaseLayer):
-  """Returns Params.logits [B, T, V] whatever its inputs (plus 0 * w)."""
+class _FixedLogits(base_layer.BaseLayer):
+  """Stand-in model: returns Params.logits (+ 0 * w) and its last input."""
 
   @classmethod
   def Params(cls):
     p = super().Params()
-    p.Define('logits', [[[0.0]]], 'Logits [B, T, V] returned for any input.')
+    p.Define('logits', None, 'Nested list [B, T, V].')
     return p
 
   def __init__(self, params, parent_path=None):
@@ -22,126 +23,94 @@ class FixedLogits(base_layer.BaseLayer):
     self.CreateVariable('w', [1])
 
   def FProp(self, *inputs, training=False):
-    del inputs, training
-    return tf.constant(self.p.logits, tf.float32) + 0.0 * self.w
+    return tf.constant(self.p.logits, tf.float32) + 0.0 * self.w, inputs[-1]
 
 
-class CopyNextSource(base_layer.BaseLayer):
-  """A 'translator' whose logits at position t pick src_ids[:, t].
-
-  With Decode's greedy argmax it outputs the source sentence, so a test
-  knows the translation beforehand.
-  """
+class _CountUp(base_layer.BaseLayer):
+  """Translation stand-in: predicts tgt_ids[t] + src_ids[0] at position t."""
 
   @classmethod
   def Params(cls):
     p = super().Params()
-    p.Define('vocab_size', 8, 'Vocabulary size.')
+    p.Define('vocab_size', 32, 'V.')
     return p
 
-  def __init__(self, params, parent_path=None):
-    super().__init__(params, parent_path)
-    self.CreateVariable('w', [1])
-
-  def FProp(self, src_ids, src_paddings, tgt_ids, tgt_paddings,
-            training=False):
-    del src_paddings, tgt_paddings, training
-    t = tgt_ids.shape[1]
-    src = tf.pad(src_ids, [[0, 0], [0, max(0, t - src_ids.shape[1])]],
-                 constant_values=sequence.EOS_ID)[:, :t]
-    return 10.0 * tf.one_hot(src, self.p.vocab_size) + 0.0 * self.w
+  def FProp(self, src, src_pad, tgt, tgt_pad, training=False):
+    nxt = (tgt + src[:, :1]) % self.p.vocab_size
+    return tf.one_hot(nxt, self.p.vocab_size) * 5.0, tgt_pad
 
 
-def _LogSoftmax(x):
-  x = np.asarray(x, np.float64)
-  x = x - x.max(axis=-1, keepdims=True)
-  return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+def _LanguageModel(logits):
+  return sequence.LanguageModelTask.Params().Set(
+      model=_FixedLogits.Params().Set(logits=logits)).Instantiate()
 
 
-_LOGITS = [[[2.0, 0.5, -1.0], [0.0, 1.0, 3.0], [1.0, 1.0, 1.0]],
-           [[0.3, 0.2, 0.1], [5.0, 0.0, 0.0], [0.0, 0.0, 4.0]]]
-_LABELS = np.array([[0, 1, 2], [2, 0, 1]], np.int32)
-_PADDINGS = np.array([[0, 0, 1], [0, 0, 0]], np.float32)  # 5 real tokens.
+class SequenceTasksTest(tf.test.TestCase):
 
+  def testLanguageModelLossIgnoresPadding(self):
+    logits = np.random.default_rng(0).normal(size=[2, 3, 5]).tolist()
+    labels = np.array([[1, 2, 3], [4, 0, 2]], np.int32)
+    paddings = np.array([[0, 0, 0], [0, 0, 1]], np.float32)
+    task = _LanguageModel(logits)
+    loss, metrics = task.ComputeLoss({'ids': labels, 'labels': labels,
+                                      'paddings': paddings})
+    nll = -np.take_along_axis(test_utils.LogSoftmax(logits),
+                              labels[..., None], -1)[..., 0]
+    keep = paddings == 0
+    self.assertAllClose(loss, nll[keep].mean(), rtol=1e-5)
+    self.assertAllClose(metrics['log_pplx'], nll[keep].mean(), rtol=1e-5)
+    hits = np.argmax(logits, -1) == labels
+    self.assertAllClose(metrics['accuracy'], hits[keep].mean())
+    self.assertAllClose(metrics['num_tokens'], 2.5)
 
-def _LmBatch():
-  return {'ids': np.zeros([2, 3], np.int32), 'labels': _LABELS,
-          'paddings': _PADDINGS}
-
-
-class LanguageModelTaskTest(tf.test.TestCase):
-
-  def _Task(self, **kwargs):
-    return tasks.LanguageModelTask.Params().Set(
-        model=FixedLogits.Params().Set(logits=_LOGITS), **kwargs
-    ).Instantiate()
-
-  def testLossIsTheMeanOverUnpaddedTokens(self):
-    loss, metrics = self._Task().ComputeLoss(_LmBatch())
-    nll = -np.take_along_axis(_LogSoftmax(_LOGITS), _LABELS[..., None],
-                              -1)[..., 0]
-    weights = 1.0 - _PADDINGS
-    expected = (nll * weights).sum() / weights.sum()
-    self.assertAllClose(loss, expected, rtol=1e-6)
-    self.assertAllClose(metrics['log_pplx'], expected, rtol=1e-6)
-    # argmax per position: [0, 2, 0] and [0, 0, 2]; right on (0,0), (1,1).
-    self.assertAllClose(metrics['accuracy'], 2 / 5)
-    self.assertAllClose(metrics['num_tokens'], 2.5)  # 5 tokens, 2 rows.
-
-  def testPaddedPositionsDoNotCount(self):
-    changed = [list(map(list, row)) for row in _LOGITS]
-    changed[0][2] = [-9.0, 9.0, -9.0]  # Position (0, 2) is padding.
-    task = tasks.LanguageModelTask.Params().Set(
-        model=FixedLogits.Params().Set(logits=changed)).Instantiate()
-    a, _ = self._Task().ComputeLoss(_LmBatch())
-    b, _ = task.ComputeLoss(_LmBatch())
+  def testLogitsAtPaddedPositionsDoNotCount(self):
+    logits = np.random.default_rng(2).normal(size=[2, 3, 4])
+    changed = logits.copy()
+    changed[1, 2] = [-9.0, 9.0, -9.0, 9.0]  # Position (1, 2) is padding.
+    batch = {'ids': np.zeros([2, 3], np.int32),
+             'labels': np.array([[0, 1, 2], [2, 0, 1]], np.int32),
+             'paddings': np.array([[0, 0, 0], [0, 0, 1]], np.float32)}
+    a, _ = _LanguageModel(logits.tolist()).ComputeLoss(batch)
+    b, _ = _LanguageModel(changed.tolist()).ComputeLoss(batch)
     self.assertAllClose(a, b)
 
-  def testLabelSmoothingMixesInTheUniformLoss(self):
-    smooth, metrics = self._Task(label_smoothing=0.2).ComputeLoss(_LmBatch())
-    log_p = _LogSoftmax(_LOGITS)
-    nll = -np.take_along_axis(log_p, _LABELS[..., None], -1)[..., 0]
-    per_token = 0.8 * nll + 0.2 * -log_p.mean(-1)
-    weights = 1.0 - _PADDINGS
-    self.assertAllClose(smooth, (per_token * weights).sum() / weights.sum(),
-                        rtol=1e-6)
-    # The perplexity metric stays the unsmoothed one.
-    self.assertAllClose(metrics['log_pplx'],
-                        (nll * weights).sum() / weights.sum(), rtol=1e-6)
-
-  def testBadLabelSmoothingIsAConfigError(self):
+  def testTranslationLabelSmoothing(self):
+    logits = np.random.default_rng(1).normal(size=[1, 2, 4]).tolist()
+    labels = np.array([[3, 1]], np.int32)
+    model = _FixedLogits.Params().Set(logits=logits)
+    task = sequence.TranslationTask.Params().Set(
+        model=model, label_smoothing=0.2).Instantiate()
+    loss, metrics = task.ComputeLoss({
+        'src_ids': labels, 'src_paddings': np.zeros([1, 2], np.float32),
+        'tgt_ids': labels, 'tgt_labels': labels,
+        'tgt_paddings': np.zeros([1, 2], np.float32)})
+    log_p = test_utils.LogSoftmax(logits)[0]
+    nll = -log_p[[0, 1], labels[0]]
+    want = (0.8 * nll - 0.2 * log_p.mean(-1)).mean()
+    self.assertAllClose(loss, want, rtol=1e-5)
+    self.assertAllClose(metrics['log_pplx'], nll.mean(), rtol=1e-5)
     with self.assertRaisesRegex(base_layer.LayerConfigError,
                                 r'label_smoothing must be in \[0, 1\)'):
-      self._Task(label_smoothing=1.0)
+      sequence.TranslationTask.Params().Set(
+          model=model, label_smoothing=1.0).Instantiate()
 
-
-class TranslationTaskTest(tf.test.TestCase):
-
-  def _Task(self):
-    return tasks.TranslationTask.Params().Set(
-        model=CopyNextSource.Params()).Instantiate()
-
-  def testDefaultsSmoothAndUseTheVocabularysIds(self):
-    p = tasks.TranslationTask.Params()
+  def testTranslationDefaultsSmoothAndUseTheVocabularysIds(self):
+    p = sequence.TranslationTask.Params()
     self.assertEqual(p.label_smoothing, 0.1)
     self.assertEqual((p.bos_id, p.eos_id, p.pad_id),
                      (sequence.BOS_ID, sequence.EOS_ID, sequence.PAD_ID))
 
-  def testDecodeStopsEachRowAtItsEosThenPads(self):
-    eos, pad = sequence.EOS_ID, sequence.PAD_ID
-    src = np.array([[5, 6, eos, 7, 7], [4, 4, 4, 4, 4]], np.int32)
-    out = self._Task().Decode(
-        {'src_ids': src, 'src_paddings': np.zeros([2, 5], np.float32)},
-        max_len=6)
-    # Row 0 stops at its EOS; row 1 has none and runs to max_len (the model
-    # reads EOS past the source's end).
-    self.assertAllEqual(out, [[5, 6, eos, pad, pad, pad],
-                              [4, 4, 4, 4, 4, eos]])
-
-  def testDecodeNeedsAPositiveLength(self):
+  def testGreedyDecodeFeedsBackAndStopsAtEos(self):
+    task = sequence.TranslationTask.Params().Set(
+        model=_CountUp.Params(), bos_id=3, eos_id=6, pad_id=0).Instantiate()
+    batch = {'src_ids': tf.constant([[1, 9], [2, 9]]),
+             'src_paddings': tf.zeros([2, 2])}
+    ids = task.Decode(batch, max_len=5)
+    # Row 0 counts 4, 5, 6 (EOS) then pads; row 1 skips 6 and never stops.
+    self.assertAllEqual(ids, [[4, 5, 6, 0, 0], [5, 7, 9, 11, 13]])
+    self.assertAllEqual(tf.function(lambda b: task.Decode(b, 5))(batch), ids)
     with self.assertRaisesRegex(ValueError, 'max_len must be >= 1'):
-      self._Task().Decode({'src_ids': np.zeros([1, 2], np.int32),
-                           'src_paddings': np.zeros([1, 2], np.float32)}, 0)
+      task.Decode(batch, max_len=0)
 
 
 if __name__ == '__main__':

@@ -189,9 +189,7 @@ def _RunPipelineLoop(cells, num_micro: int, inputs: tuple, flat: list,
 
     def _Grad(*dys, variables=None):
       input_dx, grads = run.Backward(list(dys), input_grads=True)
-      return ([input_dx[i] for i in idx],
-              [grads[v.ref()][1] if v.ref() in grads else None
-               for v in (variables or [])])
+      return [input_dx[i] for i in idx], _Of(grads, variables or [])
 
     return merged, _Grad
 
@@ -279,9 +277,13 @@ def _LossAndGradientsLoop(cells, num_micro: int, inputs: tuple, flat: list,
   total = run.Forward(inputs, flat, labels, loss_fn, bn_stats=bn_stats)
   bn_stats.Apply()
   _, grads = run.Backward()
-  return _Scaled(cells, total, variables,
-                 [grads[v.ref()][1] if v.ref() in grads else None
-                  for v in variables])
+  return _Scaled(cells, total, variables, _Of(grads, variables))
+
+
+def _Of(grads: dict, variables: Sequence[tf.Variable]) -> list:
+  """Each variable's gradient from FillDrainLoop.Backward's {ref: (v, g)}
+  (None for a variable the loss does not depend on)."""
+  return [grads[v.ref()][1] if v.ref() in grads else None for v in variables]
 
 
 def _Scaled(cells, total: loss_lib.Sums, variables: Sequence[tf.Variable],

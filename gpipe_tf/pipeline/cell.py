@@ -44,22 +44,26 @@ class Cell:
     """
     return Cell(self.index, self.layers, device)
 
-  def _Traced(self, key: tuple, make_body: Callable[[dict], Callable]
-              ) -> tuple[Any, dict]:
-    """The (tf.function, holder) cached under `key`; the body fills holder
-    with what its trace learns (output structure, variables read)."""
+  def _Traced(self, key: tuple, make_body: Callable[[dict], Callable],
+              inline: bool) -> tuple[Any, dict]:
+    """The (tf.function, holder) cached under `key` + `inline`; the body
+    fills holder with what its trace learns (output structure, variables
+    read)."""
+    key += (inline,)
     entry = self._functions.get(key)
     if entry is None:
       holder: dict = {}
-      entry = (_Function(make_body(holder)), holder)
+      entry = (_Function(make_body(holder), inline), holder)
       self._functions[key] = entry
     return entry
 
   def ForwardFunction(self, structure: Any, training: bool,
-                      recompute: bool = False) -> tuple[Any, dict]:
+                      recompute: bool = False, inline: bool = False
+                      ) -> tuple[Any, dict]:
     """The cell's forward as (fn, holder): fn(seed, *flat) returns
     (flat outputs, BatchNorm sums); after a trace holder['struct'] is the
-    output nest and holder['bn'] the BatchNorm layers the sums belong to."""
+    output nest and holder['bn'] the BatchNorm layers the sums belong to.
+    `inline`: whether TensorFlow may inline the calls (see _Function)."""
     key = ('forward', _StructKey(structure), training, recompute)
 
     def _Make(holder):
@@ -74,7 +78,7 @@ class Cell:
         return tf.nest.flatten(y), sums
       return _Body
 
-    return self._Traced(key, _Make)
+    return self._Traced(key, _Make, inline)
 
   def RunTraced(self, structure: Any, flat: Sequence[Any], training: bool,
                 seed: tf.Tensor, recompute: bool = False) -> list:
@@ -95,20 +99,16 @@ class Cell:
 
   def BackwardFunction(self, structure: Any, training: bool,
                        present: Sequence[bool], wanted: Sequence[bool],
-                       summed: Sequence[bool] | str | None
-                       ) -> tuple[Any, dict]:
+                       summed: Sequence[bool] | None,
+                       inline: bool = False) -> tuple[Any, dict]:
     """The rematerialising backward as (fn, holder); see BackwardTraced.
 
     fn(seed, flat, dys, sums) returns (dx, dws); after a trace
-    holder['variables'] lists the variables dws belong to. With summed='flat'
-    `sums` is one vector, the concatenation of the flattened gradients that
-    are not None, and fn returns it plus this micro-batch's: one tensor for
-    a loop to carry instead of one per variable (loop.py).
+    holder['variables'] lists the variables dws belong to. `inline`: as for
+    ForwardFunction.
     """
     key = ('backward', _StructKey(structure), training, tuple(present),
-           tuple(wanted),
-           summed if summed is None or isinstance(summed, str)
-           else tuple(summed))
+           tuple(wanted), None if summed is None else tuple(summed))
 
     def _Make(holder):
       def _Backward(step_seed, xs, gys, prev):
@@ -134,16 +134,12 @@ class Cell:
         grads = iter(grads)
         dx = [next(grads) if w else None for w in wanted]
         dws = list(grads)
-        if summed == 'flat':
-          return dx, prev + tf.concat(
-              [tf.reshape(tf.convert_to_tensor(g), [-1])
-               for g in dws if g is not None], 0)
         if prev is not None:
           dws = [_Sum(g, p) for g, p in zip(dws, prev)]
         return dx, dws
       return _Backward
 
-    return self._Traced(key, _Make)
+    return self._Traced(key, _Make, inline)
 
   def BackwardTraced(self, structure: Any, flat: Sequence[Any],
                      dys: Sequence[Any], training: bool, seed: tf.Tensor,
@@ -201,16 +197,17 @@ def IsFloat(x: Any) -> bool:
   return x is not None and x.dtype.is_floating
 
 
-def _Function(body):
-  """A tf.function that Grappler neither inlines nor copies per call site.
+def _Function(body: Callable, inline: bool) -> Any:
+  """A tf.function of `body`, not converted by AutoGraph.
 
-  Not inlined: the step's runtime graph keeps one call op per action.
-  Not specialised: Grappler's function optimizer would otherwise make a copy
-  of the function for every call whose inputs include a constant or whose
-  outputs go partly unused, and optimise and instantiate each copy, which
-  grows the first step's preparation with the number of micro-batches
-  (docs/scale.md).
+  inline=False marks it not to be inlined: the step's runtime graph keeps
+  one call op per action (``trace_once``), so TensorFlow prepares the cell's
+  ops once, not once per micro-batch. A graph that calls the function once
+  for all micro-batches (the loops of loop.py) lets it be inlined: the
+  cell's ops then run in the loop's own executor, without a function call
+  per tick (docs/scale.md).
   """
   return tf.function(tf.autograph.experimental.do_not_convert(body),
                      autograph=False,
-                     experimental_attributes={'_noinline': True})
+                     experimental_attributes=(
+                         {} if inline else {'_noinline': True}))

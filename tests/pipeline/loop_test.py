@@ -206,5 +206,47 @@ class PlacementTest(tf.test.TestCase):
       self.assertGreater(on_cell_1, 0)
 
 
+
+class OverlapTest(tf.test.TestCase):
+  """The loops let ticks overlap and run the cells' ops in their own
+  executor (docs/scale.md): checked on the built graph, not timed."""
+
+  def _Graph(self):
+    x, y = st._Data(n=8)  # pylint: disable=protected-access
+    pipe = _Pipe(st._MlpLayers(), 2, 4)  # pylint: disable=protected-access
+    fn = tf.function(lambda: st._InsideLossAndGrads(pipe, x, y))  # pylint: disable=protected-access
+    graph = fn.get_concrete_function().graph.as_graph_def()
+    library = {f.signature.name: f for f in graph.library.function}
+    loops = [n for n in graph.node if n.op in ('While', 'StatelessWhile')]
+    self.assertLen(loops, 2)
+    return library, loops
+
+  def testNoTickWaitsForEveryCell(self):
+    library, loops = self._Graph()
+    for loop in loops:
+      self.assertEqual(loop.attr['parallel_iterations'].i, 2)
+      body = library[loop.attr['body'].func.name]
+      conds = {n.name for n in body.node_def if n.op in ('If', 'StatelessIf')}
+      self.assertLen(conds, 2)   # one per cell
+      for n in body.node_def:
+        waits_for = {i[1:] for i in n.input if i.startswith('^')}
+        self.assertLess(len(waits_for & conds), 2, n.name)
+
+  def testCellFunctionsAreInlined(self):
+    library, loops = self._Graph()
+    called = set()
+    for loop in loops:
+      body = library[loop.attr['body'].func.name]
+      for n in body.node_def:
+        if n.op in ('If', 'StatelessIf'):
+          branch = library[n.attr['then_branch'].func.name]
+          called |= {c.attr['f'].func.name for c in branch.node_def
+                     if c.op in ('StatefulPartitionedCall', 'PartitionedCall')}
+    # F and BW of each of the 2 cells, and the last cell's loss.
+    self.assertLen(called, 5)
+    for name in called:
+      self.assertFalse(library[name].attr['_noinline'].b, name)
+
+
 if __name__ == '__main__':
   tf.test.main()

@@ -70,7 +70,7 @@ def Problem(num_cells: int, schedule: schedule_lib.Schedule,
   return None
 
 
-def _Relaxed(x: tf.Tensor) -> tf.Tensor:
+def Relaxed(x: tf.Tensor) -> tf.Tensor:
   """`x` with its batch dimension unknown: a loop carries micro-batches of
   different sizes (N not divisible by M) in one variable."""
   if x.shape.rank is None or x.shape.rank == 0:
@@ -79,17 +79,17 @@ def _Relaxed(x: tf.Tensor) -> tf.Tensor:
       x, [None] + x.shape.as_list()[1:])
 
 
-def _Dummy(spec: Any) -> tf.Tensor:
+def Filler(spec: Any) -> tf.Tensor:
   """What a carry holds before the first tick that writes it: zeros of a
   fully known `spec`, else an empty (zero-example) tensor of its rank."""
   shape = spec.shape
   if shape.is_fully_defined():
     return tf.zeros(shape, spec.dtype)
-  return _Relaxed(tf.zeros([0] + [d or 0 for d in shape.as_list()[1:]],
+  return Relaxed(tf.zeros([0] + [d or 0 for d in shape.as_list()[1:]],
                            spec.dtype))
 
 
-def _Spec(x: Any, batch: int | None) -> tf.TensorSpec | None:
+def SpecOf(x: Any, batch: int | None) -> tf.TensorSpec | None:
   """`x`'s spec for one micro-batch of `batch` examples (None: any size)."""
   if x is None:
     return None
@@ -99,17 +99,17 @@ def _Spec(x: Any, batch: int | None) -> tf.TensorSpec | None:
   return tf.TensorSpec(shape, x.dtype)
 
 
-def _Batched(x: Any) -> bool:
+def HasBatch(x: Any) -> bool:
   """Whether a tensor or TensorSpec has a batch dimension."""
   return x is not None and x.shape.rank is not None and x.shape.rank > 0
 
 
-def _TensorArray(spec: tf.TensorSpec, size: int) -> tf.TensorArray:
+def TensorArrayOf(spec: tf.TensorSpec, size: int) -> tf.TensorArray:
   return tf.TensorArray(spec.dtype, size=size, infer_shape=False,
                         element_shape=spec.shape)
 
 
-class _Compact:
+class Compact:
   """A nest's non-None leaves as a flat list, and back: tf.cond and
   tf.while_loop take tensors only, and a None (an input that gets no
   gradient, say) stays None outside them."""
@@ -131,9 +131,9 @@ class _Compact:
     return tf.nest.pack_sequence_as(self.nest, full)
 
 
-def _Select(pred: tf.Tensor, run: Callable[[], Any], keep: Any) -> Any:
+def Select(pred: tf.Tensor, run: Callable[[], Any], keep: Any) -> Any:
   """tf.cond(pred, run, lambda: keep), for nests with None leaves."""
-  compact = _Compact(keep)
+  compact = Compact(keep)
   return compact.Pack(tf.cond(pred, lambda: compact.Values(run()),
                               compact.Values))
 
@@ -190,8 +190,8 @@ class FillDrainLoop:
       self.sizes = base + tf.cast(tf.range(self.m) < n % self.m, n.dtype)
     out = []
     for x in flat:
-      if _Batched(x):
-        out.append(_TensorArray(_Spec(x, self.batch), self.m).split(
+      if HasBatch(x):
+        out.append(TensorArrayOf(SpecOf(x, self.batch), self.m).split(
             x, self.sizes))
       else:
         out.append(x)
@@ -200,7 +200,7 @@ class FillDrainLoop:
   def _Trace(self, structure: Any, flat: Sequence[Any]) -> None:
     """Traces every cell's forward on specs, to learn each boundary's
     structure and specs before the loops are built."""
-    struct, specs = structure, [_Spec(x, self.batch) for x in flat]
+    struct, specs = structure, [SpecOf(x, self.batch) for x in flat]
     seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
     for cell in self.cells:
       self.in_structs.append(struct)
@@ -236,26 +236,26 @@ class FillDrainLoop:
     if loss_fn is not None:
       with tf.device(self.cells[-1].device):
         label_flat = tf.nest.flatten(labels)
-        label_tas = [_TensorArray(_Spec(x, self.batch), self.m).split(
+        label_tas = [TensorArrayOf(SpecOf(x, self.batch), self.m).split(
             x, self.sizes)
-                     if _Batched(x) else x for x in label_flat]
+                     if HasBatch(x) else x for x in label_flat]
         loss_step, dys0, sums0 = self._LossFunction(labels, label_flat,
                                                     loss_fn)
 
     carries, stashes, bns = [], [], self.bn_zeros
     for k, cell in enumerate(self.cells):
       with tf.device(cell.device):
-        stashes.append([None if s is None else _TensorArray(s, self.m)
+        stashes.append([None if s is None else TensorArrayOf(s, self.m)
                         for s in self.in_specs[k]])
         if k < k_last:
-          carries.append([None if s is None else _Dummy(s)
+          carries.append([None if s is None else Filler(s)
                           for s in self.in_specs[k + 1]])
     with tf.device(self.cells[-1].device):
       if loss_fn is None:
-        last = [None if s is None else _TensorArray(s, self.m)
+        last = [None if s is None else TensorArrayOf(s, self.m)
                 for s in self.out_specs]
       else:
-        last = ([None if g is None else _TensorArray(s, self.m)
+        last = ([None if g is None else TensorArrayOf(s, self.m)
                  for s, g in zip(self.out_specs, dys0)], sums0)
 
     def _Body(t, carries, stashes, bns, last):
@@ -297,7 +297,7 @@ class FillDrainLoop:
             return out, stash, bn
 
           keep_out = carries[k] if k < k_last else last
-          out, stash, bn = _Select(active, _Run,
+          out, stash, bn = Select(active, _Run,
                                    (keep_out, stashes[k], bns[k]))
           if k < k_last:
             new_carries[k] = out
@@ -307,9 +307,9 @@ class FillDrainLoop:
           new_bns.append(bn)
       return new_carries, new_stashes, new_bns, new_last
 
-    stashes, bns, last = _Loop(self.ticks, _Body,
-                               (carries, stashes, bns, last),
-                               self.overlap)[1:]
+    stashes, bns, last = RunTicks(self.ticks, _Body,
+                                  (carries, stashes, bns, last),
+                                  self.overlap)[1:]
     self.stashes = stashes
     if bn_stats is not None:
       for k, cell in enumerate(self.cells):
@@ -348,44 +348,34 @@ class FillDrainLoop:
     function = tf.function(tf.autograph.experimental.do_not_convert(_Step),
                            autograph=False)
     concrete = function.get_concrete_function(
-        list(self.out_specs), [_Spec(x, self.batch) for x in label_flat])
+        list(self.out_specs), [SpecOf(x, self.batch) for x in label_flat])
     dys, sums = concrete.structured_outputs
     zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), sums)
     return function, dys, zeros
 
   # ---- Backward ------------------------------------------------------------
-  def Backward(self, dys: Sequence[Any] | None = None,
-               input_grads: bool = False) -> tuple[list, dict]:
-    """Runs the backward loop.
+  def _BackwardFunctions(self, present_last: Sequence[bool],
+                         input_grads: bool) -> tuple[list, list, list]:
+    """Each cell's summing backward function, from the last cell back.
 
     Args:
-      dys: gradients of the merged outputs (FProp's custom gradient); None
-        after a Forward with a loss (its gradients are used).
-      input_grads: whether to return gradients of the first cell's inputs.
+      present_last: per output of the last cell, whether it gets a gradient.
+      input_grads: whether the first cell's input gradients are wanted.
 
     Returns:
-      (dx, grads): the input gradients merged over micro-batches (None where
-      not asked or not a float) and {variable.ref(): (variable, gradient)}
-      summed over micro-batches and cells.
+      (functions, accs, dx_present): per cell, (its backward function, the
+      (variable, shape) of each gradient it sums); its zero running sums
+      (None for a variable that gets no gradient); and per flat input
+      whether it gets a gradient (an input the outputs do not depend on
+      gets None, and the cell before it then none either).
     """
     k_last = len(self.cells) - 1
     seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
-    with tf.device(self.cells[-1].device):
-      if dys is not None:
-        dy_tas = [None if g is None else
-                  _TensorArray(_Spec(g, self.batch), self.m).split(
-                      g, self.sizes)
-                  for g in dys]
-      else:
-        dy_tas = self.dys
-    present_last = [ta is not None for ta in dy_tas]
-
     wanted_all = [[s is not None and s.dtype.is_floating and
                    (k > 0 or input_grads) for s in specs]
                   for k, specs in enumerate(self.in_specs)]
-    # From the last cell back: a trace without sums learns the variables,
-    # which of them get gradients and which inputs do (an input the outputs
-    # do not depend on gets None, and the cell before it then none either).
+    # A trace without sums learns the variables and which of them get
+    # gradients; the loop then calls one that adds to running sums.
     functions, accs = [None] * len(self.cells), [None] * len(self.cells)
     present, dx_present = present_last, [None] * len(self.cells)
     for k in reversed(range(len(self.cells))):
@@ -412,13 +402,41 @@ class FillDrainLoop:
         functions[k] = (summed, layout)
       dx_present[k] = [g is not None for g in dx]
       present = dx_present[k]
+    return functions, accs, dx_present
+
+  def Backward(self, dys: Sequence[Any] | None = None,
+               input_grads: bool = False) -> tuple[list, dict]:
+    """Runs the backward loop.
+
+    Args:
+      dys: gradients of the merged outputs (FProp's custom gradient); None
+        after a Forward with a loss (its gradients are used).
+      input_grads: whether to return gradients of the first cell's inputs.
+
+    Returns:
+      (dx, grads): the input gradients merged over micro-batches (None where
+      not asked or not a float) and {variable.ref(): (variable, gradient)}
+      summed over micro-batches and cells.
+    """
+    k_last = len(self.cells) - 1
+    with tf.device(self.cells[-1].device):
+      if dys is not None:
+        dy_tas = [None if g is None else
+                  TensorArrayOf(SpecOf(g, self.batch), self.m).split(
+                      g, self.sizes)
+                  for g in dys]
+      else:
+        dy_tas = self.dys
+    present_last = [ta is not None for ta in dy_tas]
+    functions, accs, dx_present = self._BackwardFunctions(present_last,
+                                                          input_grads)
     carries = []
     for k in range(1, len(self.cells)):
       with tf.device(self.cells[k].device):
-        carries.append([_Dummy(s) if p else None
+        carries.append([Filler(s) if p else None
                         for s, p in zip(self.in_specs[k], dx_present[k])])
     with tf.device(self.cells[0].device):
-      first = [_TensorArray(s, self.m) if w and _Batched(s) else
+      first = [TensorArrayOf(s, self.m) if w and HasBatch(s) else
                (tf.zeros(s.shape, s.dtype) if w else None)
                for s, w in zip(self.in_specs[0], dx_present[0])]
 
@@ -452,7 +470,7 @@ class FillDrainLoop:
             return out, list(dws)
 
           keep = carries[k - 1] if k > 0 else first
-          out, acc = _Select(active, _Run, (keep, accs[k]))
+          out, acc = Select(active, _Run, (keep, accs[k]))
           if k > 0:
             new_carries[k - 1] = out
           else:
@@ -460,8 +478,17 @@ class FillDrainLoop:
           new_accs.append(acc)
       return new_carries, new_accs, new_first
 
-    accs, first = _Loop(self.ticks, _Body, (carries, accs, first),
-                        self.overlap)[1:]
+    accs, first = RunTicks(self.ticks, _Body, (carries, accs, first),
+                           self.overlap)[1:]
+    grads = self._Gradients(functions, accs)
+    with tf.device(self.cells[0].device):
+      dx = [slot.concat() if isinstance(slot, tf.TensorArray) else slot
+            for slot in first]
+    return dx, grads
+
+  def _Gradients(self, functions: list, accs: list) -> dict:
+    """{variable.ref(): (variable, gradient)} from the loop's running sums,
+    summed over cells (a variable two cells read, e.g. a tied embedding)."""
     grads: dict = {}
     for k, (_, layout) in enumerate(functions):
       for (v, _), g in zip(layout, [g for g in accs[k] if g is not None]):
@@ -469,13 +496,10 @@ class FillDrainLoop:
           with tf.device(v.device):
             g = grads[v.ref()][1] + g
         grads[v.ref()] = (v, g)
-    with tf.device(self.cells[0].device):
-      dx = [slot.concat() if isinstance(slot, tf.TensorArray) else slot
-            for slot in first]
-    return dx, grads
+    return grads
 
 
-def _Loop(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
+def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
   """state = body(t, *state) for t in range(ticks), as one tf.while_loop
   that runs up to `overlap` ticks at a time.
 
@@ -493,13 +517,13 @@ def _Loop(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
   values, dropout is stateless). At K=4, M=4 and 8 this took the loop's
   step from 1.1x to about 1.0x the unrolled one's (docs/scale.md).
   """
-  compact = _Compact(state)
+  compact = Compact(state)
 
   def _Body(t, *values):
     return [t + 1] + compact.Values(body(t, *compact.Pack(values)))
 
   graph = tf.compat.v1.get_default_graph()
-  with _NoAutomaticControlDependencies(graph), graph.device(_BesideInput):
+  with NoAutomaticControlDependencies(graph), graph.device(_BesideInput):
     result = tf.while_loop(lambda t, *_: t < ticks, _Body,
                            [tf.constant(0)] + compact.Values(),
                            maximum_iterations=ticks,
@@ -508,7 +532,7 @@ def _Loop(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
 
 
 @contextlib.contextmanager
-def _NoAutomaticControlDependencies(graph: tf.Graph):
+def NoAutomaticControlDependencies(graph: tf.Graph):
   """Loops and conds built in here get no automatic control dependencies.
 
   while_v2 and cond_v2 build their bodies with them when the graph they are

@@ -37,6 +37,7 @@ from gpipe_tf.pipeline import loop as loop_lib
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline import schedule_loop as schedule_loop_lib
 
 Remat = Callable[[int, int], bool]
 
@@ -117,6 +118,12 @@ def RunPipeline(cells: Sequence[cell_lib.Cell],
   seed = _StepSeed()
   if loop:
     _NoTrace(trace)
+    problem = loop_lib.FPropProblem(schedule, training)
+    if problem:
+      raise loop_lib.LoopNeedsLossError(
+          f'micro_batch_loop: {problem}. Train with '
+          'PipeliningLayer.ComputeLossAndGradients(inputs, labels, loss_fn), '
+          'or set micro_batch_loop=False.')
     return _RunPipelineLoop(cells, num_micro, inputs, flat, idx, tensors,
                             training, seed)
 
@@ -245,7 +252,7 @@ def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
   flat, idx, tensors = _Flatten(inputs)
   if loop:
     _NoTrace(trace)
-    return _LossAndGradientsLoop(cells, num_micro, inputs,
+    return _LossAndGradientsLoop(cells, schedule, inputs,
                                  _Fill(flat, idx, tensors), labels, loss_fn,
                                  variables)
   micro = microbatch.Split(_Fill(flat, idx, tensors), num_micro)
@@ -268,15 +275,24 @@ def RunLossAndGradients(cells: Sequence[cell_lib.Cell],
   return _Scaled(cells, total, variables, grads)
 
 
-def _LossAndGradientsLoop(cells, num_micro: int, inputs: tuple, flat: list,
-                          labels: Any, loss_fn: loss_lib.LossFn,
+def _LossAndGradientsLoop(cells, schedule: schedule_lib.Schedule,
+                          inputs: tuple, flat: list, labels: Any,
+                          loss_fn: loss_lib.LossFn,
                           variables: Sequence[tf.Variable]) -> tuple:
-  """RunLossAndGradients as loop.py's two loops."""
+  """RunLossAndGradients as loop.py's two loops (GPipe) or
+  schedule_loop.py's one (any other schedule)."""
   bn_stats = normalization.DeferredMovingStats()
-  run = loop_lib.FillDrainLoop(cells, num_micro, True, _StepSeed())
-  total = run.Forward(inputs, flat, labels, loss_fn, bn_stats=bn_stats)
-  bn_stats.Apply()
-  _, grads = run.Backward()
+  if loop_lib.RunsTwoLoops(schedule):
+    run = loop_lib.FillDrainLoop(cells, schedule.num_micro_batches, True,
+                                 _StepSeed())
+    total = run.Forward(inputs, flat, labels, loss_fn, bn_stats=bn_stats)
+    bn_stats.Apply()
+    _, grads = run.Backward()
+  else:
+    run = schedule_loop_lib.ScheduleLoop(cells, schedule, _StepSeed())
+    total, grads = run.LossAndGradients(inputs, flat, labels, loss_fn,
+                                        bn_stats)
+    bn_stats.Apply()
   return _Scaled(cells, total, variables, _Of(grads, variables))
 
 

@@ -49,24 +49,43 @@ class LoopTraceError(errors.Error, ValueError):
   """A per-action schedule trace was asked of a step run as loops."""
 
 
-def Problem(num_cells: int, schedule: schedule_lib.Schedule,
-            remat: Callable[[int, int], bool]) -> str | None:
-  """Why a step cannot run as these loops (None: it can).
+class LoopNeedsLossError(errors.Error, ValueError):
+  """FProp was asked of a loop that runs only with the loss inside."""
 
-  The loops are GPipe's own schedule with one cell per device, and they
-  recompute every forward, so a remat policy that keeps activations of any
-  micro-batch but the last does not fit.
+
+def Problem(remat: str) -> str | None:
+  """Why a step cannot run as loops (None: it can).
+
+  The loops recompute every forward in the backward, so they do not fit
+  remat 'never'. Any schedule runs: GPipe with one cell per device as the
+  two loops of FillDrainLoop, every other layout as one loop
+  (schedule_loop.py).
   """
-  k, m = schedule.num_devices, schedule.num_micro_batches
-  if num_cells != k:
-    return (f'it needs one cell per device (num_virtual_stages=1); got '
-            f'{num_cells} cells on {k} devices')
-  if schedule != schedule_lib.Make('gpipe', k, m):
-    return (f"it runs GPipe's fill-drain order only (schedule='gpipe'); got "
-            f"'{schedule.name}'")
-  if not all(remat(s, i) for s in range(k) for i in range(m - 1)):
+  if remat == 'never':
     return ("it recomputes every forward in the backward; use remat 'always' "
             "or 'except_last'")
+  return None
+
+
+def RunsTwoLoops(schedule: schedule_lib.Schedule) -> bool:
+  """Whether the step runs as FillDrainLoop's two loops: GPipe's own
+  order with one cell per device (else as schedule_loop.ScheduleLoop)."""
+  k, m = schedule.num_devices, schedule.num_micro_batches
+  return (schedule.num_stages == k and
+          schedule == schedule_lib.Make('gpipe', k, m))
+
+
+def FPropProblem(schedule: schedule_lib.Schedule, training: bool
+                 ) -> str | None:
+  """Why FProp (a tape around the pipeline, or inference) cannot run as
+  loops (None: it can): only FillDrainLoop runs without a loss, and in
+  training only GPipe's order is GPipe's."""
+  if schedule.num_stages != schedule.num_devices:
+    return (f'with {schedule.num_stages} cells on {schedule.num_devices} '
+            'devices it runs only with the loss inside the pipeline')
+  if training and not RunsTwoLoops(schedule):
+    return (f"schedule '{schedule.name}' runs as a loop only with the loss "
+            'inside the pipeline')
   return None
 
 
@@ -105,8 +124,10 @@ def HasBatch(x: Any) -> bool:
 
 
 def TensorArrayOf(spec: tf.TensorSpec, size: int) -> tf.TensorArray:
+  """`size` slots of `spec`, each readable more than once (run eagerly, a
+  TensorArray would otherwise clear a slot when it is read)."""
   return tf.TensorArray(spec.dtype, size=size, infer_shape=False,
-                        element_shape=spec.shape)
+                        element_shape=spec.shape, clear_after_read=False)
 
 
 class Compact:
@@ -134,8 +155,12 @@ class Compact:
 def Select(pred: tf.Tensor, run: Callable[[], Any], keep: Any) -> Any:
   """tf.cond(pred, run, lambda: keep), for nests with None leaves."""
   compact = Compact(keep)
-  return compact.Pack(tf.cond(pred, lambda: compact.Values(run()),
-                              compact.Values))
+  values = tf.cond(pred, lambda: compact.Values(run()), compact.Values)
+  for value in values:
+    # Run eagerly, a TensorArray a write returns warns unless it is used,
+    # and the last tick's writes are only read after the loop.
+    getattr(value, 'mark_used', lambda: None)()
+  return compact.Pack(values)
 
 
 class FillDrainLoop:

@@ -133,12 +133,13 @@ class PipeliningLayer(base_layer.BaseLayer):
              'use_moving_avg_in_training; with zb_h1 the B action computes '
              "the whole backward (a function's gradient is one op).")
     p.Define('micro_batch_loop', False,
-             "Run GPipe as two tf.while_loops over clock ticks (Lingvo's "
+             'Run the step as tf.while_loops over clock ticks (Lingvo\'s '
              'way): the step graph and its tracing do not grow with M at '
-             "all. Needs schedule='gpipe', num_virtual_stages=1 and remat "
-             "'always' or 'except_last' (every forward is recomputed); cells "
-             'are traced once as with trace_once. Steady steps are slower '
-             'than trace_once on CPU (docs/scale.md).')
+             "all. 'gpipe' with one cell per device runs as two loops "
+             '(FProp or ComputeLossAndGradients), every other schedule as '
+             'one loop with the loss inside (ComputeLossAndGradients). Every '
+             "forward is recomputed, so remat must be 'always' or "
+             "'except_last'; cells are traced once (docs/scale.md).")
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              'into K x V cells, cell s on device s % K.')
@@ -181,8 +182,7 @@ class PipeliningLayer(base_layer.BaseLayer):
   def _CheckTraceOnce(self) -> None:
     p = self.p
     if p.micro_batch_loop:
-      problem = loop_lib.Problem(len(self._balance), self._schedule,
-                                 self._Remat)
+      problem = loop_lib.Problem(p.remat)
       if problem:
         raise MicroBatchLoopError(
             f"PipeliningLayer '{self.path}': micro_batch_loop cannot run "

@@ -44,25 +44,26 @@ def _Calls(fn):
 class LayoutTest(tf.test.TestCase):
 
   def testProblemNamesWhatToChange(self):
-    always = lambda s, m: True
-    gpipe = schedule_lib.Make('gpipe', 2, 4)
-    self.assertIsNone(loop_lib.Problem(2, gpipe, always))
-    self.assertIsNone(loop_lib.Problem(2, schedule_lib.Make('gpipe', 2, 1),
-                                       always))
-    self.assertIn("remat 'always'",
-                  loop_lib.Problem(2, gpipe, lambda s, m: False))
-    self.assertIn("schedule='gpipe'", loop_lib.Problem(
-        2, schedule_lib.Make('1f1b', 2, 4), always))
-    self.assertIn('num_virtual_stages=1', loop_lib.Problem(
-        4, schedule_lib.Make('gpipe', 2, 4, 2), always))
+    self.assertIsNone(loop_lib.Problem('always'))
+    self.assertIsNone(loop_lib.Problem('except_last'))
+    self.assertIn("remat 'always'", loop_lib.Problem('never'))
+    # GPipe with one cell per device runs as two loops, the rest as one.
+    self.assertTrue(loop_lib.RunsTwoLoops(schedule_lib.Make('gpipe', 2, 4)))
+    self.assertFalse(loop_lib.RunsTwoLoops(schedule_lib.Make('1f1b', 2, 4)))
+    self.assertFalse(loop_lib.RunsTwoLoops(
+        schedule_lib.Make('gpipe', 2, 4, 2)))
+    self.assertIsNone(loop_lib.FPropProblem(
+        schedule_lib.Make('1f1b', 2, 4), training=False))
+    self.assertIn("'1f1b'", loop_lib.FPropProblem(
+        schedule_lib.Make('1f1b', 2, 4), training=True))
+    self.assertIn('4 cells on 2 devices', loop_lib.FPropProblem(
+        schedule_lib.Make('gpipe', 2, 4, 2), training=False))
 
   def testPipeliningLayerRaisesNamedErrors(self):
     layers = st._MlpLayers  # pylint: disable=protected-access
-    for kwargs in [dict(remat='never'), dict(schedule='1f1b'), dict(v=2)]:
-      with self.subTest(**kwargs):
-        with self.assertRaisesRegex(pipelining_layer.MicroBatchLoopError,
-                                    'micro_batch_loop=False'):
-          _Pipe(layers(), 2, 4, **kwargs)
+    with self.assertRaisesRegex(pipelining_layer.MicroBatchLoopError,
+                                'micro_batch_loop=False'):
+      _Pipe(layers(), 2, 4, remat='never')
     with self.assertRaisesRegex(pipelining_layer.TraceOnceError,
                                 'micro_batch_loop=False'):
       _Pipe(st._BatchNormLayers(True), 2, 4)  # pylint: disable=protected-access

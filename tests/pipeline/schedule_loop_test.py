@@ -1,0 +1,120 @@
+"""Every schedule as one loop (schedule_loop.py): the unrolled engine's results, a graph that does not grow with M."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf.layers import core
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import loop as loop_lib
+from gpipe_tf.pipeline import schedule_loop as schedule_loop_lib
+
+import schedule_transparency_test as st  # pylint: disable=g-import-not-at-top
+
+# (schedule, K, V): every library schedule, on 2 and 4 devices.
+_LAYOUTS = [('1f1b', 2, 1), ('1f1b', 4, 1), ('interleaved_1f1b', 2, 2),
+            ('zb_h1', 2, 1), ('zb_h1', 4, 1), ('gpipe', 2, 2)]
+
+
+def _Pipe(layers, k, m, schedule, v=1, remat='always', loop=True):
+  return PipeliningLayer.Params().Set(
+      name='net', layers=layers, num_partitions=k * v, num_micro_batches=m,
+      remat=remat, schedule=schedule, micro_batch_loop=loop,
+      num_virtual_stages=v).Instantiate()
+
+
+def _Looped(fn):
+  """Runs fn; returns its result and how many ScheduleLoops it built."""
+  built = []
+  original = schedule_loop_lib.ScheduleLoop.LossAndGradients
+
+  def _Counting(self, *args, **kwargs):
+    built.append(1)
+    return original(self, *args, **kwargs)
+
+  schedule_loop_lib.ScheduleLoop.LossAndGradients = _Counting
+  try:
+    return fn(), len(built)
+  finally:
+    schedule_loop_lib.ScheduleLoop.LossAndGradients = original
+
+
+def _Step(pipe, x, y):
+  return tf.function(lambda: st._InsideLossAndGrads(pipe, x, y))()  # pylint: disable=protected-access
+
+
+class LossAndGradientsTest(tf.test.TestCase):
+
+  def testEqualsSequential(self):
+    x, y = st._Data()  # pylint: disable=protected-access
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=st._MlpLayers()).Instantiate()  # pylint: disable=protected-access
+    want = st._TapeLossAndGrads(seq, x, y)  # pylint: disable=protected-access
+    for name, k, v in _LAYOUTS:
+      for m, remat in [(3, 'always'), (4, 'except_last')]:
+        with self.subTest(schedule=name, k=k, v=v, m=m, remat=remat):
+          pipe = _Pipe(st._MlpLayers(), k, m, name, v, remat)  # pylint: disable=protected-access
+          got, built = _Looped(lambda pipe=pipe: _Step(pipe, x, y))
+          self.assertEqual(built, 1)
+          st.AssertSameLossAndGrads(self, want, got)
+
+  def testDropoutAndBatchNormEqualTheUnrolledEngine(self):
+    # Batch statistics and dropout masks depend on the micro-batch split: the
+    # reference is the unrolled engine of the same layout.
+    x, y = st._Data()  # pylint: disable=protected-access
+    for layers_name, layers_fn in [
+        ('dropout', st._DropoutLayers),  # pylint: disable=protected-access
+        ('batchnorm', lambda: st._BatchNormLayers(False))]:  # pylint: disable=protected-access
+      for name, k, v in [('1f1b', 2, 1), ('interleaved_1f1b', 2, 2)]:
+        with self.subTest(layers=layers_name, schedule=name):
+          looped = _Pipe(layers_fn(), k, 3, name, v)
+          unrolled = _Pipe(layers_fn(), k, 3, name, v, loop=False)
+          for a, b in zip(unrolled.variables, looped.variables):
+            a.assign(b)
+          got, built = _Looped(lambda p=looped: _Step(p, x, y))
+          self.assertEqual(built, 1)
+          st.AssertSameLossAndGrads(self, _Step(unrolled, x, y), got)
+          # BatchNorm's moving statistics moved once, as the unrolled ones.
+          for a, b in zip(unrolled.variables, looped.variables):
+            self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+  def testGraphDoesNotGrowWithMicroBatches(self):
+    x, y = st._Data(16)  # pylint: disable=protected-access
+
+    def _Ops(m):
+      pipe = _Pipe(st._MlpLayers(), 2, m, '1f1b')  # pylint: disable=protected-access
+      fn = tf.function(lambda: st._InsideLossAndGrads(pipe, x, y))  # pylint: disable=protected-access
+      graph = fn.get_concrete_function().graph.as_graph_def()
+      return len(graph.node) + sum(len(f.node_def)
+                                   for f in graph.library.function)
+
+    self.assertEqual(_Ops(2), _Ops(8))
+
+
+class LayoutTest(tf.test.TestCase):
+
+  def testFPropNeedsTheLossInside(self):
+    x, _ = st._Data()  # pylint: disable=protected-access
+    for name, k, v, training in [('1f1b', 2, 1, True),
+                                 ('interleaved_1f1b', 2, 2, False),
+                                 ('gpipe', 2, 2, True)]:
+      with self.subTest(schedule=name, v=v, training=training):
+        pipe = _Pipe(st._MlpLayers(), k, 4, name, v)  # pylint: disable=protected-access
+        error = (loop_lib.LoopNeedsLossError if v > 1 or name == 'gpipe'
+                 else Exception)
+        with self.assertRaisesRegex(error, 'ComputeLossAndGradients'):
+          pipe.FProp(x, training=training)
+
+  def testInferenceOfAnyScheduleWithOneCellPerDevice(self):
+    x, _ = st._Data()  # pylint: disable=protected-access
+    pipe = _Pipe(st._MlpLayers(), 2, 4, '1f1b')  # pylint: disable=protected-access
+    ref = _Pipe(st._MlpLayers(), 2, 4, '1f1b', loop=False)  # pylint: disable=protected-access
+    for a, b in zip(ref.variables, pipe.variables):
+      a.assign(b)
+    self.assertAllClose(ref.FProp(x), pipe.FProp(x), rtol=1e-6)
+
+
+if __name__ == '__main__':
+  tf.test.main()

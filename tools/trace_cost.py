@@ -3,8 +3,9 @@
 For a stack of Transformer encoder blocks pipelined over K logical devices,
 and for every M and every mode (``unrolled``: trace_once=False;
 ``trace_once``: one function per cell, one call per action; ``loop``:
-micro_batch_loop, two while loops), it builds a fresh PipeliningLayer and
-times (in one process, one configuration after another):
+micro_batch_loop, two while loops for 'gpipe', one for any other schedule),
+it builds a fresh PipeliningLayer and times (in one process, one
+configuration after another):
 
   * tracing: building the step's graph in Python (get_concrete_function);
   * first step: tracing plus the first call, which optimises and places the
@@ -16,11 +17,11 @@ times (in one process, one configuration after another):
 
     python -m tools.trace_cost                      # K=4, M in {4, 32}, 8 blocks
     python -m tools.trace_cost --modes=trace_once,loop --micro_batches=4,8,32
-    python -m tools.trace_cost --modes=trace_once --schedule=1f1b
+    python -m tools.trace_cost --schedule=1f1b --micro_batches=4,8,32
 
 Ratios within one run are what count on a shared machine (the targets: first
 step at M=32 within 1.5x of M=4; steady step no worse than the unrolled
-graph's at M <= 8). The loop runs schedule 'gpipe' only.
+graph's at M <= 8).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ setuptools.setup(
         'sacrebleu',  # BLEU of translation experiments.
     ],
     extras_require={
-        'test': ['pytest>=7'],
+        # The tools' tests draw with matplotlib (tools.schedule_trace --out).
+        'test': ['pytest>=7', 'matplotlib'],
         'tools': ['matplotlib'],
     },
 )

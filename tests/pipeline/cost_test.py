@@ -58,14 +58,16 @@ class ProfileCostsTest(tf.test.TestCase):
   def testCostsFollowFlopsNotCallOverhead(self):
     # Forward FLOPs per example: 4K, 64K, 1M. One call of a tf.function costs
     # more than the small layer itself; timed naively the 256x larger layer
-    # looked only a few times slower.
+    # looked only 2.2x slower. Profiled, three runs on the 2-core machine gave
+    # 58x, 47x and 18x, and CI 17x: the bound is one that a timing dominated
+    # by call overhead cannot reach, not the FLOP ratio.
     layers = [_Fc('small', 64, 64), _Fc('wide', 64, 1024),
               _Fc('large', 1024, 1024)]
     small, wide, large = cost_lib.ProfileCosts(layers, [(None, 64)],
                                                batch_size=8)
     self.assertLess(small, wide)
     self.assertLess(wide, large)
-    self.assertGreater(large / small, 20)
+    self.assertGreater(large / small, 8)
 
   def testEqualLayersOnEqualInputsShareOneTiming(self):
     layers = [_Fc('a', 32, 32), _Fc('b', 32, 32), _Fc('c', 32, 16)]

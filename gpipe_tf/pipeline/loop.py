@@ -163,6 +163,64 @@ def Select(pred: tf.Tensor, run: Callable[[], Any], keep: Any) -> Any:
   return compact.Pack(values)
 
 
+class RunningSums:
+  """Running sums of many tensors (a cell's weight gradients) carried by a
+  loop as one TensorList per dtype instead of one loop variable each.
+
+  Every loop variable costs a few executor ops per tick whether or not the
+  tick changes it (the loop's Merge, Switch and NextIteration, and a tf.cond's
+  or tf.switch_case's Switch and Merge): with a Transformer cell's 30 or so
+  gradients, tens of thousands of small ops per step. A TensorList holds
+  references to its tensors, so reading and writing an item copies no data.
+
+  Args:
+    zeros: per sum, its zero value, or None for one that is not kept.
+  """
+
+  def __init__(self, zeros: Sequence[tf.Tensor | None]) -> None:
+    self.zeros = list(zeros)
+    self.dtypes: list[tf.DType] = []
+    self.where: list[tuple[int, int] | None] = []   # (list, item) per sum
+    sizes: list[int] = []
+    for z in self.zeros:
+      if z is None:
+        self.where.append(None)
+        continue
+      if z.dtype not in self.dtypes:
+        self.dtypes.append(z.dtype)
+        sizes.append(0)
+      i = self.dtypes.index(z.dtype)
+      self.where.append((i, sizes[i]))
+      sizes[i] += 1
+    self.sizes = sizes
+
+  def Initial(self) -> list[tf.Tensor]:
+    """The lists holding every sum's zero (built where the caller places
+    them)."""
+    lists = [tf.raw_ops.TensorListReserve(
+        element_shape=tf.constant(-1, tf.int32), num_elements=n,
+        element_dtype=dtype) for dtype, n in zip(self.dtypes, self.sizes)]
+    return self.Write(lists, self.zeros)
+
+  def Read(self, lists: Sequence[tf.Tensor]) -> list[tf.Tensor | None]:
+    """Every sum (None where not kept), with its static shape."""
+    return [None if w is None else tf.raw_ops.TensorListGetItem(
+        input_handle=lists[w[0]], index=w[1],
+        element_shape=tf.constant(z.shape.as_list(), tf.int32),
+        element_dtype=z.dtype)
+            for w, z in zip(self.where, self.zeros)]
+
+  def Write(self, lists: Sequence[tf.Tensor],
+            values: Sequence[tf.Tensor | None]) -> list[tf.Tensor]:
+    """`lists` with every kept sum replaced by its value in `values`."""
+    lists = list(lists)
+    for w, value in zip(self.where, values):
+      if w is not None:
+        lists[w[0]] = tf.raw_ops.TensorListSetItem(
+            input_handle=lists[w[0]], index=w[1], item=value)
+    return lists
+
+
 class FillDrainLoop:
   """One training (or inference) step of GPipe as two loops; see the module.
 
@@ -198,6 +256,7 @@ class FillDrainLoop:
     self.batch: int | None = None      # their common static size, if any
     self.out_specs: list = []
     self.dys: list = []                # per last-cell output: TensorArray
+    self.running: list = []            # per cell: RunningSums of its grads
 
   # ---- Inputs --------------------------------------------------------------
   def _SplitInputs(self, flat: Sequence[Any]) -> list:
@@ -390,7 +449,8 @@ class FillDrainLoop:
     Returns:
       (functions, accs, dx_present): per cell, (its backward function, the
       (variable, shape) of each gradient it sums); its zero running sums
-      (None for a variable that gets no gradient); and per flat input
+      (loop values; self.running[k] reads them, and RunBackward adds to
+      them); and per flat input
       whether it gets a gradient (an input the outputs do not depend on
       gets None, and the cell before it then none either).
     """
@@ -402,6 +462,7 @@ class FillDrainLoop:
     # A trace without sums learns the variables and which of them get
     # gradients; the loop then calls one that adds to running sums.
     functions, accs = [None] * len(self.cells), [None] * len(self.cells)
+    self.running = [None] * len(self.cells)
     present, dx_present = present_last, [None] * len(self.cells)
     for k in reversed(range(len(self.cells))):
       cell, specs = self.cells[k], self.in_specs[k]
@@ -414,13 +475,12 @@ class FillDrainLoop:
         dx, dws = plain.get_concrete_function(
             seed_spec, list(specs), list(dy_specs), None).structured_outputs
         variables = holder['variables']
-        # The loop carries one running sum per variable. (One flat vector
-        # per cell would mean fewer loop variables but a concatenation of
-        # every gradient on every tick: slower at realistic widths.)
         layout = [(v, v.shape) for v, g in zip(variables, dws)
                   if g is not None]
-        accs[k] = [None if g is None else tf.zeros(v.shape, v.dtype)
-                   for v, g in zip(variables, dws)]
+        self.running[k] = RunningSums(
+            [None if g is None else tf.zeros(v.shape, v.dtype)
+             for v, g in zip(variables, dws)])
+        accs[k] = self.running[k].Initial()
         summed, _ = cell.BackwardFunction(
             self.in_structs[k], self.training, present, wanted_all[k],
             [g is not None for g in dws], inline=True)
@@ -480,10 +540,9 @@ class FillDrainLoop:
 
           def _Run(k=k, dy=dy, mc=mc, function=function):
             x = [None if ta is None else ta.read(mc) for ta in self.stashes[k]]
-            dx, dws = function(random_seeds.FoldIn(self.seeds[k], mc), x,
-                               list(dy), accs[k])
+            dx, dws = self.RunBackward(k, function, mc, x, list(dy), accs[k])
             if k > 0:
-              return list(dx), list(dws)
+              return list(dx), dws
             out = []
             for slot, g in zip(first, dx):
               if slot is None:
@@ -492,7 +551,7 @@ class FillDrainLoop:
                 out.append(slot.write(mc, g))
               else:
                 out.append(slot + g)
-            return out, list(dws)
+            return out, dws
 
           keep = carries[k - 1] if k > 0 else first
           out, acc = Select(active, _Run, (keep, accs[k]))
@@ -511,12 +570,23 @@ class FillDrainLoop:
             for slot in first]
     return dx, grads
 
+  def RunBackward(self, k: int, function: Callable, m: tf.Tensor,
+                  x: list, dy: list, acc: list) -> tuple[list, list]:
+    """Cell k's backward of micro-batch m, from its boundary inputs `x` and
+    output gradients `dy`: (its input gradients, the running sums `acc`
+    with its weight gradients added)."""
+    dx, dws = function(random_seeds.FoldIn(self.seeds[k], m), x, dy,
+                       self.running[k].Read(acc))
+    return list(dx), self.running[k].Write(acc, dws)
+
   def _Gradients(self, functions: list, accs: list) -> dict:
     """{variable.ref(): (variable, gradient)} from the loop's running sums,
     summed over cells (a variable two cells read, e.g. a tied embedding)."""
     grads: dict = {}
     for k, (_, layout) in enumerate(functions):
-      for (v, _), g in zip(layout, [g for g in accs[k] if g is not None]):
+      with tf.device(self.cells[k].device):
+        sums = [g for g in self.running[k].Read(accs[k]) if g is not None]
+      for (v, _), g in zip(layout, sums):
         if v.ref() in grads:
           with tf.device(v.device):
             g = grads[v.ref()][1] + g

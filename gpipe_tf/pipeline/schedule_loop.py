@@ -157,11 +157,11 @@ class ScheduleLoop(loop_lib.FillDrainLoop):
       function, _ = functions[s]
       source = dys if s == last else inbox_dy[s]
       dy = [None if ta is None else ta.read(m) for ta in source]
-      dx, acc = function(random_seeds.FoldIn(self.seeds[s], m),
-                         _Inputs(s, m, inbox_x), dy, acc)
+      dx, acc = self.RunBackward(s, function, m, _Inputs(s, m, inbox_x), dy,
+                                 acc)
       if s > 0:
-        dx_s = list(dx)
-      return y_s, dx_s, list(acc), bn, dys, total
+        dx_s = dx
+      return y_s, dx_s, acc, bn, dys, total
 
     def _Body(t, inbox_x, inbox_dy, carry_y, carry_dx, accs, bns, dys,
               total):

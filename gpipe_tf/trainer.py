@@ -29,11 +29,15 @@ file holding that JSON, or TF_CONFIG) runs the pipeline's K cells on other
 hosts: each worker host runs ``python -m gpipe_tf.runtime.serve_worker``
 with the same cluster, this trainer connects to them before any op and sets
 the model's PipeliningLayer ``devices`` to the workers' devices
-(gpipe_tf.runtime.pipeline_cluster; docs/cross-host.md). One replica only
-(no --num_replicas > 1, no multi-worker data parallelism). A worker that
-dies or stops answering for --worker_timeout_seconds ends the run with a
-one-line error naming it; restart it and rerun the same command, training
-resumes from the newest checkpoint.
+(gpipe_tf.runtime.pipeline_cluster; docs/cross-host.md). With
+--num_replicas=R > 1 it lays R x K cells over the workers (each replica's K
+cells in one contiguous block) and drives the R replicas in-graph under a
+MirroredStrategy over their first devices, whose gradient sums run on
+replica 0's first device (no collective ops); --num_replicas=0 means 1 here,
+and TF_CONFIG multi-worker training tasks are not combined with it. A
+worker that dies or stops answering for --worker_timeout_seconds ends the
+run with a one-line error naming it; restart it and rerun the same command,
+training resumes from the newest checkpoint.
 
 --model_params_override takes the ToText format ('path : value' statements
 separated by newlines or ';'). Paths starting with ``train.``, ``test.`` or
@@ -143,7 +147,9 @@ flags.DEFINE_string('pipeline_cluster', '',
                     '["this_host:port"], "worker": ["host:port", ...]}, a '
                     'file holding it, or TF_CONFIG. Every worker runs python '
                     '-m gpipe_tf.runtime.serve_worker with the same cluster. '
-                    'One replica; see docs/cross-host.md.')
+                    'With --num_replicas=R > 1, R data-parallel replicas of '
+                    'the K cells (R x K worker devices; --num_replicas=0 '
+                    'means 1 here); see docs/cross-host.md.')
 flags.DEFINE_float('worker_timeout_seconds', 30.0,
                    'With --pipeline_cluster: how long to wait for the workers '
                    'at start-up, and for a worker to answer a health check '
@@ -176,10 +182,6 @@ def _ConnectPipelineCluster():
   """Connects to --pipeline_cluster before any op; returns the cluster."""
   from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
   from gpipe_tf.runtime import worker_health  # pylint: disable=g-import-not-at-top
-  if FLAGS.num_replicas > 1:
-    _Fail(f'--num_replicas={FLAGS.num_replicas} with --pipeline_cluster: a '
-          'pipeline cluster trains one replica (its cells on the workers); '
-          'drop --num_replicas.')
   if FLAGS.num_logical_devices > 1:
     _Fail('--num_logical_devices splits this host, but with '
           '--pipeline_cluster the cells run on the workers: pass '
@@ -196,9 +198,15 @@ def _ConnectPipelineCluster():
   return cluster
 
 
-def _PlaceCells(params, cluster) -> None:
-  """Sets the model's PipeliningLayer devices to the cluster's workers."""
+def _PlaceCells(params, cluster):
+  """Lays R x K cells over the cluster's workers; returns the strategy.
+
+  Sets the model's PipeliningLayer devices to replica 0's cells. With
+  --num_replicas=R > 1 returns the in-graph MirroredStrategy over the
+  replicas' first devices (distribute.ReplicaLayout.OnCluster), else None.
+  """
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.runtime import distribute  # pylint: disable=g-import-not-at-top
   from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
   model = params.task.model
   if not (isinstance(model.cls, type) and
@@ -206,13 +214,19 @@ def _PlaceCells(params, cluster) -> None:
     _FailNow(f'--pipeline_cluster places the cells of a PipeliningLayer, but '
              f'{FLAGS.model} has a task.model of class {model.cls.__name__}; '
              'use a pipelined experiment.')
+  num_replicas = max(1, FLAGS.num_replicas)
   try:
-    model.devices = pipeline_cluster.PipelineDevices(
-        pipeline.PipeliningLayer.NumDevicesOf(model), cluster)
+    rows = pipeline_cluster.ReplicaPipelineDevices(
+        num_replicas, pipeline.PipeliningLayer.NumDevicesOf(model), cluster)
   except pipeline_cluster.PipelineClusterError as e:
     _FailNow(str(e))
-  for k, device in enumerate(model.devices):
-    logging.info('Pipeline cluster: cell %d on %s', k, device)
+  model.devices = rows[0]
+  for r, row in enumerate(rows):
+    for k, device in enumerate(row):
+      logging.info('Pipeline cluster: %scell %d on %s',
+                   f'replica {r} ' if num_replicas > 1 else '', k, device)
+  return distribute.ReplicaLayout.OnCluster(
+      rows, cluster.client_device).MakeStrategy()
 
 
 def _OnWorkerFailure(cluster, index, what: str) -> NoReturn:
@@ -258,8 +272,9 @@ def _Run() -> None:
   if FLAGS.model_params_override:
     _ApplyOverrides(params)
   monitor = None
+  strategy = None
   if pipe_cluster is not None:
-    _PlaceCells(params, pipe_cluster)
+    strategy = _PlaceCells(params, pipe_cluster)
     monitor = worker_health.WorkerMonitor(
         pipe_cluster, lambda i, why: _OnWorkerFailure(pipe_cluster, i, why),
         interval_seconds=min(2.0, FLAGS.worker_timeout_seconds / 2),
@@ -269,7 +284,6 @@ def _Run() -> None:
     _SplitCpu(params, multi_worker)
 
   from gpipe_tf.train import loop  # pylint: disable=g-import-not-at-top
-  strategy = None
   if multi_worker:
     # Before any other op: collective ops are configured at start-up. Waits
     # until every task of the cluster has started.

@@ -19,6 +19,7 @@ from gpipe_tf.pipeline import loop as loop_lib
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 REMAT_POLICIES = ('always', 'except_last', 'never')
 
@@ -79,7 +80,10 @@ class PipeliningLayer(base_layer.BaseLayer):
   Under a tf.distribute strategy with R > 1 replicas (gpipe_tf.runtime.distribute)
   and without explicit ``devices``, replica r runs cell k on device r*K + k
   of the default devices (``ReplicaDevices``); ``devices`` then names the
-  cells of replica 0.
+  cells of replica 0. With explicit ``devices``, every replica runs on them,
+  except under a strategy made from a cluster layout
+  (``distribute.ReplicaLayout.OnCluster``, replica 0 on ``devices``), where
+  replica r runs on the layout's row r (``ClusterReplicaDevices``).
   """
 
   @classmethod
@@ -297,11 +301,18 @@ class PipeliningLayer(base_layer.BaseLayer):
 
     'always' keeps the pairs whose backward directly follows their forward on
     the device; 'except_last' keeps those and the last micro-batch of every
-    stage; 'never' keeps everything.
+    stage; 'never' keeps everything. With ``micro_batch_loop`` (which takes
+    'always' or 'except_last'), what the loop keeps: the last stage's fused
+    pairs (ticks.Fusable) when the step runs as one loop, none as GPipe's
+    two loops.
     """
     p = self.p
     if p.remat == 'never':
       return None
+    if p.micro_batch_loop:
+      if loop_lib.RunsTwoLoops(sched):
+        return frozenset()
+      return ticks_lib.Fusable(sched)
     kept = set(sched.ForwardsFollowedByBackward())
     if p.remat == 'except_last':
       kept |= {(s, p.num_micro_batches - 1) for s in range(sched.num_stages)}
@@ -363,9 +374,10 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   def _ReplicaCells(self) -> list[cell_lib.Cell]:
     """The cells, placed on this replica's devices when data-parallel."""
-    if self.p.devices:
-      return self._cells
-    replica_devices = distribute.ReplicaDevices(len(self._devices))
+    if self.p.devices:  # Replica 0's, unless a cluster layout says more.
+      replica_devices = distribute.ClusterReplicaDevices(self._devices)
+    else:
+      replica_devices = distribute.ReplicaDevices(len(self._devices))
     if replica_devices is None:
       return self._cells
     return [c.OnDevice(replica_devices[self._schedule.DeviceOf(c.index)])

@@ -35,6 +35,7 @@ batch (``DistributeDataset``).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Sequence
 
 from absl import logging
@@ -68,11 +69,16 @@ class ReplicaLayout:
       host.
     is_chief: whether this process writes checkpoints, summaries and
       params.txt (always on one host).
+    input_device: for a layout over other hosts' devices (``OnCluster``):
+      where the input is read and every global batch is cut into the
+      replicas' shares, the trainer's CPU; '' otherwise (the strategy
+      places each replica's input).
   """
   devices_per_replica: int
   devices: tuple[tuple[str, ...], ...]
   task: str = ''
   is_chief: bool = True
+  input_device: str = ''
 
   @property
   def num_replicas(self) -> int:
@@ -118,11 +124,38 @@ class ReplicaLayout:
         for r in range(num_replicas)))
 
   @classmethod
+  def OnCluster(cls, devices: Sequence[Sequence[str]],
+                input_device: str) -> ReplicaLayout:
+    """R replicas on other hosts' devices, driven in-graph by this process.
+
+    Args:
+      devices: devices[r][k], fully qualified (e.g. from
+        pipeline_cluster.ReplicaPipelineDevices), every row of K devices.
+      input_device: this process's CPU, where global batches are split.
+
+    Raises:
+      ReplicaLayoutError: rows of different lengths, an empty row, or a
+        device used twice.
+    """
+    rows = tuple(tuple(row) for row in devices)
+    if not rows or not rows[0] or len({len(row) for row in rows}) != 1:
+      raise ReplicaLayoutError(
+          f'Every replica needs the same number (>= 1) of cell devices, got '
+          f'{[list(row) for row in rows]}.')
+    flat = [d for row in rows for d in row]
+    if len(set(flat)) != len(flat):
+      raise ReplicaLayoutError(
+          f'A device hosts cells of two replicas in {flat}; give every cell '
+          'a device of its own.')
+    return cls(len(rows[0]), rows, input_device=input_device)
+
+  @classmethod
   def FromStrategy(cls, strategy: tf.distribute.Strategy | None,
                    num_cells: int) -> ReplicaLayout:
     """The layout `strategy` implies (None: one replica, no strategy).
 
-    On one host: ``Plan`` for the strategy's replicas. Multi-worker: every
+    A strategy made by ``MakeStrategy`` of an ``OnCluster`` layout: that
+    layout. On one host: ``Plan`` for the strategy's replicas. Multi-worker: every
     task is one replica on its own first K devices of the strategy's kind
     (GPU or CPU), as TensorFlow lists them once the cluster is up
     (``WorkerGroups``).
@@ -132,6 +165,13 @@ class ReplicaLayout:
     """
     if strategy is None:
       return cls.Plan(1, num_cells)
+    laid_out = _CLUSTER_LAYOUTS.get(strategy)
+    if laid_out is not None:
+      if laid_out.devices_per_replica != num_cells:
+        raise ReplicaLayoutError(
+            f'The strategy was made for {laid_out.devices_per_replica} cells '
+            f'per replica, but the model has {num_cells}.')
+      return laid_out
     if not cluster.IsMultiWorker(strategy):
       return cls.Plan(strategy.num_replicas_in_sync, num_cells)
     kind = tf.DeviceSpec.from_string(
@@ -149,6 +189,19 @@ class ReplicaLayout:
     On CPU devices the strategy reduces through one device
     (ReductionToOneDevice) instead of collective ops.
 
+    An ``OnCluster`` layout gets an in-graph MirroredStrategy over the
+    workers' devices: this process drives every replica, no collective ops
+    (TensorFlow cannot enable them together with remote execution). Its
+    cross-replica sums run on replica 0's strategy device
+    (ReductionToOneDevice(reduce_to_device=that device)): the other
+    replicas' values travel there and back, replica 0's stay put, and the
+    trainer's CPU carries no gradient traffic. TensorFlow refuses to build a
+    MirroredStrategy over several remote tasks while executing eagerly
+    ("In-graph multi-worker training with `MirroredStrategy` is not supported
+    in eager mode"), although its in-graph path with ReductionToOneDevice
+    works in tf.functions; so that strategy is built under a throwaway
+    tf.Graph (its constructor runs no op).
+
     Raises:
       ReplicaLayoutError: a multi-worker layout (its strategy is made at
         start-up: cluster.MakeMultiWorkerStrategy).
@@ -159,6 +212,14 @@ class ReplicaLayout:
           'make its strategy with cluster.MakeMultiWorkerStrategy.')
     if self.num_replicas == 1:
       return None
+    if self.input_device:
+      reduce_to = tf.distribute.ReductionToOneDevice(
+          reduce_to_device=self.strategy_devices[0])
+      with tf.Graph().as_default():  # See above: not while eager.
+        strategy = tf.distribute.MirroredStrategy(self.strategy_devices,
+                                                  cross_device_ops=reduce_to)
+      _CLUSTER_LAYOUTS[strategy] = self
+      return strategy
     cross_device_ops = None  # NCCL (or the strategy's default) on GPUs.
     if all(tf.DeviceSpec.from_string(d).device_type == 'CPU'
            for d in self.strategy_devices):
@@ -177,10 +238,18 @@ class ReplicaLayout:
       lines.append(f'This is task {self.task}' + (
           ' (chief: writes checkpoints, summaries, params.txt).'
           if self.is_chief else '.'))
+    if self.input_device:
+      lines.append(f'Global batches are read and split on {self.input_device}'
+                   '; gradients are summed on '
+                   f'{self.strategy_devices[0]}.')
     for r, row in enumerate(self.devices):
       lines.append(f'Replica {r}: ' + ', '.join(
           f'cell {k} on {d}' for k, d in enumerate(row)))
     return lines
+
+
+# The OnCluster layout each strategy was made from (ReplicaLayout.MakeStrategy).
+_CLUSTER_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def ReplicaId() -> int | None:
@@ -228,6 +297,10 @@ def ReplicaDevices(num_cells: int, all_devices: Sequence[str] | None = None
   if replica is None:
     return None
   strategy = tf.distribute.get_strategy()
+  laid_out = _CLUSTER_LAYOUTS.get(strategy)
+  if all_devices is None and laid_out is not None:
+    return list(ReplicaLayout.FromStrategy(strategy, num_cells)
+                .devices[replica])
   if all_devices is None and cluster.IsMultiWorker(strategy):
     cells = list(ReplicaLayout.FromStrategy(strategy, num_cells)
                  .devices[replica])
@@ -238,6 +311,40 @@ def ReplicaDevices(num_cells: int, all_devices: Sequence[str] | None = None
   num_replicas = tf.distribute.get_replica_context().num_replicas_in_sync
   return list(ReplicaLayout.Plan(num_replicas, num_cells, all_devices)
               .devices[replica])
+
+
+def ClusterReplicaDevices(first_replica: Sequence[str]) -> list[str] | None:
+  """Devices of the current replica's cells, for a pipeline with explicit devices.
+
+  Explicit PipeliningLayer devices are replica 0's cells. Under a strategy
+  made from an ``OnCluster`` layout whose replica 0 runs on
+  `first_replica`, replica r runs on that layout's row r; otherwise None
+  (every replica runs on the explicit devices, as without a strategy).
+  """
+  replica = ReplicaId()
+  if replica is None:
+    return None
+  laid_out = _CLUSTER_LAYOUTS.get(tf.distribute.get_strategy())
+  if laid_out is None or list(laid_out.devices[0]) != list(first_replica):
+    return None
+  return list(laid_out.devices[replica])
+
+
+def ReplicaInput(batch: Any) -> Any:
+  """This replica's input, given what the step was called with.
+
+  Under a strategy of an ``OnCluster`` layout the step gets whole global
+  batches (``DistributeDataset`` leaves them on this process) and every
+  replica cuts its ``ShareOfBatch`` on the layout's input device, so only
+  its share crosses the network. Otherwise `batch` is already this
+  replica's (the strategy split it).
+  """
+  laid_out = _CLUSTER_LAYOUTS.get(tf.distribute.get_strategy())
+  replica = ReplicaId()
+  if laid_out is None or replica is None:
+    return batch
+  with tf.device(laid_out.input_device):
+    return ShareOfBatch(batch, replica, laid_out.num_replicas)
 
 
 def BatchedAllReduce(reduce_op: tf.distribute.ReduceOp, values: Any) -> Any:
@@ -359,10 +466,15 @@ def DistributeDataset(strategy: tf.distribute.Strategy,
   """Splits every global batch of `dataset` across the strategy's replicas.
 
   One host: ``experimental_distribute_dataset`` (TensorFlow re-batches each
-  global batch into R shares). Multi-worker: every task builds the whole
+  global batch into R shares). A strategy of an ``OnCluster`` layout:
+  `dataset` itself, read on this process (``ReplicaInput`` splits each global
+  batch inside the step), so the workers never run the input pipeline.
+  Multi-worker: every task builds the whole
   stream and keeps ``ShareOfBatch`` for its replica, so no task depends on
   file-level sharding and the split is the same whatever the input is.
   """
+  if strategy in _CLUSTER_LAYOUTS:
+    return dataset
   if not cluster.IsMultiWorker(strategy):
     return strategy.experimental_distribute_dataset(dataset)
   num_replicas = strategy.num_replicas_in_sync

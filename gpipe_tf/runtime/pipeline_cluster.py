@@ -59,6 +59,10 @@ class PipelineClusterError(errors.Error, ValueError):
   """The cluster description is malformed or cannot host the pipeline."""
 
 
+class CellLayoutError(PipelineClusterError):
+  """The R x K cells do not fit the workers' devices."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineCluster:
   """A chief (this trainer) and its worker tasks, as 'host:port' addresses."""
@@ -223,27 +227,74 @@ def AssignCells(num_cells: int,
   """Pure: the device of each of K cells over T tasks' device lists.
 
   Task t takes a contiguous block of K // T cells (one more for the first
-  K % T tasks), on its devices 0, 1, ... in order.
+  K % T tasks), on its devices 0, 1, ... in order (``AssignReplicaCells``
+  with one replica).
 
   Raises:
-    PipelineClusterError: a task has fewer devices than its block of cells.
+    CellLayoutError: a task has fewer devices than its block of cells.
+  """
+  return AssignReplicaCells(1, num_cells, task_devices)[0]
+
+
+def AssignReplicaCells(num_replicas: int, num_cells: int,
+                       task_devices: Sequence[Sequence[str]]
+                       ) -> list[list[str]]:
+  """Pure: devices[r][k], the device of cell k of replica r, over T tasks.
+
+  The R x K cells, replica 0's first, are cut into T contiguous blocks
+  (RK // T cells, one more for the first RK % T tasks), task t's on its
+  devices 0, 1, ... in order. So each replica's cells sit on as few tasks as
+  possible, next to each other, and only cell boundaries and the gradient
+  all-reduce cross hosts (R=2, K=2 over 2 tasks of 2 devices; over 4 tasks
+  of 1)::
+
+    task 0: replica 0 cells 0,1 -> 0,1     task 0: replica 0 cell 0 -> 0
+    task 1: replica 1 cells 0,1 -> 0,1     task 1: replica 0 cell 1 -> 0
+                                           task 2: replica 1 cell 0 -> 0
+                                           task 3: replica 1 cell 1 -> 0
+
+  Raises:
+    CellLayoutError: a task has fewer devices than its block of cells (the
+      message says which --num_logical_devices, or how many workers, fit),
+      or R < 1, K < 1, T = 0.
   """
   if num_cells < 1:
-    raise PipelineClusterError(f'num_cells must be >= 1, got {num_cells}.')
+    raise CellLayoutError(f'num_cells must be >= 1, got {num_cells}.')
+  if num_replicas < 1:
+    raise CellLayoutError(f'num_replicas must be >= 1, got {num_replicas}.')
   num_tasks = len(task_devices)
   if not num_tasks:
-    raise PipelineClusterError('The cluster has no worker devices.')
-  devices = []
-  for t, own in enumerate(task_devices):
-    block = num_cells // num_tasks + (t < num_cells % num_tasks)
+    raise CellLayoutError('The cluster has no worker devices.')
+  total = num_replicas * num_cells
+  blocks = [total // num_tasks + (t < total % num_tasks)
+            for t in range(num_tasks)]
+  flat = []
+  for t, (block, own) in enumerate(zip(blocks, task_devices)):
     if block > len(own):
-      raise PipelineClusterError(
-          f'{num_cells} cells over {num_tasks} workers put {block} cells on '
-          f'worker {t}, which has {len(own)} devices ({list(own)}); start '
-          f'each worker with --num_logical_devices={block} (CPU hosts), add '
-          f'workers (up to {num_cells}), or lower num_partitions.')
-    devices.extend(own[:block])
-  return devices
+      raise CellLayoutError(_DoesNotFit(num_replicas, num_cells, t, block,
+                                        task_devices))
+    flat.extend(own[:block])
+  return [flat[r * num_cells:(r + 1) * num_cells]
+          for r in range(num_replicas)]
+
+
+def _DoesNotFit(num_replicas: int, num_cells: int, task: int, block: int,
+                task_devices: Sequence[Sequence[str]]) -> str:
+  """Why R x K cells do not fit, and what would."""
+  total, num_tasks = num_replicas * num_cells, len(task_devices)
+  own = list(task_devices[task])
+  what = (f'{num_cells} cells' if num_replicas == 1 else
+          f'{num_replicas} replicas x {num_cells} cells = {total} cells')
+  fewest = min(len(d) for d in task_devices)
+  workers = (f'use {-(-total // fewest)} workers of {fewest} devices each'
+             if fewest and num_replicas > 1 else
+             f'add workers (up to {total})')
+  lower = ('lower --num_replicas or num_partitions' if num_replicas > 1
+           else 'lower num_partitions')
+  return (f'{what} over {num_tasks} workers put {block} cells on worker '
+          f'{task}, which has {len(own)} devices ({own}); start each worker '
+          f'with --num_logical_devices={block} (CPU hosts), {workers}, or '
+          f'{lower}.')
 
 
 def WorkerDevices(cluster: PipelineCluster,
@@ -274,9 +325,24 @@ def PipelineDevices(num_cells: int, cluster: PipelineCluster,
   See the module docstring for the layout (``AssignCells``).
 
   Raises:
-    PipelineClusterError: the workers have too few devices.
+    CellLayoutError: the workers have too few devices.
   """
   return AssignCells(num_cells, WorkerDevices(cluster, device_names))
+
+
+def ReplicaPipelineDevices(num_replicas: int, num_cells: int,
+                           cluster: PipelineCluster,
+                           device_names: Sequence[str] | None = None
+                           ) -> list[list[str]]:
+  """devices[r][k] of R replicas of a K-cell pipeline on the workers.
+
+  See ``AssignReplicaCells`` for the layout.
+
+  Raises:
+    CellLayoutError: the workers have too few devices.
+  """
+  return AssignReplicaCells(num_replicas, num_cells,
+                            WorkerDevices(cluster, device_names))
 
 
 def WorkerNamedIn(cluster: PipelineCluster,

@@ -223,6 +223,7 @@ class _Runner:
 
   def _ReplicaLossAndGrads(self, batch):
     """_LossAndGrads averaged over replicas (sizes summed), on every replica."""
+    batch = distribute.ReplicaInput(batch)  # A global batch on a cluster.
     loss, metrics, grads, size = self._LossAndGrads(batch)
     loss, metrics, grads = distribute.BatchedAllReduce(
         tf.distribute.ReduceOp.MEAN, (loss, metrics, grads))

@@ -118,28 +118,75 @@ class Cell:
           with random_seeds.StepSeedScope(step_seed), (
               base_layer.RecomputeScope()), normalization.DeferMovingStats():
             ys = tf.nest.flatten(self.Run(structure, xs, training))
-        own = {v.ref() for v in self.variables}
-        variables = list(self.variables) + [
-            v for v in tape.watched_variables()
-            if v.trainable and v.ref() not in own]
-        holder['variables'] = variables
-        pairs = [(y, g) for y, g in zip(ys, gys)
-                 if g is not None and IsFloat(y)]
-        sources = [x for x, w in zip(xs, wanted) if w] + variables
-        if pairs:
-          grads = tape.gradient([y for y, _ in pairs], sources,
-                                output_gradients=[g for _, g in pairs])
-        else:
-          grads = [None] * len(sources)
-        grads = iter(grads)
-        dx = [next(grads) if w else None for w in wanted]
-        dws = list(grads)
-        if prev is not None:
-          dws = [_Sum(g, p) for g, p in zip(dws, prev)]
-        return dx, dws
+        return self._Differentiate(tape, xs, wanted, ys, gys, prev, holder)
       return _Backward
 
     return self._Traced(key, _Make, inline)
+
+  def ForwardBackwardFunction(self, structure: Any, training: bool,
+                              wanted: Sequence[bool],
+                              summed: Sequence[bool] | None,
+                              head: Callable, inline: bool = False
+                              ) -> tuple[Any, dict]:
+    """The forward and its backward in one function, keeping the
+    activations in between instead of recomputing them, as (fn, holder).
+
+    fn(seed, flat, head_args, sums) runs the forward (BatchNorm statistics
+    deferred, as ForwardFunction), then ``head(flat_outputs, *head_args)``
+    -> (output gradients, aux), e.g. the loss of the micro-batch and its
+    gradient, then differentiates the forward against those gradients as
+    BackwardFunction does. It returns (dx, dws, BatchNorm sums, aux); after a
+    trace holder['variables'] and holder['bn'] are as for BackwardFunction
+    and ForwardFunction. The loop of pipeline/schedule_loop.py runs the last
+    stage this way where each backward directly follows its forward.
+    """
+    key = ('forward_backward', _StructKey(structure), training,
+           tuple(wanted), None if summed is None else tuple(summed), head)
+
+    def _Make(holder):
+      def _ForwardBackward(step_seed, xs, head_args, prev):
+        xs = list(xs)
+        with tf.GradientTape() as tape:
+          tape.watch([x for x, w in zip(xs, wanted) if w])
+          with random_seeds.StepSeedScope(step_seed), (
+              normalization.DeferMovingStats()) as stats:
+            ys = tf.nest.flatten(self.Run(structure, xs, training))
+        holder['bn'], bn_sums = stats.Export()
+        gys, aux = head(list(ys), *head_args)
+        dx, dws = self._Differentiate(tape, xs, wanted, ys, gys, prev,
+                                      holder)
+        return dx, dws, bn_sums, aux
+      return _ForwardBackward
+
+    return self._Traced(key, _Make, inline)
+
+  def _Differentiate(self, tape: tf.GradientTape, xs: list,
+                     wanted: Sequence[bool], ys: list, gys: Sequence[Any],
+                     prev: Sequence[Any] | None, holder: dict
+                     ) -> tuple[list, list]:
+    """(dx, dws) of the forward `tape` recorded from `xs` to `ys` against the
+    output gradients `gys`: dx per input (None where not `wanted`), dws per
+    variable read (the cell's own, then any other trainable one, listed in
+    holder['variables']), added to `prev` where given."""
+    own = {v.ref() for v in self.variables}
+    variables = list(self.variables) + [
+        v for v in tape.watched_variables()
+        if v.trainable and v.ref() not in own]
+    holder['variables'] = variables
+    pairs = [(y, g) for y, g in zip(ys, gys)
+             if g is not None and IsFloat(y)]
+    sources = [x for x, w in zip(xs, wanted) if w] + variables
+    if pairs:
+      grads = tape.gradient([y for y, _ in pairs], sources,
+                            output_gradients=[g for _, g in pairs])
+    else:
+      grads = [None] * len(sources)
+    grads = iter(grads)
+    dx = [next(grads) if w else None for w in wanted]
+    dws = list(grads)
+    if prev is not None:
+      dws = [_Sum(g, p) for g, p in zip(dws, prev)]
+    return dx, dws
 
   def BackwardTraced(self, structure: Any, flat: Sequence[Any],
                      dys: Sequence[Any], training: bool, seed: tf.Tensor,

@@ -257,6 +257,7 @@ class FillDrainLoop:
     self.out_specs: list = []
     self.dys: list = []                # per last-cell output: TensorArray
     self.running: list = []            # per cell: RunningSums of its grads
+    self.backward_args: list = []      # per cell: see _BackwardFunctions
 
   # ---- Inputs --------------------------------------------------------------
   def _SplitInputs(self, flat: Sequence[Any]) -> list:
@@ -463,6 +464,9 @@ class FillDrainLoop:
     # gradients; the loop then calls one that adds to running sums.
     functions, accs = [None] * len(self.cells), [None] * len(self.cells)
     self.running = [None] * len(self.cells)
+    # Per cell: (inputs differentiated, sums kept, variables), for functions
+    # that differentiate the cell like its backward (schedule_loop.py).
+    self.backward_args: list = [None] * len(self.cells)
     present, dx_present = present_last, [None] * len(self.cells)
     for k in reversed(range(len(self.cells))):
       cell, specs = self.cells[k], self.in_specs[k]
@@ -485,6 +489,8 @@ class FillDrainLoop:
             self.in_structs[k], self.training, present, wanted_all[k],
             [g is not None for g in dws], inline=True)
         functions[k] = (summed, layout)
+        self.backward_args[k] = (wanted_all[k], [g is not None for g in dws],
+                                 variables)
       dx_present[k] = [g is not None for g in dx]
       present = dx_present[k]
     return functions, accs, dx_present

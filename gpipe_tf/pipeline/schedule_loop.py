@@ -16,11 +16,13 @@ on a device, so they run as one loop, with the loss inside the pipeline:
     reads and what the backward recomputes from; the output gradient is
     what the backward reads. Only boundary tensors cross devices.
   * The last stage computes the loss of micro-batch m and d(loss)/d(outputs)
-    right after its F; every backward recomputes its forward (as remat
-    'always') and adds the weight gradients to running sums the loop
-    carries. A B runs the whole backward and W nothing (as with
-    ``trace_once``): the order is the schedule's, but zero-bubble's W do not
-    fill its bubble.
+    right after its F. Where its backward directly follows that F on the
+    device (every micro-batch of 1F1B's last stage; ticks.Fusable), F, loss
+    and backward run as one action, from the activations just made (remat
+    'always' keeps those too). Every other backward recomputes its forward
+    and adds the weight gradients to running sums the loop carries. A B runs
+    the whole backward and W nothing (as with ``trace_once``): the order is
+    the schedule's, but zero-bubble's W do not fill its bubble.
 
 BatchNorm statistics and loss sums add up in the loop, and dropout seeds are
 FoldIn(step seed, m) as in the unrolled engine, so the results equal it
@@ -55,7 +57,7 @@ class ScheduleLoop(loop_lib.FillDrainLoop):
                schedule: schedule_lib.Schedule, seed: tf.Tensor) -> None:
     super().__init__(cells, schedule.num_micro_batches, True, seed)
     self.schedule = schedule
-    self.table = ticks_lib.Ticks(schedule)
+    self.table = ticks_lib.Ticks(schedule, ticks_lib.Fusable(schedule))
     self.ticks = self.table.num_ticks
     self.overlap = schedule.num_devices
 
@@ -72,7 +74,7 @@ class ScheduleLoop(loop_lib.FillDrainLoop):
     num_stages = len(self.cells)
     last = num_stages - 1
     with tf.device(self.cells[-1].device):
-      label_flat = tf.nest.flatten(labels)
+      label_flat = self.label_flat = tf.nest.flatten(labels)
       label_tas = [loop_lib.TensorArrayOf(
           loop_lib.SpecOf(x, self.batch), self.m).split(x, self.sizes)
                    if loop_lib.HasBatch(x) else x for x in label_flat]
@@ -80,6 +82,7 @@ class ScheduleLoop(loop_lib.FillDrainLoop):
                                                   loss_fn)
     functions, accs, dx_present = self._BackwardFunctions(
         [g is not None for g in dys0], False)
+    fused = self._ForwardBackwardFunction(loss_step)
 
     # Per stage: forward inputs by micro-batch (stage 0 reads the split
     # inputs), output gradients by micro-batch, and the carries.
@@ -163,6 +166,22 @@ class ScheduleLoop(loop_lib.FillDrainLoop):
         dx_s = dx
       return y_s, dx_s, acc, bn, dys, total
 
+    def _ForwardBackward(s, m, inbox_x, state):
+      """F(s, m), its loss and its backward as one action (s is last)."""
+      y_s, dx_s, acc, bn, dys, total = state
+      label_m = [ta.read(m) if isinstance(ta, tf.TensorArray) else ta
+                 for ta in label_tas]
+      dx, dws, sums, sums_m = fused(
+          random_seeds.FoldIn(self.seeds[s], m), _Inputs(s, m, inbox_x),
+          [label_m], self.running[s].Read(acc))
+      acc = self.running[s].Write(acc, dws)
+      bn = [[a + b for a, b in zip(acc_s, new)]
+            for acc_s, new in zip(bn, sums)]
+      total = tf.nest.map_structure(tf.add, total, sums_m)
+      if s > 0:
+        dx_s = list(dx)
+      return y_s, dx_s, acc, bn, dys, total
+
     def _Body(t, inbox_x, inbox_dy, carry_y, carry_dx, accs, bns, dys,
               total):
       inbox_x, inbox_dy = list(inbox_x), list(inbox_dy)
@@ -180,20 +199,26 @@ class ScheduleLoop(loop_lib.FillDrainLoop):
                     total if s == last else None) for s in on_d]
           compact = loop_lib.Compact(state)
 
-          def _Run(j, backward, state=state, compact=compact, on_d=on_d,
+          def _Run(j, kind, state=state, compact=compact, on_d=on_d,
                    m=m):
             s = on_d[j]
             new = list(state)
-            if backward:
+            if kind == 'B':
               new[j] = _Backward(s, m, inbox_x, inbox_dy, state[j])
-            else:
+            elif kind == 'F':
               new[j] = _Forward(s, m, inbox_x, state[j])
+            else:
+              new[j] = _ForwardBackward(s, m, inbox_x, state[j])
             return compact.Values(new)
 
+          # Branch ids as ticks.TickTable.Branches numbers them.
           branches = [compact.Values]
           for j in range(len(on_d)):
-            branches.append(lambda j=j, run=_Run: run(j, False))
-            branches.append(lambda j=j, run=_Run: run(j, True))
+            branches.append(lambda j=j, run=_Run: run(j, 'F'))
+            branches.append(lambda j=j, run=_Run: run(j, 'B'))
+          if last in on_d and self.table.fused:
+            branches.append(
+                lambda j=on_d.index(last), run=_Run: run(j, 'FB'))
           new = compact.Pack(tf.switch_case(tf.gather(branch[d], t),
                                             branches))
           for s, (y_s, dx_s, acc, bn, dys_s, total_s) in zip(on_d, new):
@@ -211,3 +236,29 @@ class ScheduleLoop(loop_lib.FillDrainLoop):
       for layer, stats in zip(holder.get('bn', []), bns[s]):
         bn_stats.Add(layer, *stats)
     return total, self._Gradients(functions, accs)
+
+  def _ForwardBackwardFunction(self, loss_step: Any) -> Any:
+    """The last stage's forward, loss and backward as one function
+    (Cell.ForwardBackwardFunction), for the ticks that fuse them; None when
+    none do. Its weight gradients are summed in the backward's order."""
+    if not self.table.fused:
+      return None
+    last = len(self.cells) - 1
+    cell = self.cells[last]
+    wanted, summed, variables = self.backward_args[last]
+    function, holder = cell.ForwardBackwardFunction(
+        self.in_structs[last], True, wanted, summed, loss_step, inline=True)
+    seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
+    with tf.device(cell.device):
+      function.get_concrete_function(
+          seed_spec, list(self.in_specs[last]),
+          [[loop_lib.SpecOf(x, self.batch) for x in self.label_flat]],
+          [None if z is None else tf.TensorSpec(z.shape, z.dtype)
+           for z in self.running[last].zeros])
+    if [v.ref() for v in holder['variables']] != [v.ref() for v in variables]:
+      raise ValueError(
+          f'cell {last} reads other variables in its forward '
+          f'({[v.name for v in holder["variables"]]}) than in its '
+          f'rematerialised backward ({[v.name for v in variables]}); '
+          'please report this with the model.')
+    return function

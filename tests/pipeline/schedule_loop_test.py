@@ -1,14 +1,19 @@
 """Every schedule as one loop (schedule_loop.py): the unrolled engine's results, a graph that does not grow with M."""
 
+import collections
+
+import numpy as np
 import test_utils  # pylint: disable=g-bad-import-order
 
 test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loop as loop_lib
+from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule_loop as schedule_loop_lib
 
 import schedule_transparency_test as st  # pylint: disable=g-import-not-at-top
@@ -91,6 +96,56 @@ class LossAndGradientsTest(tf.test.TestCase):
                                    for f in graph.library.function)
 
     self.assertEqual(_Ops(2), _Ops(8))
+
+
+class _RecomputeCountingFc(core.FCLayer):
+  """An FCLayer that counts, as the step runs, the forwards it recomputes
+  (a py_function in the recompute's trace, added to the output as 0)."""
+
+  runs = collections.Counter()
+
+  def FProp(self, x, training=False):
+    y = super().FProp(x, training=training)
+    if base_layer.InRecompute():
+      name = self.p.name
+
+      def _Tick():
+        _RecomputeCountingFc.runs[name] += 1
+        return np.float32(0)
+
+      y += tf.stop_gradient(tf.py_function(_Tick, [], tf.float32))
+    return y
+
+
+class RecomputeTest(tf.test.TestCase):
+
+  def _Recomputed(self, schedule, k, m):
+    layers = [_RecomputeCountingFc.Params().Set(
+        name=f'fc{i}', input_dim=8, output_dim=8, activation='TANH')
+              for i in range(k)]
+    pipe = _Pipe(layers, k, m, schedule)
+    x = tf.random.stateless_normal([8, 8], [3, 3])
+    y = tf.zeros([8])
+    _RecomputeCountingFc.runs.clear()
+    loss_fn = lambda out, _: loss_lib.LossTerms(tf.reduce_sum(out, -1))
+    step = tf.function(lambda: pipe.ComputeLossAndGradients(x, y, loss_fn))
+    step()
+    return pipe, dict(_RecomputeCountingFc.runs)
+
+  def testLastStageRunsForwardLossAndBackwardAsOne(self):
+    # 1F1B's last stage runs BW(m) right after F(m): the loop keeps those
+    # activations (as remat 'always' does unrolled) and recomputes the rest.
+    pipe, runs = self._Recomputed('1f1b', 2, 4)
+    self.assertEqual(runs, {'fc0': 4})
+    self.assertEqual([pipe._Remat(s, m) for s in range(2) for m in range(4)],  # pylint: disable=protected-access
+                     [True] * 4 + [False] * 4)
+    _, runs = self._Recomputed('1f1b', 4, 3)
+    self.assertEqual(runs, {'fc0': 3, 'fc1': 3, 'fc2': 3})
+    # GPipe's two loops recompute every forward, and the partitioner is
+    # told so.
+    pipe, runs = self._Recomputed('gpipe', 2, 3)
+    self.assertEqual(runs, {'fc0': 3, 'fc1': 3})
+    self.assertTrue(all(pipe._Remat(s, m) for s in range(2) for m in range(3)))  # pylint: disable=protected-access
 
 
 class LayoutTest(tf.test.TestCase):

@@ -66,6 +66,55 @@ class TicksTest(unittest.TestCase):
     idle = sum(row.count(0) for row in branch)
     self.assertEqual(idle, 2 * table.num_ticks - len(table.tick))
 
+  def testFusableIsTheLastStagesForwardsFollowedByTheirBackward(self):
+    self.assertEqual(ticks.Fusable(schedule.Make('1f1b', 2, 3)),
+                     {(1, 0), (1, 1), (1, 2)})
+    # GPipe: only the last micro-batch's backward follows its F at once.
+    self.assertEqual(ticks.Fusable(schedule.Make('gpipe', 4, 3)), {(3, 2)})
+    self.assertEqual(
+        ticks.Fusable(schedule.Make('interleaved_1f1b', 2, 4, 2)),
+        {(3, m) for m in range(4)})
+    with self.assertRaisesRegex(schedule.ScheduleError,
+                                r"cannot fuse \[\(0, 0\)\].*last stage"):
+      ticks.Ticks(schedule.Make('1f1b', 2, 3), {(0, 0)})
+
+  def testFusedPairRunsInItsForwardsTick(self):
+    for sched in _Layouts():
+      fused = ticks.Fusable(sched)
+      with self.subTest(sched=sched):
+        table = ticks.Ticks(sched, fused)
+        plain = ticks.Ticks(sched)
+        self.assertLessEqual(table.num_ticks, plain.num_ticks)
+        stages = [sched.StagesOn(d) for d in range(sched.num_devices)]
+        branch, _ = table.Branches(stages)
+        got_y, got_dx = table.Receipts(sched.num_stages)
+        for d, acts in enumerate(sched.actions):
+          run = [a for a in acts if a.kind != schedule.W and not (
+              a.kind != schedule.F and (a.stage, a.micro_batch) in fused)]
+          self.assertEqual(run, [a for a in table.grid[d] if a is not None])
+          times = [table.tick[a] for a in run]
+          self.assertEqual(times, sorted(set(times)))
+        for act, t in table.tick.items():
+          d = sched.DeviceOf(act.stage)
+          pair = (act.stage, act.micro_batch)
+          if pair in fused:
+            f = schedule.Action(schedule.F, *pair)
+            self.assertEqual(t, table.tick[f])
+            self.assertEqual(branch[d][t], 1 + 2 * len(stages[d]))
+            if act.kind != schedule.F and act.stage > 0:
+              self.assertEqual(got_dx[act.stage - 1][t + 1],
+                               act.micro_batch)
+          for dep in sched.Dependencies(act):
+            if dep.kind == schedule.W:
+              continue
+            same = (dep.stage, dep.micro_batch) == pair and pair in fused
+            self.assertLessEqual(table.tick[dep] + (0 if same else 1), t)
+    # 1F1B, K=4, M=8: the last device's 8 B ticks go; 22 -> 20 ticks.
+    sched = schedule.Make('1f1b', 4, 8)
+    self.assertEqual(
+        [ticks.Ticks(sched).num_ticks,
+         ticks.Ticks(sched, ticks.Fusable(sched)).num_ticks], [22, 20])
+
 
 if __name__ == '__main__':
   unittest.main()

@@ -13,7 +13,10 @@ configuration after another):
   * steady step: after --warmup more steps of every mode, --steps rounds in
     which each mode of the same M runs one step in turn; the median (so a
     slow spell of the machine slows every mode alike);
-  * graph ops: the number of ops in the traced step's graph.
+  * graph ops: the number of ops in the traced step's graph;
+  * steady step CPU: the process's CPU seconds per steady step (all threads;
+    the median of the same rounds): the work a step costs, which another
+    process's load moves much less than wall time.
 
     python -m tools.trace_cost                      # K=4, M in {4, 32}, 8 blocks
     python -m tools.trace_cost --modes=trace_once,loop --micro_batches=4,8,32
@@ -95,19 +98,29 @@ def Build(k: int, m: int, mode: str) -> tuple[dict, object]:
           'first_step_s': first, 'graph_ops': ops}, _Step
 
 
-def SteadySteps(steps: list, warmup: int, rounds: int) -> list[float]:
-  """Median seconds per step of each of `steps`, timed in interleaved rounds
-  after `warmup` untimed steps of each."""
+def SteadySteps(steps: list, warmup: int, rounds: int
+                ) -> list[tuple[float, float]]:
+  """(wall, CPU) median seconds per step of each of `steps`, timed in
+  interleaved rounds after `warmup` untimed steps of each.
+
+  CPU seconds are the process's, over all its threads (time.process_time):
+  the work a step costs, whatever runs beside it. Wall time also shows how
+  well the devices overlap, but moves with the machine's load; CPU time
+  moves much less.
+  """
   for _ in range(warmup):
     for step in steps:
       step().numpy()
   times = [[] for _ in steps]
+  cpu = [[] for _ in steps]
   for _ in range(rounds):
     for i, step in enumerate(steps):
-      start = time.perf_counter()
+      start, start_cpu = time.perf_counter(), time.process_time()
       step().numpy()
       times[i].append(time.perf_counter() - start)
-  return [statistics.median(ts) for ts in times]
+      cpu[i].append(time.process_time() - start_cpu)
+  return [(statistics.median(ts), statistics.median(cs))
+          for ts, cs in zip(times, cpu)]
 
 
 def main(argv):
@@ -122,18 +135,19 @@ def main(argv):
     built = [Build(_K.value, int(m), mode) for mode in _MODES.value]
     steady = SteadySteps([step for _, step in built], _WARMUP.value,
                          _STEPS.value)
-    for (row, _), seconds in zip(built, steady):
-      rows.append(dict(row, steady_step_s=seconds))
+    for (row, _), (seconds, cpu) in zip(built, steady):
+      rows.append(dict(row, steady_step_s=seconds, steady_step_cpu_s=cpu))
   print(f'K={_K.value}, {_BLOCKS.value} Transformer blocks (d={_DIM.value}, '
         f'T={_SEQ.value}), batch {_BATCH.value}, schedule {_SCHEDULE.value}, '
         f'remat {_REMAT.value}')
   print('| M | mode | tracing (s) | first step incl. tracing (s) | '
-        'steady step (ms) | graph ops |')
-  print('|---|---|---|---|---|---|')
+        'steady step (ms) | graph ops | steady step CPU (ms) |')
+  print('|---|---|---|---|---|---|---|')
   for r in rows:
     print(f"| {r['num_micro_batches']} | {r['mode']} | "
           f"{r['trace_s']:.1f} | {r['first_step_s']:.1f} | "
-          f"{1000 * r['steady_step_s']:.0f} | {r['graph_ops']} |")
+          f"{1000 * r['steady_step_s']:.0f} | {r['graph_ops']} | "
+          f"{1000 * r['steady_step_cpu_s']:.0f} |")
   by = {(r['num_micro_batches'], r['mode']): r for r in rows}
   lo, hi = min(int(m) for m in _M.value), max(int(m) for m in _M.value)
   for mode in _MODES.value:
@@ -142,10 +156,12 @@ def main(argv):
           '(target <= 1.5x)')
   if 'unrolled' in _MODES.value:
     for m in sorted({int(m) for m in _M.value}):
-      base = by[(m, 'unrolled')]['steady_step_s']
-      print(f'M={m}: steady step / unrolled: ' + ', '.join(
-          f"{mode} {by[(m, mode)]['steady_step_s'] / base:.2f}x"
-          for mode in _MODES.value if mode != 'unrolled'))
+      for key, what in [('steady_step_s', 'steady step'),
+                        ('steady_step_cpu_s', 'CPU per step')]:
+        base = by[(m, 'unrolled')][key]
+        print(f'M={m}: {what} / unrolled: ' + ', '.join(
+            f"{mode} {by[(m, mode)][key] / base:.2f}x"
+            for mode in _MODES.value if mode != 'unrolled'))
 
 
 if __name__ == '__main__':

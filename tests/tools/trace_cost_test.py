@@ -19,8 +19,9 @@ class TraceCostTest(tf.test.TestCase):
          '--batch_size=8', '--steps=1', '--warmup=0'],
         cwd=test_utils.REPO_ROOT, capture_output=True, text=True, check=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')).stdout
-    rows = re.findall(r'^\| (\d+) \| (\w+) \| [\d.]+ \| [\d.]+ \| \d+ \| (\d+) \|$',
-                      out, re.MULTILINE)
+    rows = re.findall(
+        r'^\| (\d+) \| (\w+) \| [\d.]+ \| [\d.]+ \| \d+ \| (\d+) \| \d+ \|$',
+        out, re.MULTILINE)
     ops = {(int(m), mode): int(n) for m, mode, n in rows}
     self.assertCountEqual(ops, [(m, mode) for m in (2, 4) for mode in
                                 ('unrolled', 'trace_once', 'loop')])
@@ -29,6 +30,7 @@ class TraceCostTest(tf.test.TestCase):
     for mode in ('unrolled', 'trace_once', 'loop'):
       self.assertIn(f'{mode}: first step at M=4 / M=2:', out)
     self.assertIn('M=2: steady step / unrolled: trace_once', out)
+    self.assertIn('M=2: CPU per step / unrolled: trace_once', out)
 
   def testUnknownModeIsAUsageError(self):
     run = subprocess.run(

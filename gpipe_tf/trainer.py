@@ -134,7 +134,9 @@ flags.DEFINE_integer('num_replicas', 0,
                      'of the global batch (train batch_size) on its own K '
                      'devices (K: the PipeliningLayer num_partitions), so '
                      'R x K devices are needed. 0 (default): every device, '
-                     'R = devices // K. 1: no strategy.')
+                     'R = devices // K. 1: no strategy. With '
+                     '--pipeline_cluster: R replicas on the workers\' '
+                     'devices (0 means 1 there).')
 flags.DEFINE_bool('debug', False,
                   'On an error, print its traceback before the one-line '
                   'message.')

@@ -26,7 +26,20 @@ on that task's own devices (never on another task's)
   ...                                (GPU:k instead of CPU:k on GPU hosts)
 
 The strategy has one device per task (its device 0) and all-reduces the
-gradients with collective ops. Every task reads the whole stream of global
+gradients with collective ops.
+
+A pipeline cluster (gpipe_tf.runtime.pipeline_cluster: one trainer process,
+cells on worker servers): ``ReplicaLayout.OnCluster`` takes the rows the
+cluster's layout gives, e.g. R=2, K=2 on 2 workers of 2 devices::
+
+  replica 0:  /job:worker/replica:0/task:0/device:CPU:0, CPU:1
+  replica 1:  /job:worker/replica:0/task:1/device:CPU:0, CPU:1
+
+and ``MakeStrategy`` gives an in-graph MirroredStrategy over each replica's
+first device that this one process drives, without collective ops: sums go
+through replica 0's first device (ReductionToOneDevice). The trainer keeps
+the input: the step gets whole global batches and each replica cuts its
+rows on the trainer's CPU (``ReplicaInput``). Every task reads the whole stream of global
 batches and keeps its share (``ShareOfBatch``: contiguous rows, replica r's
 after replica r-1's), so W replicas train like one device on the global
 batch (``DistributeDataset``).

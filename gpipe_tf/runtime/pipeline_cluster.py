@@ -27,10 +27,14 @@ for the workers with a deadline, ``FailedWorker`` names the worker behind an
 error raised by a step, and gpipe_tf.runtime.worker_health has the health
 checks, the background monitor and the one-line messages.
 
-Not supported (deliberately): data parallelism on top (TensorFlow cannot
-enable remote execution and collective ops in one process, and a
-PipeliningLayer with explicit devices runs every replica on them), a chief
-hosting cells, and elasticity (a lost worker ends the run; restart it and
+Data parallelism on top: ``ReplicaPipelineDevices`` lays R replicas x K
+cells out the same way (``AssignReplicaCells``: replica 0's cells first, in
+contiguous blocks), and gpipe_tf.runtime.distribute.ReplicaLayout.OnCluster
+makes the in-graph MirroredStrategy this one process drives (no collective
+ops: TensorFlow cannot enable them together with remote execution).
+
+Not supported (deliberately): a chief hosting cells, TF_CONFIG multi-worker
+training tasks on top, and elasticity (a lost worker ends the run; restart it and
 rerun the trainer, which resumes from its newest checkpoint).
 """
 

@@ -8,8 +8,6 @@ import json  # pylint: disable=g-import-not-at-top
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +19,7 @@ from gpipe_tf.runtime import pipeline_cluster
 from gpipe_tf.train import loop
 import pipeline_cluster_replicas_client as client_lib  # pylint: disable=g-bad-import-order
 import pipeline_cluster_client as fc  # pylint: disable=g-bad-import-order
-from pipeline_cluster_test import _Cluster, _Env, _Read, _Trainer, _Workers  # pylint: disable=g-bad-import-order
+from pipeline_cluster_test import RunClient, _Cluster, _Trainer, _Workers  # pylint: disable=g-bad-import-order
 
 _REPO_ROOT = test_utils.REPO_ROOT
 _CLIENT = client_lib.__file__
@@ -92,13 +90,7 @@ class ReplicasOnWorkersTest(tf.test.TestCase):
 
   def _RunClient(self, cluster):
     out_dir = self.get_temp_dir()
-    log = os.path.join(out_dir, 'client.log')
-    with open(log, 'w') as f:
-      client = subprocess.run(
-          [sys.executable, _CLIENT, cluster, out_dir], cwd=_REPO_ROOT,
-          env=dict(_Env(), PYTHONPATH=_REPO_ROOT), stdout=f,
-          stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
-    self.assertEqual(client.returncode, 0, _Read(log)[-3000:])
+    RunClient(self, _CLIENT, cluster, out_dir)
     with open(os.path.join(out_dir, 'placement.json')) as f:
       placement = json.load(f)
     return out_dir, np.load(os.path.join(out_dir, 'results.npz')), placement

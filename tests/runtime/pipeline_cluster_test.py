@@ -46,6 +46,18 @@ def _Read(path):
     return f.read()
 
 
+def RunClient(test, client, cluster, out_dir):
+  """Runs the chief script `client` on `cluster`, writing to `out_dir`;
+  fails `test` with the end of its log if it does not exit 0."""
+  log = os.path.join(out_dir, 'client.log')
+  with open(log, 'w') as f:
+    run = subprocess.run(
+        [sys.executable, client, cluster, out_dir], cwd=_REPO_ROOT,
+        env=dict(_Env(), PYTHONPATH=_REPO_ROOT), stdout=f,
+        stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
+  test.assertEqual(run.returncode, 0, _Read(log)[-3000:])
+
+
 class _Workers:
   """serve_worker processes of one cluster, killed at the test's cleanup."""
 
@@ -213,13 +225,7 @@ class RemoteCellsTest(tf.test.TestCase):
     cluster = _Cluster(2)
     _Workers(self, cluster, num_logical_devices=2)
     out_dir = self.get_temp_dir()
-    log = os.path.join(out_dir, 'client.log')
-    with open(log, 'w') as f:
-      client = subprocess.run(
-          [sys.executable, _CLIENT, cluster, out_dir], cwd=_REPO_ROOT,
-          env=dict(_Env(), PYTHONPATH=_REPO_ROOT), stdout=f,
-          stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
-    self.assertEqual(client.returncode, 0, _Read(log)[-3000:])
+    RunClient(self, _CLIENT, cluster, out_dir)
     got = np.load(os.path.join(out_dir, 'results.npz'))
     with open(os.path.join(out_dir, 'placement.json')) as f:
       placement = json.load(f)

@@ -16,6 +16,7 @@ from gpipe_tf.pipeline import loop as loop_lib
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule_loop as schedule_loop_lib
 
+import executor_test as ex  # pylint: disable=g-import-not-at-top
 import schedule_transparency_test as st  # pylint: disable=g-import-not-at-top
 
 # (schedule, K, V): every library schedule, on 2 and 4 devices.
@@ -146,6 +147,33 @@ class RecomputeTest(tf.test.TestCase):
     pipe, runs = self._Recomputed('gpipe', 2, 3)
     self.assertEqual(runs, {'fc0': 3, 'fc1': 3})
     self.assertTrue(all(pipe._Remat(s, m) for s in range(2) for m in range(3)))  # pylint: disable=protected-access
+
+
+class SharedVariableTest(tf.test.TestCase):
+
+  def testVariableReadInTwoCellsGetsBothGradients(self):
+    # The last stage's fused forward-and-backward must sum a variable no
+    # layer owns in the same place as its rematerialising backward does.
+    ex._SHARED['v'] = tf.Variable(tf.fill([8], 1.5), name='shared')  # pylint: disable=protected-access
+    layers = [ex._Fc(0), ex._SharedScale.Params().Set(name='s0'), ex._Fc(1),  # pylint: disable=protected-access
+              ex._SharedScale.Params().Set(name='s1')]  # pylint: disable=protected-access
+    x = tf.random.stateless_normal([6, 8], [5, 5])
+    loss_fn = lambda y, _: loss_lib.LossTerms(tf.reduce_sum(tf.sin(y), -1))
+    seq = ex._Build(layers, False)  # pylint: disable=protected-access
+    variables = list(seq.trainable_variables) + [ex._SHARED['v']]  # pylint: disable=protected-access
+    want = [g / 6.0 for g in ex._TapeGrads(seq, x, variables)]  # pylint: disable=protected-access
+    for name in ('1f1b', 'gpipe'):
+      with self.subTest(schedule=name):
+        pipe = _Pipe(layers, 2, 3, name)
+        got, built = _Looped(lambda p=pipe: tf.function(
+            lambda: p.ComputeLossAndGradients(
+                x, tf.zeros([6]), loss_fn,
+                variables=list(p.trainable_variables) + [ex._SHARED['v']])  # pylint: disable=protected-access
+            )()[2])
+        self.assertEqual(built, int(name == '1f1b'))
+        self.assertIsNotNone(got[-1])
+        for a, b in zip(want, got):
+          self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
 
 
 class LayoutTest(tf.test.TestCase):

@@ -21,6 +21,7 @@ configuration after another):
     python -m tools.trace_cost                      # K=4, M in {4, 32}, 8 blocks
     python -m tools.trace_cost --modes=trace_once,loop --micro_batches=4,8,32
     python -m tools.trace_cost --schedule=1f1b --micro_batches=4,8,32
+    python -m tools.trace_cost --schedule=interleaved_1f1b --virtual_stages=2
 
 Ratios within one run are what count on a shared machine (the targets: first
 step at M=32 within 1.5x of M=4; steady step no worse than the unrolled
@@ -46,6 +47,8 @@ _STEPS = flags.DEFINE_integer(
     'the modes of one M.')
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps before them.')
 _SCHEDULE = flags.DEFINE_string('schedule', 'gpipe', 'Pipeline schedule.')
+_V = flags.DEFINE_integer(
+    'virtual_stages', 1, 'V: cells per device (interleaved_1f1b), K x V cells.')
 _REMAT = flags.DEFINE_string('remat', 'always', 'Remat policy.')
 _MODES = flags.DEFINE_list(
     'modes', ['unrolled', 'trace_once', 'loop'],
@@ -71,6 +74,7 @@ def Build(k: int, m: int, mode: str) -> tuple[dict, object]:
   pipe = PipeliningLayer.Params().Set(
       name='net', layers=blocks, num_partitions=k, num_micro_batches=m,
       remat=_REMAT.value, schedule=_SCHEDULE.value,
+      num_virtual_stages=_V.value,
       input_shapes=[(None, t, d), (None, t)], **_MODE_PARAMS[mode]
   ).Instantiate()
   x = tf.random.stateless_normal([n, t, d], [1, 2])
@@ -138,7 +142,8 @@ def main(argv):
     for (row, _), (seconds, cpu) in zip(built, steady):
       rows.append(dict(row, steady_step_s=seconds, steady_step_cpu_s=cpu))
   print(f'K={_K.value}, {_BLOCKS.value} Transformer blocks (d={_DIM.value}, '
-        f'T={_SEQ.value}), batch {_BATCH.value}, schedule {_SCHEDULE.value}, '
+        f'T={_SEQ.value}), batch {_BATCH.value}, schedule {_SCHEDULE.value}'
+        f"{f' V={_V.value}' if _V.value > 1 else ''}, "
         f'remat {_REMAT.value}')
   print('| M | mode | tracing (s) | first step incl. tracing (s) | '
         'steady step (ms) | graph ops | steady step CPU (ms) |')

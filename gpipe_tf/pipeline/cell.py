@@ -113,11 +113,8 @@ class Cell:
     def _Make(holder):
       def _Backward(step_seed, xs, gys, prev):
         xs = list(xs)
-        with tf.GradientTape() as tape:
-          tape.watch([x for x, w in zip(xs, wanted) if w])
-          with random_seeds.StepSeedScope(step_seed), (
-              base_layer.RecomputeScope()), normalization.DeferMovingStats():
-            ys = tf.nest.flatten(self.Run(structure, xs, training))
+        tape, ys, _ = self._Recorded(structure, xs, wanted, training,
+                                     step_seed, recompute=True)
         return self._Differentiate(tape, xs, wanted, ys, gys, prev, holder)
       return _Backward
 
@@ -146,11 +143,8 @@ class Cell:
     def _Make(holder):
       def _ForwardBackward(step_seed, xs, head_args, prev):
         xs = list(xs)
-        with tf.GradientTape() as tape:
-          tape.watch([x for x, w in zip(xs, wanted) if w])
-          with random_seeds.StepSeedScope(step_seed), (
-              normalization.DeferMovingStats()) as stats:
-            ys = tf.nest.flatten(self.Run(structure, xs, training))
+        tape, ys, stats = self._Recorded(structure, xs, wanted, training,
+                                         step_seed, recompute=False)
         holder['bn'], bn_sums = stats.Export()
         gys, aux = head(list(ys), *head_args)
         dx, dws = self._Differentiate(tape, xs, wanted, ys, gys, prev,
@@ -159,6 +153,21 @@ class Cell:
       return _ForwardBackward
 
     return self._Traced(key, _Make, inline)
+
+  def _Recorded(self, structure: Any, xs: list, wanted: Sequence[bool],
+                training: bool, step_seed: tf.Tensor, recompute: bool
+                ) -> tuple[tf.GradientTape, list, Any]:
+    """Runs the layers on `xs` under a tape that watches the `wanted` inputs,
+    with BatchNorm statistics deferred (and, if `recompute`, in a
+    RecomputeScope): (the tape, the flat outputs, the deferral)."""
+    scope = (base_layer.RecomputeScope() if recompute else
+             contextlib.nullcontext())
+    with tf.GradientTape() as tape:
+      tape.watch([x for x, w in zip(xs, wanted) if w])
+      with random_seeds.StepSeedScope(step_seed), scope, (
+          normalization.DeferMovingStats()) as stats:
+        ys = tf.nest.flatten(self.Run(structure, xs, training))
+    return tape, ys, stats
 
   def _Differentiate(self, tape: tf.GradientTape, xs: list,
                      wanted: Sequence[bool], ys: list, gys: Sequence[Any],

@@ -464,8 +464,8 @@ class FillDrainLoop:
     # gradients; the loop then calls one that adds to running sums.
     functions, accs = [None] * len(self.cells), [None] * len(self.cells)
     self.running = [None] * len(self.cells)
-    # Per cell: (inputs differentiated, sums kept, variables), for functions
-    # that differentiate the cell like its backward (schedule_loop.py).
+    # Per cell: (inputs differentiated, variables), for functions that
+    # differentiate the cell like its backward (schedule_loop.py).
     self.backward_args: list = [None] * len(self.cells)
     present, dx_present = present_last, [None] * len(self.cells)
     for k in reversed(range(len(self.cells))):
@@ -489,8 +489,7 @@ class FillDrainLoop:
             self.in_structs[k], self.training, present, wanted_all[k],
             [g is not None for g in dws], inline=True)
         functions[k] = (summed, layout)
-        self.backward_args[k] = (wanted_all[k], [g is not None for g in dws],
-                                 variables)
+        self.backward_args[k] = (wanted_all[k], variables)
       dx_present[k] = [g is not None for g in dx]
       present = dx_present[k]
     return functions, accs, dx_present

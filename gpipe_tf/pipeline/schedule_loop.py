@@ -245,16 +245,18 @@ class ScheduleLoop(loop_lib.FillDrainLoop):
       return None
     last = len(self.cells) - 1
     cell = self.cells[last]
-    wanted, summed, variables = self.backward_args[last]
+    wanted, variables = self.backward_args[last]
+    zeros = self.running[last].zeros
     function, holder = cell.ForwardBackwardFunction(
-        self.in_structs[last], True, wanted, summed, loss_step, inline=True)
+        self.in_structs[last], True, wanted, [z is not None for z in zeros],
+        loss_step, inline=True)
     seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
     with tf.device(cell.device):
       function.get_concrete_function(
           seed_spec, list(self.in_specs[last]),
           [[loop_lib.SpecOf(x, self.batch) for x in self.label_flat]],
           [None if z is None else tf.TensorSpec(z.shape, z.dtype)
-           for z in self.running[last].zeros])
+           for z in zeros])
     if [v.ref() for v in holder['variables']] != [v.ref() for v in variables]:
       raise ValueError(
           f'cell {last} reads other variables in its forward '

@@ -6,11 +6,15 @@ import unittest
 from gpipe_tf.pipeline import schedule
 from gpipe_tf.pipeline.schedule import Action
 from gpipe_tf.pipeline.schedule import library
+from gpipe_tf.pipeline.schedule import vshape
 from gpipe_tf.pipeline.schedule import ScheduleError
 
-# Whether each library schedule supports V > 1 stages per device.
-_VIRTUAL = {'gpipe': True, '1f1b': False, 'interleaved_1f1b': True, 'zb_h1': False}
-_SPLIT = {'zb_h1'}  # Schedules that run the backward as B + W.
+# The stages per device V each library schedule takes.
+_VIRTUAL = {'gpipe': (1, 2, 3), '1f1b': (1,), 'interleaved_1f1b': (1, 2, 3),
+            'zb_h1': (1,), 'zbv': (2,), 'dualpipe_v': (2,)}
+_SPLIT = {'zb_h1', 'zbv'}  # Schedules that run every backward as B + W.
+_MIXED = {'dualpipe_v'}  # Some backwards as BW, some as B + W.
+_V_SHAPED = {'zbv', 'dualpipe_v'}  # Stage s on device min(s, 2K-1-s).
 
 
 def _Labels(sched, device):
@@ -19,11 +23,21 @@ def _Labels(sched, device):
 
 
 def _Cases():
-  for name in _VIRTUAL:
+  for name, vs in _VIRTUAL.items():
     for k in range(1, 6):
-      for m in range(1, 10):
-        for v in (range(1, 4) if _VIRTUAL[name] else (1,)):
+      # The V-shaped ones up to M = 16; dualpipe_v needs M >= 2K.
+      for m in range(1, 17 if name in _V_SHAPED else 10):
+        if name == 'dualpipe_v' and m < 2 * k:
+          continue
+        for v in vs:
           yield name, k, m, v
+
+
+def _Placement(name, k, v):
+  """The device of every stage: V-shaped or s % K."""
+  if name in _V_SHAPED:
+    return [min(s, 2 * k - 1 - s) for s in range(2 * k)]
+  return [s % k for s in range(k * v)]
 
 
 class RegistryTest(unittest.TestCase):
@@ -40,8 +54,8 @@ class RegistryTest(unittest.TestCase):
   def testVirtualStagesOnlyWhereSupported(self):
     for name in ('1f1b', 'zb_h1'):
       with self.assertRaisesRegex(
-          ScheduleError, 'num_virtual_stages=2 needs one of: gpipe, '
-          'interleaved_1f1b$', msg=name):
+          ScheduleError, 'num_virtual_stages=2 needs one of: dualpipe_v, gpipe, '
+          'interleaved_1f1b, zbv$', msg=name):
         schedule.Make(name, 2, 4, 2)
 
   def testBadSizes(self):
@@ -80,6 +94,10 @@ class DocstringTest(unittest.TestCase):
                       ('zb_h1', library._ZeroBubbleH1.__doc__)):
       for row in schedule.Make(name, 3, 4).ToAscii().splitlines():
         self.assertIn(row, doc, msg=name)
+    for name, k, m, doc in (('zbv', 2, 3, vshape._ZeroBubbleV.__doc__),
+                            ('dualpipe_v', 2, 4, vshape._DualPipeV.__doc__)):
+      for row in schedule.Make(name, k, m, 2).ToAscii().splitlines():
+        self.assertIn(row, doc, msg=name)
 
 
 class InvariantsTest(unittest.TestCase):
@@ -94,13 +112,22 @@ class InvariantsTest(unittest.TestCase):
     for (name, k, m, v), sched in self.schedules.items():
       self.assertEqual((sched.num_devices, sched.num_stages, sched.num_micro_batches,
                         sched.num_virtual_stages, sched.name), (k, k * v, m, v, name))
+      msg = f'{name} K={k} M={m} V={v}'
+      placement = _Placement(name, k, v)
+      self.assertEqual(list(sched.stage_devices), placement, msg=msg)
       placed = collections.Counter(
           (act, d) for d, acts in enumerate(sched.actions) for act in acts)
-      kinds = ('F', 'B', 'W') if name in _SPLIT else ('F', 'BW')
-      expected = collections.Counter(
-          (Action(kind, s, b), s % k) for kind in kinds for s in range(k * v)
-          for b in range(m))
-      self.assertEqual(placed, expected, msg=f'{name} K={k} M={m} V={v}')
+      if name in _MIXED:  # Whichever backward each (s, m) runs, once.
+        split = {(a.stage, a.micro_batch) for a, _ in placed if a.kind == 'B'}
+      else:
+        split = ({(s, b) for s in range(k * v) for b in range(m)}
+                 if name in _SPLIT else set())
+      expected = collections.Counter()
+      for s in range(k * v):
+        for b in range(m):
+          kinds = ('F', 'B', 'W') if (s, b) in split else ('F', 'BW')
+          expected.update((Action(kind, s, b), placement[s]) for kind in kinds)
+      self.assertEqual(placed, expected, msg=msg)
 
   def testOrderFollowsDevicesAndDependencies(self):
     for case, sched in self.schedules.items():
@@ -281,6 +308,98 @@ class ZeroBubbleH1Test(unittest.TestCase):
           self.assertEqual(zb_h1.makespan, 3 * m + k - 1, msg=f'K={k} M={m}')
           one_f_one_b = schedule.Simulate(schedule.Make('1f1b', k, m))
           self.assertEqual(one_f_one_b.makespan, 3 * (m + k - 1))
+
+
+class VShapeTest(unittest.TestCase):
+  """zbv and dualpipe_v: V-shaped placement, PyTorch's orders, their bubbles."""
+
+  def testPlacementIsAV(self):
+    self.assertEqual(schedule.VStageDevices(3), [0, 1, 2, 2, 1, 0])
+    for name, m in (('zbv', 1), ('dualpipe_v', 8)):
+      for k in range(1, 5):
+        sched = schedule.Make(name, k, m, 2)
+        self.assertEqual(sched.num_virtual_stages, 2)
+        for d in range(k):
+          self.assertEqual(sched.StagesOn(d), [d, 2 * k - 1 - d], msg=name)
+
+  def testTwoStagesPerDeviceOnly(self):
+    for name in ('zbv', 'dualpipe_v'):
+      for v in (1, 3):
+        with self.assertRaisesRegex(
+            ScheduleError, f"'{name}' folds the pipeline into a V .* set "
+            f'num_virtual_stages=2, got {v}$', msg=name):
+          schedule.Make(name, 2, 8, v)
+
+  def testDualPipeVNeedsTwoMicroBatchesPerDevice(self):
+    with self.assertRaisesRegex(
+        ScheduleError, r'needs num_micro_batches >= 2 \* num_devices = 6 .*'
+        'got 5'):
+      schedule.Make('dualpipe_v', 3, 5, 2)
+    self.assertEqual(schedule.Make('dualpipe_v', 3, 6, 2).num_micro_batches, 6)
+
+  def testZbvOrders(self):
+    # K = 2, M = 4. Device 0 (stages 0 down, 3 up): 2(K-d)-1 = 3 forwards down;
+    # K-d = 2 x (F, B, W up); steady (F down, B W down, F B W up) while
+    # forwards remain; then K-d = 2 x (B, W down).
+    sched = schedule.Make('zbv', 2, 4, 2)
+    self.assertEqual(_Labels(sched, 0), ' '.join([
+        'F0s0 F1s0 F2s0', 'F0s3 B0s3 W0s3 F1s3 B1s3 W1s3',
+        'F3s0 B0s0 W0s0 F2s3 B2s3 W2s3', 'B1s0 W1s0 F3s3 B3s3 W3s3',
+        'B2s0 W2s0 B3s0 W3s0']))
+    # Device 1 (stages 1, 2): 1 forward down; d = 1 x (F up, F down); 1 x (F,
+    # B, W up); steady; then d x (B down, B up), 1 x (B, W down), the last Ws.
+    self.assertEqual(_Labels(sched, 1), ' '.join([
+        'F0s1', 'F0s2 F1s1', 'F1s2 B0s2 W0s2',
+        'F2s1 B0s1 W0s1 F2s2 B1s2 W1s2', 'F3s1 B1s1 W1s1 F3s2 B2s2 W2s2',
+        'B2s1 B3s2', 'B3s1 W2s1', 'W3s2', 'W3s1']))
+
+  def testDualPipeVOrders(self):
+    # K = 2, M = 4, the steps of the builder's docstring; step 4 and 5 pair a
+    # forward with a whole backward (PyTorch's OVERLAP_F_B).
+    sched = schedule.Make('dualpipe_v', 2, 4, 2)
+    self.assertEqual(_Labels(sched, 0), ' '.join([
+        'F0s0 F1s0', 'F2s0 F0s3', 'B0s3 W0s3 F1s3', 'F3s0 BW1s3 F2s3 BW0s0',
+        'BW2s3 F3s3 BW1s0', 'BW3s3 B2s0', 'W2s0 B3s0', 'W3s0']))
+    self.assertEqual(_Labels(sched, 1), ' '.join([
+        'F0s1 F0s2 F1s1 F1s2', 'F2s1 BW0s2 F2s2 BW0s1 F3s1 BW1s2 F3s2 BW1s1',
+        'BW2s2 BW2s1 B3s2 B3s1', 'W3s2 W3s1']))
+
+  def testZbvBubbleAndPeak(self):
+    # With F = B = W, once M >= 2K - 1 every device idles K - 1 ticks and holds
+    # 2K stage-micro-batches (K micro-batches of its layers) at its peak.
+    for k in range(1, 6):
+      for m in range(2 * k - 1, 17):
+        result = schedule.Simulate(schedule.Make('zbv', k, m, 2))
+        msg = f'K={k} M={m}'
+        self.assertEqual([result.makespan - b for b in result.busy],
+                         [k - 1] * k, msg=msg)
+        self.assertAlmostEqual(result.bubble_fraction,
+                               (k - 1) / (6 * m + k - 1), msg=msg)
+        self.assertEqual(result.peak_in_flight, [2 * k] * k, msg=msg)
+
+  def testSmallerBubbleThan1F1BAndZbH1(self):
+    # Same total work: each of the 2 stages per device costs 1/2.
+    for k in range(2, 6):
+      for m in range(1, 17):
+        zbv = schedule.Simulate(schedule.Make('zbv', k, m, 2), .5, .5, .5)
+        one_f_one_b = schedule.Simulate(schedule.Make('1f1b', k, m))
+        zb_h1 = schedule.Simulate(schedule.Make('zb_h1', k, m))
+        msg = f'K={k} M={m}'
+        self.assertLess(zbv.bubble_fraction, one_f_one_b.bubble_fraction, msg)
+        self.assertLess(zbv.makespan, one_f_one_b.makespan, msg)
+        self.assertLessEqual(zbv.makespan, zb_h1.makespan, msg)
+        if m >= 2 * k - 1:
+          self.assertLess(zbv.bubble_fraction, zb_h1.bubble_fraction, msg)
+
+  def testDualPipeVTimesLikeZbv(self):
+    # Unit times cannot show what overlapping F with BW gains on a GPU: the
+    # makespan is ZB-V's; the peak one stage-micro-batch more.
+    for k in range(1, 5):
+      for m in range(2 * k, 17):
+        dual = schedule.Simulate(schedule.Make('dualpipe_v', k, m, 2))
+        zbv = schedule.Simulate(schedule.Make('zbv', k, m, 2))
+        self.assertEqual(dual.makespan, zbv.makespan, msg=f'K={k} M={m}')
+        self.assertEqual(dual.peak_in_flight, [2 * k + 1] * k)
 
 
 if __name__ == '__main__':

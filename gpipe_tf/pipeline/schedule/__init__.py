@@ -22,3 +22,4 @@ from gpipe_tf.pipeline.schedule.library import Register
 from gpipe_tf.pipeline.schedule.simulate import SimResult
 from gpipe_tf.pipeline.schedule.simulate import Simulate
 from gpipe_tf.pipeline.schedule.table import Schedule
+from gpipe_tf.pipeline.schedule.vshape import VStageDevices  # Registers zbv, dualpipe_v.

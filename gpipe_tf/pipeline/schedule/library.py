@@ -1,6 +1,7 @@
 """The named pipeline schedules (gpipe, 1f1b, interleaved_1f1b, zb_h1) and their registry.
 
-Make(name, K, M, V) builds and validates one. Every builder lays out, per
+vshape.py registers two more, zbv and dualpipe_v, with their V-shaped
+placement. Make(name, K, M, V) builds and validates one. Every builder lays out, per
 device, the order of its passes; Schedule.Clocks() turns that into time. In
 the pictures below (unit ticks: F, B, W one each, BW two) the cells read
 'F3' = forward of micro-batch 3, 'F3s2' = the same at stage 2 when a device
@@ -12,6 +13,8 @@ import dataclasses
 
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import table
+
+__all__ = ['Make', 'Names', 'Register']
 
 Action = action_lib.Action
 Schedule = table.Schedule
@@ -67,15 +70,18 @@ def Make(name: str, num_devices: int, num_micro_batches: int,
     num_devices: K >= 1.
     num_micro_batches: M >= 1.
     num_virtual_stages: V >= 1 stages per device (S = V * K, stage s on device
-      s % K); V > 1 only for schedules registered with virtual_stages=True.
+      s % K, except 'zbv' and 'dualpipe_v', which need V = 2 and place stage
+      s on device min(s, 2K-1-s)); V > 1 only for schedules registered with
+      virtual_stages=True.
 
   Returns:
     The validated Schedule.
 
   Raises:
     ScheduleError: for an unknown name (the message lists the valid ones), a
-      size that is not an int >= 1, or V > 1 for a schedule without virtual
-      stages (the message lists the ones with).
+      size that is not an int >= 1, V > 1 for a schedule without virtual
+      stages (the message lists the ones with), or a size the builder refuses
+      (e.g. 'zbv' with V != 2).
   """
   if name not in _REGISTRY:
     raise ScheduleError(f'unknown schedule {name!r}; registered: '

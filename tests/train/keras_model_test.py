@@ -1,0 +1,208 @@
+"""Tests of gpipe_tf.train.keras_model: model.fit on a pipeline equals hand-written steps."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import os  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import shutil
+import tempfile
+
+from absl.testing import parameterized
+import keras
+import numpy as np
+import tensorflow as tf
+
+from gpipe_tf.layers import core
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.train import keras_model
+
+SCHEDULES = ('gpipe', '1f1b')
+BATCH = 16
+LEARNING_RATE = 0.03
+
+
+def _Data(num, seed):
+  """(x, y) of the 8-layer test MLP (6 inputs, 5 classes), a fixed teacher."""
+  rng = np.random.RandomState(seed)
+  x = rng.randn(num, 6).astype(np.float32)
+  teacher = np.random.RandomState(0).randn(6, 5)
+  return x, np.argmax(x @ teacher, axis=-1).astype(np.int32)
+
+
+def _Dataset(num, seed):
+  return tf.data.Dataset.from_tensor_slices(_Data(num, seed)).batch(BATCH)
+
+
+def _Pipeline(schedule):
+  return PipeliningLayer.Params().Set(
+      name='net', layers=test_utils.MlpLayers(), num_partitions=2,
+      num_micro_batches=2, schedule=schedule)
+
+
+def _Sequential():
+  return core.SequentialLayer.Params().Set(name='net',
+                                           layers=test_utils.MlpLayers())
+
+
+def _Compiled(params):
+  model = keras_model.PipelineModel(params)
+  model.compile(keras.optimizers.Adam(LEARNING_RATE),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=['accuracy'])
+  return model
+
+
+def _Values(model):
+  return [v.numpy() for v in model.layer.variables]
+
+
+class PipelineModelFitTest(tf.test.TestCase, parameterized.TestCase):
+  """One fit per schedule with TensorBoard, ModelCheckpoint, EarlyStopping."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp()
+    cls.train = _Dataset(96, seed=1)
+    cls.test = _Dataset(40, seed=2)  # 16 + 16 + 8: an uneven last batch.
+    cls.runs = {}
+    for schedule in SCHEDULES:
+      directory = os.path.join(cls.root, schedule)
+      model = _Compiled(_Pipeline(schedule))
+      early_stopping = keras.callbacks.EarlyStopping(
+          monitor='val_loss', min_delta=10.0, patience=1)  # Never so fast.
+      history = model.fit(
+          cls.train, validation_data=cls.test, epochs=6, verbose=0,
+          callbacks=[
+              keras.callbacks.TensorBoard(os.path.join(directory, 'tb')),
+              keras.callbacks.ModelCheckpoint(
+                  os.path.join(directory, 'epoch{epoch}.weights.h5'),
+                  save_weights_only=True),
+              early_stopping])
+      cls.runs[schedule] = (model, history.history, early_stopping, directory)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
+  @parameterized.parameters(*SCHEDULES)
+  def testLossGoesDownAndEarlyStoppingStopped(self, schedule):
+    _, history, early_stopping, _ = self.runs[schedule]
+    self.assertLen(history['loss'], 2)  # EarlyStopping ended 6 epochs at 2.
+    self.assertEqual(early_stopping.stopped_epoch, 1)
+    self.assertLess(history['loss'][1], 0.95 * history['loss'][0])
+    self.assertLess(history['val_loss'][1], history['val_loss'][0])
+    self.assertContainsSubset({'accuracy', 'val_accuracy'}, set(history))
+
+  @parameterized.parameters(*SCHEDULES)
+  def testUpdatesEqualHandWrittenSteps(self, schedule):
+    model, history, _, _ = self.runs[schedule]
+    net = _Pipeline(schedule).Instantiate()
+    optimizer = keras.optimizers.Adam(LEARNING_RATE)
+
+    def _LossTerms(outputs, labels):
+      return loss_lib.LossTerms(keras.losses.sparse_categorical_crossentropy(
+          labels, outputs, from_logits=True))
+
+    @tf.function
+    def _Step(x, y):
+      loss, _, grads = net.ComputeLossAndGradients(x, y, _LossTerms)
+      optimizer.apply_gradients(zip(grads, net.trainable_variables))
+      return loss
+
+    losses = []
+    for _ in range(len(history['loss'])):
+      losses.append([float(_Step(x, y)) for x, y in self.train])
+    for got, want in zip(_Values(model), [v.numpy() for v in net.variables]):
+      self.assertAllClose(got, want, rtol=1e-5, atol=1e-6)
+    # Keras's epoch loss: the mean over the epoch's (equal) batches.
+    self.assertAllClose(history['loss'], np.mean(losses, axis=1), rtol=1e-5)
+
+  @parameterized.parameters(*SCHEDULES)
+  def testEvaluateAndPredictEqualSequentialLayer(self, schedule):
+    model = self.runs[schedule][0]
+    path = os.path.join(tempfile.mkdtemp(dir=self.root), 'w.weights.h5')
+    model.save_weights(path)
+    sequential = _Compiled(_Sequential())
+    sequential.load_weights(path)  # Same variable paths.
+    self.assertAllClose(model.evaluate(self.test, verbose=0),
+                        sequential.evaluate(self.test, verbose=0), rtol=1e-5)
+    x, y = _Data(40, seed=2)
+    logits = model.predict(self.test, verbose=0)
+    self.assertAllClose(logits, sequential.predict(self.test, verbose=0),
+                        rtol=1e-5, atol=1e-6)
+    # And evaluate's numbers are the loss and accuracy of those logits.
+    loss, accuracy = model.evaluate(self.test, verbose=0)
+    log_probs = test_utils.LogSoftmax(logits)
+    self.assertAllClose(loss, -np.mean(log_probs[np.arange(40), y]),
+                        rtol=1e-5)
+    self.assertAllClose(accuracy, np.mean(np.argmax(logits, -1) == y))
+    del x
+
+  @parameterized.parameters(*SCHEDULES)
+  def testTensorBoardWroteEpochScalars(self, schedule):
+    tb = os.path.join(self.runs[schedule][3], 'tb')
+    for split, tag in (('train', 'epoch_loss'),
+                       ('validation', 'epoch_accuracy')):
+      self.assertEqual(sorted(test_utils.Scalars(os.path.join(tb, split))[tag]),
+                       [0, 1])
+
+  @parameterized.parameters(*SCHEDULES)
+  def testModelCheckpointLoadsBack(self, schedule):
+    model, _, _, directory = self.runs[schedule]
+    self.assertEqual(sorted(f for f in os.listdir(directory)
+                            if f.endswith('.h5')),
+                     ['epoch1.weights.h5', 'epoch2.weights.h5'])
+    fresh = keras_model.PipelineModel(_Pipeline(schedule))
+    self.assertNotAllClose(_Values(fresh)[0], _Values(model)[0])
+    fresh.load_weights(os.path.join(directory, 'epoch2.weights.h5'))
+    for got, want in zip(_Values(fresh), _Values(model)):
+      self.assertAllEqual(got, want)
+
+
+class PipelineModelErrorsTest(tf.test.TestCase):
+
+  def _Model(self):
+    return keras_model.PipelineModel(_Sequential())
+
+  def testRefusedCompileArguments(self):
+    cases = [
+        (dict(loss=None), 'needs a loss'),
+        (dict(loss=keras.losses.MeanSquaredError(reduction='sum')),
+         "reduction='sum_over_batch_size'"),
+        (dict(loss=keras.losses.MeanSquaredError(reduction=None)),
+         "reduction='sum_over_batch_size'"),
+        (dict(loss={'a': 'mse'}), 'single loss'),
+        (dict(loss='mse', metrics=[keras.metrics.AUC()]), 'per-example'),
+        (dict(loss='mse', loss_weights=[1.0]), 'loss_weights'),
+        (dict(loss='mse', jit_compile=True), 'jit_compile'),
+    ]
+    for kwargs, message in cases:
+      with self.subTest(kwargs=kwargs):
+        with self.assertRaisesRegex(keras_model.KerasLossError, message):
+          self._Model().compile('adam', **kwargs)
+
+  def testScalarLossAndSampleWeightsRefusedAtFit(self):
+    x, y = _Data(32, seed=1)
+    model = self._Model()
+    model.compile('adam', loss=lambda y, p: tf.reduce_mean(
+        keras.losses.sparse_categorical_crossentropy(y, p, from_logits=True)))
+    with self.assertRaisesRegex(keras_model.KerasLossError,
+                                'one value per example'):
+      model.fit(x, y, batch_size=BATCH, verbose=0)
+    model = self._Model()
+    model.compile('adam', loss='sparse_categorical_crossentropy')
+    with self.assertRaisesRegex(keras_model.KerasLossError, 'sample weights'):
+      model.fit(x, y, sample_weight=np.ones(32), batch_size=BATCH, verbose=0)
+
+  def testWeightsOfAnotherModelRefused(self):
+    path = os.path.join(tempfile.mkdtemp(), 'w.weights.h5')
+    self._Model().save_weights(path)
+    other = keras_model.PipelineModel(core.SequentialLayer.Params().Set(
+        name='net', layers=test_utils.MlpLayers()[:4]))
+    # Keras's loader wraps the IncompatibleCheckpointError in a ValueError.
+    with self.assertRaisesRegex(ValueError, 'holds another model'):
+      other.load_weights(path)

@@ -17,6 +17,7 @@ from gpipe_tf.layers.core import DropoutLayer
 from gpipe_tf.layers.core import FCLayer
 from gpipe_tf.layers.core import SequentialLayer
 from gpipe_tf.layers.embedding import EmbeddingLayer
+from gpipe_tf.layers.keras_layer import KerasLayer
 from gpipe_tf.layers.attention import MultiHeadAttention
 from gpipe_tf.layers.normalization import BatchNormLayer
 from gpipe_tf.layers.normalization import LayerNorm

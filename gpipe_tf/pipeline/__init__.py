@@ -8,6 +8,9 @@ TensorFlow; the names re-exported here load their modules on first use, so
 import importlib
 
 _LAZY = {
+    'FromKeras': 'gpipe_tf.pipeline.keras_import',
+    'KerasModelError': 'gpipe_tf.pipeline.keras_import',
+    'LoadKerasWeights': 'gpipe_tf.pipeline.keras_import',
     'MicroBatchError': 'gpipe_tf.pipeline.microbatch',
     'PartitionError': 'gpipe_tf.pipeline.partition',
     'PipeliningLayer': 'gpipe_tf.pipeline.pipelining_layer',

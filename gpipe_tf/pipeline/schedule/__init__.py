@@ -15,6 +15,7 @@ from gpipe_tf.pipeline.schedule.action import F
 from gpipe_tf.pipeline.schedule.action import ScheduleError
 from gpipe_tf.pipeline.schedule.action import W
 from gpipe_tf.pipeline.schedule.csv_io import Dump
+from gpipe_tf.pipeline.schedule.csv_io import DumpTorch
 from gpipe_tf.pipeline.schedule.csv_io import Load
 from gpipe_tf.pipeline.schedule.library import Make
 from gpipe_tf.pipeline.schedule.library import Names

@@ -1,6 +1,11 @@
-"""Dump and Load: a schedule as CSV, one row per action, for hand-written or tool-made schedules.
+"""Dump, DumpTorch and Load: a schedule as CSV, for hand-written or tool-made schedules.
 
-The format, e.g. 1F1B with K = 2, M = 2:
+Load reads two formats and tells them apart by themselves: gpipe_tf's own,
+below, and the compute-only CSV of PyTorch's torch.distributed.pipelining
+(torch_csv.py: one line of actions like 0F1,1B0 per device). Dump writes the
+first, DumpTorch the second.
+
+gpipe_tf's format, one row per action, e.g. 1F1B with K = 2, M = 2:
 
     # gpipe_tf schedule num_devices=2 num_micro_batches=2 stage_devices=0;1 name=1f1b
     device,step,action,stage,micro_batch
@@ -24,6 +29,9 @@ from typing import IO
 
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import table
+from gpipe_tf.pipeline.schedule import torch_csv
+
+__all__ = ['Dump', 'DumpTorch', 'Load']
 
 Action = action_lib.Action
 ScheduleError = action_lib.ScheduleError
@@ -60,6 +68,21 @@ def Dump(schedule: table.Schedule, f: PathOrFile) -> None:
     for d, acts in enumerate(schedule.actions):
       for i, act in enumerate(acts):
         writer.writerow([d, i, act.kind, act.stage, act.micro_batch])
+
+
+def DumpTorch(schedule: table.Schedule, f: PathOrFile) -> None:
+  """Writes a schedule in PyTorch's compute-only CSV (see torch_csv.py).
+
+  One line of actions per device, e.g. '0F0,0F1,0B0,0B1' (PyTorch's B is our
+  BW, its I our B). Load reads it back with the same actions, micro-batches
+  and placement; the name is not kept.
+
+  Args:
+    schedule: the schedule; it need not be valid.
+    f: a path, or a text file object (left open).
+  """
+  with _Opened(f, 'w') as out:
+    out.write(torch_csv.Format(schedule))
 
 
 def _ParseMeta(text: str, line: int) -> dict:
@@ -101,7 +124,11 @@ def _ParseRow(fields: list[str], line: int) -> tuple[int, int, Action]:
 
 
 def Load(f: PathOrFile) -> table.Schedule:
-  """Reads and validates a schedule written by Dump or by hand.
+  """Reads and validates a schedule written by Dump, DumpTorch, PyTorch or by hand.
+
+  The format is recognised from the text (torch_csv.LooksLikeTorch): a file
+  with a '# gpipe_tf schedule' comment or a 'device,step,...' header is
+  gpipe_tf's, one whose first row holds cells like 0F0 is PyTorch's.
 
   Args:
     f: a path, or a text file object.
@@ -113,10 +140,13 @@ def Load(f: PathOrFile) -> table.Schedule:
     ScheduleError: naming the line of the first malformed row (wrong field
       count, a non-int, an unknown action, a repeated step, a stage found on
       two devices) or, if the schedule is invalid, the line of its first bad
-      step (see Schedule.Validate).
+      step (see Schedule.Validate); in PyTorch's format also the column (see
+      torch_csv.Parse).
   """
   with _Opened(f, 'r') as src:
     lines = src.read().splitlines()
+  if torch_csv.LooksLikeTorch(lines):
+    return torch_csv.Parse(lines)
   meta, header_seen, steps, stage_rows = {}, False, {}, {}
   for number, text in enumerate(lines, start=1):
     if text.startswith(_MAGIC):
@@ -127,7 +157,8 @@ def Load(f: PathOrFile) -> table.Schedule:
     if not header_seen:
       if tuple(v.strip() for v in fields) != HEADER:
         raise ScheduleError(f'line {number}: expected the header '
-                            f'{",".join(HEADER)!r}, got {text!r}')
+                            f'{",".join(HEADER)!r}, got {text!r} (or, for '
+                            "PyTorch's format, rows of cells like 0F0,0B0)")
       header_seen = True
       continue
     device, step, act = _ParseRow(fields, number)

@@ -39,6 +39,11 @@ worker that dies or stops answering for --worker_timeout_seconds ends the
 run with a one-line error naming it; restart it and rerun the same command,
 training resumes from the newest checkpoint.
 
+--profile_steps=A,B profiles the training steps A to B with the TensorFlow
+profiler into logdir/train/plugins/profile (TensorBoard's Profile tab). The
+progress lines end with an ETA: the last interval's step time times the
+steps left.
+
 --model_params_override takes the ToText format ('path : value' statements
 separated by newlines or ';'). Paths starting with ``train.``, ``test.`` or
 ``task.`` are taken as written in logdir/params.txt; any other path is
@@ -137,6 +142,12 @@ flags.DEFINE_integer('num_replicas', 0,
                      'R = devices // K. 1: no strategy. With '
                      '--pipeline_cluster: R replicas on the workers\' '
                      'devices (0 means 1 there).')
+flags.DEFINE_string('profile_steps', '',
+                    'A,B: profile the training steps A to B (global steps, '
+                    '1-based, inclusive) with the TensorFlow profiler into '
+                    'logdir/train/plugins/profile, for TensorBoard\'s Profile '
+                    'tab (pip install tensorboard-plugin-profile to view it). '
+                    'Empty (default): no profile.')
 flags.DEFINE_bool('debug', False,
                   'On an error, print its traceback before the one-line '
                   'message.')
@@ -269,6 +280,7 @@ def _Run() -> None:
   if FLAGS.num_logical_devices < 0:
     raise FlagError(f'--num_logical_devices={FLAGS.num_logical_devices}: '
                     'use N > 1 to split the CPU, 1 for no split, 0 for R x K.')
+  profile_steps = _ProfileSteps()
   # Building Params runs no TensorFlow op: the devices can still be split.
   params = model_registry.GetParams(FLAGS.model)
   if FLAGS.model_params_override:
@@ -306,7 +318,8 @@ def _Run() -> None:
         num_replicas=1 if pipe_cluster else FLAGS.num_replicas,
         strategy=strategy,
         checkpoint_io_device=(pipe_cluster.client_device if pipe_cluster
-                              else None))
+                              else None),
+        profile_steps=profile_steps)
   except errors.Error as e:
     # A checkpoint write that failed because a worker died is the worker's
     # failure, said as such.
@@ -340,6 +353,19 @@ def _Run() -> None:
     print(f'Final evaluation at global step {result.global_step}: ' +
           ', '.join(f'{k}={v:.4f}' for k, v in
                     sorted(result.eval_metrics.items())))
+
+
+def _ProfileSteps() -> tuple[int, int] | None:
+  """--profile_steps=A,B as (A, B); None when empty."""
+  text = FLAGS.profile_steps.strip()
+  if not text:
+    return None
+  parts = text.split(',')
+  if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or not (
+      1 <= int(parts[0]) <= int(parts[1])):
+    raise FlagError(f'--profile_steps={FLAGS.profile_steps!r}: give two global '
+                    'steps A,B with 1 <= A <= B, e.g. --profile_steps=10,12.')
+  return int(parts[0]), int(parts[1])
 
 
 def _ApplyOverrides(params) -> None:

@@ -5,7 +5,9 @@ Layout of a logdir::
   logdir/params.txt   experiment Params (ToText), written on the first start
   logdir/ckpt/        checkpoints ckpt-<global step> and the state file
   logdir/train/       summaries: loss, metrics, learning_rate, grad_norm,
-                      steps_per_sec, examples_per_sec
+                      steps_per_sec, examples_per_sec; with profile_steps,
+                      a profile in plugins/profile/ (TensorBoard's Profile
+                      tab)
   logdir/eval/        summaries: metrics averaged over the Test() input, and
                       num_examples (how many examples that average covers)
 
@@ -57,16 +59,21 @@ training input is always repeated (its ``repeat`` is set to True) and the
 evaluation input is read once (``repeat`` False), whatever Train() and Test()
 say.
 
+Progress. Every log_interval_steps a line ``Step N/MAX: <metrics> (ETA 1m39s)``
+gives the time left: the mean step time of the interval (checkpoints and
+evaluations included) times the steps left.
+
 Nothing here depends on the model class: any layer under ``task.model``
 (SequentialLayer, PipeliningLayer, ...) trains the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from absl import logging
 import tensorflow as tf
@@ -297,8 +304,10 @@ class _Runner:
 
   def Train(self, max_steps: int, save_interval_steps: int,
             log_interval_steps: int, eval_interval_steps: int,
-            eval_steps: int) -> tuple[dict[str, float], dict[str, float]]:
+            eval_steps: int, profiler: _Profiler | None = None
+            ) -> tuple[dict[str, float], dict[str, float]]:
     """Trains up to global step max_steps; returns (train, eval) metrics."""
+    profiler = profiler or _Profiler(self.logdir, None, False)
     start = self.Step()
     if start >= max_steps:
       logging.info('Global step %d already reaches max_steps=%d; not training.',
@@ -322,7 +331,8 @@ class _Runner:
         raise TrainConfigError('The training input produced no batch; check '
                                'Train() (batch_size larger than the data '
                                'with drop_remainder?).')
-      metrics, size, applied = self.TrainStep(batch)
+      with profiler.Step(done):
+        metrics, size, applied = self.TrainStep(batch)
       if bool(applied):  # Skipped steps stay out of the metric means.
         for name, value in metrics.items():
           sums[name] = sums[name] + value if name in sums else value
@@ -341,7 +351,9 @@ class _Runner:
           for name, value in train_metrics.items():
             tf.summary.scalar(name, value)
         writer.flush()
-        logging.info('Step %d/%d: %s', done, max_steps, _Format(train_metrics))
+        eta = (max_steps - done) * elapsed / steps
+        logging.info('Step %d/%d: %s (ETA %s)', done, max_steps,
+                     _Format(train_metrics), _Duration(eta))
         sums, steps, counted, examples = {}, 0, 0, 0
         last_time = time.time()
       if done % save_interval_steps == 0 or done == max_steps:
@@ -374,6 +386,54 @@ class _Runner:
                     loss, norm, self.skipped_steps)
 
 
+class _Profiler:
+  """Profiles the training steps first..last into a TensorBoard log directory.
+
+  tf.profiler.experimental.start before step `first`, a Trace per step (so
+  the Profile tab's step view can tell them apart), stop after step `last`
+  or at the latest at ``Stop``. The profile lands in
+  ``logdir/plugins/profile/<run>/<host>.xplane.pb``.
+  """
+
+  def __init__(self, logdir: str, steps: tuple[int, int] | None,
+               enabled: bool) -> None:
+    self._logdir = logdir
+    self._first, self._last = steps or (0, -1)
+    self._enabled = enabled and steps is not None
+    self._running = False
+
+  @contextlib.contextmanager
+  def Step(self, step: int) -> Iterator[None]:
+    if not self._enabled or not self._first <= step <= self._last:
+      yield
+      return
+    if not self._running:
+      tf.profiler.experimental.start(self._logdir)
+      self._running = True
+      logging.info('Profiling steps %d to %d into %s.', step, self._last,
+                   self._logdir)
+    with tf.profiler.experimental.Trace('train', step_num=step, _r=1):
+      yield
+    if step == self._last:
+      self.Stop()
+
+  def Stop(self) -> None:
+    if self._running:
+      self._running = False
+      tf.profiler.experimental.stop()
+      logging.info('Wrote the profile to %s/plugins/profile.', self._logdir)
+
+
+def _Duration(seconds: float) -> str:
+  """'45s', '1m39s', '2h05m': a duration for a progress line."""
+  seconds = int(round(seconds))
+  if seconds < 60:
+    return f'{seconds}s'
+  if seconds < 3600:
+    return f'{seconds // 60}m{seconds % 60:02d}s'
+  return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m'
+
+
 def _Format(metrics: dict[str, float]) -> str:
   return ', '.join(f'{k}={v:.4g}' for k, v in sorted(metrics.items()))
 
@@ -397,7 +457,8 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
                        deterministic: bool = False,
                        num_replicas: int = 1,
                        strategy: tf.distribute.Strategy | None = None,
-                       checkpoint_io_device: str | None = None
+                       checkpoint_io_device: str | None = None,
+                       profile_steps: tuple[int, int] | None = None
                        ) -> RunResult:
   """Trains and/or evaluates `experiment` in `logdir`, resuming if possible.
 
@@ -431,6 +492,10 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     checkpoint_io_device: the device whose host reads and writes checkpoint
       files, e.g. the trainer's CPU when the pipeline's cells live on other
       hosts (gpipe_tf.runtime.pipeline_cluster); default: each variable's host.
+    profile_steps: (first, last) global steps, 1-based: profile the training
+      steps first..last (tf.profiler) into logdir/train/plugins/profile,
+      which TensorBoard's Profile tab shows (tensorboard-plugin-profile).
+      None: no profile. Only the chief profiles.
 
   Returns:
     A RunResult.
@@ -455,6 +520,12 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
   _CheckPositive(max_steps=max_steps, save_interval_steps=save_interval_steps,
                  log_interval_steps=log_interval_steps,
                  max_checkpoints_to_keep=max_checkpoints_to_keep)
+  if profile_steps is not None and not (
+      len(profile_steps) == 2 and all(isinstance(s, int) for s in profile_steps)
+      and 1 <= profile_steps[0] <= profile_steps[1]):
+    raise TrainConfigError(
+        f'profile_steps must be (first, last) global steps with 1 <= first <= '
+        f'last, got {profile_steps!r}.')
   if not isinstance(num_replicas, int) or num_replicas < 0:
     raise TrainConfigError('num_replicas must be an int >= 0 (0: every '
                            f'device), got {num_replicas!r}.')
@@ -492,9 +563,15 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
     return RunResult(start, start, restored,
                      eval_metrics=runner.Evaluate(eval_steps))
   runner.WriteParamsText()
-  train_metrics, eval_metrics = runner.Train(
-      max_steps, save_interval_steps, log_interval_steps,
-      eval_interval_steps if mode == 'train_and_eval' else 0, eval_steps)
+  profiler = _Profiler(os.path.join(logdir, 'train'), profile_steps,
+                       layout.is_chief)
+  try:
+    train_metrics, eval_metrics = runner.Train(
+        max_steps, save_interval_steps, log_interval_steps,
+        eval_interval_steps if mode == 'train_and_eval' else 0, eval_steps,
+        profiler)
+  finally:
+    profiler.Stop()  # Training ended (or failed) before the last step.
   if mode == 'train_and_eval':
     eval_metrics = runner.Evaluate(eval_steps)
   return RunResult(start, runner.Step(), restored, train_metrics, eval_metrics,

@@ -1,0 +1,219 @@
+"""FromKeras + LoadKerasWeights: a pipeline over an imported Keras model computes the Keras model's loss and gradients.
+
+For a small CNN (Conv2D, BatchNormalization, Dropout, Dense) and a small
+functional Transformer (MultiHeadAttention, LayerNormalization, Dense,
+residual Adds), every registered schedule and K in {1, 2, 4}:
+``ComputeLossAndGradients`` at M=2 equals a Keras ``tf.GradientTape`` step
+over the same two micro-batches (BatchNorm normalises each micro-batch with
+its own statistics in both), the moving statistics after the step equal
+those of one Keras training forward over the whole batch (one update per
+mini-batch), and inference at M=2 equals ``model(x, training=False)``.
+Dropout runs at rate 0 here; its masks are tested in keras_layer_test.
+"""
+
+import itertools
+
+import numpy as np
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import keras  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf import errors
+from gpipe_tf import layers
+from gpipe_tf import pipeline
+from gpipe_tf.layers import losses
+from gpipe_tf.pipeline import loss as loss_lib
+
+SCHEDULES = (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1))
+_M = 2
+
+
+def _Cnn(dropout=0.0):
+  return keras.Sequential([
+      keras.Input((6, 6, 3)),
+      keras.layers.Conv2D(4, 3, padding='same', name='conv0'),
+      keras.layers.BatchNormalization(momentum=0.8, name='bn0'),
+      keras.layers.Activation('relu', name='relu0'),
+      keras.layers.Conv2D(4, 3, name='conv1'),
+      keras.layers.BatchNormalization(momentum=0.8, name='bn1'),
+      keras.layers.Activation('relu', name='relu1'),
+      keras.layers.Dropout(dropout, name='drop'),
+      keras.layers.GlobalAveragePooling2D(name='pool'),
+      keras.layers.Dense(5, name='logits')], name='cnn')
+
+
+def _Transformer(blocks=2, d=8):
+  inputs = keras.Input((5, d))
+  x = inputs
+  for b in range(blocks):
+    h = keras.layers.LayerNormalization(name=f'ln{b}a')(x)
+    h = keras.layers.MultiHeadAttention(2, 4, name=f'mha{b}')(h, h)
+    x = keras.layers.Add(name=f'res{b}a')([x, h])
+    h = keras.layers.LayerNormalization(name=f'ln{b}b')(x)
+    h = keras.layers.Dense(16, activation='relu', name=f'ff{b}a')(h)
+    h = keras.layers.Dense(d, name=f'ff{b}b')(h)
+    x = keras.layers.Add(name=f'res{b}b')([x, h])
+  x = keras.layers.GlobalAveragePooling1D(name='pool')(x)
+  return keras.Model(inputs, keras.layers.Dense(5, name='logits')(x),
+                     name='transformer')
+
+
+def _Randomize(model, seed):
+  """Random weights everywhere (moving variances positive), so no weight
+  sits at an initial value that hides a wrong copy."""
+  rng = np.random.default_rng(seed)
+  model.set_weights([
+      rng.uniform(0.5, 1.5, w.shape) if 'variance' in w.path else
+      rng.normal(0.0, 0.5, w.shape) for w in model.weights])
+
+
+def _PerExample(logits, labels):
+  return losses.SoftmaxCrossEntropy(logits, labels)
+
+
+def _LossFn(logits, labels):
+  return loss_lib.LossTerms(_PerExample(logits, labels))
+
+
+def _KerasStep(model, x, y):
+  """Keras's own tape step over the pipeline's micro-batches: the loss is the
+  mean over all examples, each micro-batch a separate training call."""
+  with tf.GradientTape() as tape:
+    total = tf.add_n([
+        tf.reduce_sum(_PerExample(model(xm, training=True), ym))
+        for xm, ym in zip(tf.split(x, _M), tf.split(y, _M))])
+    loss = total / tf.cast(tf.shape(x)[0], tf.float32)
+  return loss, tape.gradient(loss, model.trainable_variables)
+
+
+def _MovingStats(model, x):
+  """BatchNormalization moving statistics after one update from the pooled
+  statistics of both micro-batches, each normalised by Keras with its own
+  statistics on the way (so bn1's input is the pipeline's)."""
+  bns = [l for l in model.layers
+         if isinstance(l, keras.layers.BatchNormalization)]
+  if not bns:
+    return {}
+  start = {w.path: w.numpy() for w in model.non_trainable_weights}
+  probe = keras.Model(model.inputs, [l.input for l in bns])
+  per_micro_batch = [probe(xm, training=True) for xm in tf.split(x, _M)]
+  want = {}
+  for j, bn in enumerate(bns):
+    z = tf.concat([inputs[j] for inputs in per_micro_batch], axis=0)
+    mean, variance = tf.nn.moments(z, axes=[0, 1, 2])
+    for var, stat in ((bn.moving_mean, mean), (bn.moving_variance, variance)):
+      want[var.path] = (start[var.path] * bn.momentum +
+                        stat * (1.0 - bn.momentum))
+  return want
+
+
+class FromKerasTest(tf.test.TestCase):
+
+  def _AssertGrid(self, model, x, y):
+    _Randomize(model, seed=7)
+    start = model.get_weights()
+    params = pipeline.FromKeras(model)
+    want_eval = model(x, training=False)
+    want_loss, want_grads = _KerasStep(model, x, y)
+    want_grads = dict(zip(map(id, model.trainable_variables), want_grads))
+    model.set_weights(start)
+    want_stats = _MovingStats(model, x)
+    self.assertLen(want_stats, len(model.non_trainable_weights))
+    model.set_weights(start)
+    for (name, v), k in itertools.product(SCHEDULES, (1, 2, 4)):
+      with self.subTest(schedule=name, k=k):
+        pipe = pipeline.PipeliningLayer.Params().Set(
+            name='net', layers=params, num_partitions=k, num_micro_batches=_M,
+            schedule=name, num_virtual_stages=v, remat='always',
+            input_shapes=params[0].input_shapes).Instantiate()
+        self.assertLen(pipe.balance, k * v)
+        pairs = pipeline.LoadKerasWeights(pipe, model)
+        self.assertLen(pairs, len(model.weights))
+        self.assertAllClose(want_eval, pipe.FProp(x, training=False),
+                            rtol=1e-5, atol=1e-6)
+        loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
+        self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+        got = dict(zip(map(id, pipe.trainable_variables), grads))
+        self.assertLen(got, len(want_grads))
+        for keras_var, var in pairs:
+          if keras_var.trainable:
+            self.assertAllClose(want_grads[id(keras_var)], got[id(var)],
+                                rtol=1e-5, atol=1e-6, msg=keras_var.path)
+          else:  # Moved once, from both micro-batches.
+            self.assertAllClose(want_stats[keras_var.path], var,
+                                rtol=1e-5, atol=1e-6, msg=keras_var.path)
+
+  def testCnnEveryScheduleAndK(self):
+    x = tf.random.stateless_normal([8, 6, 6, 3], seed=[1, 2])
+    y = tf.random.stateless_uniform([8], [3, 4], 0, 5, tf.int32)
+    self._AssertGrid(_Cnn(), x, y)
+
+  def testTransformerEveryScheduleAndK(self):
+    x = tf.random.stateless_normal([8, 5, 8], seed=[5, 6])
+    y = tf.random.stateless_uniform([8], [7, 8], 0, 5, tf.int32)
+    self._AssertGrid(_Transformer(), x, y)
+
+  def testResidualBlockBecomesTupleChain(self):
+    params = pipeline.FromKeras(_Transformer(blocks=1))
+    routes = [(p.name, p.inputs, p.passthrough, len(p.input_shapes))
+              for p in params]
+    self.assertEqual(routes, [
+        ('ln0a', [0], [0], 1),       # (x,) -> (h, x)
+        ('mha0', [0, 0], [1], 2),    # mha(h, h): (h, x) -> (a, x)
+        ('res0a', [[1, 0]], [], 2),  # Add([x, a]) -> (x,)
+        ('ln0b', [0], [0], 1),
+        ('ff0a', [0], [1], 2),
+        ('ff0b', [0], [1], 2),
+        ('res0b', [[1, 0]], [], 2),
+        ('pool', [0], [], 1),
+        ('logits', [0], [], 1)])
+
+  def testParamsAreDeclarative(self):
+    model = _Cnn(dropout=0.5)
+    params = pipeline.FromKeras(model)
+    text = layers.SequentialLayer.Params().Set(name='net',
+                                               layers=params).ToText()
+    again = layers.SequentialLayer.Params().Set(
+        name='net', layers=[layers.KerasLayer.Params() for _ in params])
+    again.FromText(text)
+    self.assertEqual(text, again.ToText())
+    net = again.Instantiate()
+    pipeline.LoadKerasWeights(net, model)
+    x = tf.random.stateless_normal([4, 6, 6, 3], seed=[9, 9])
+    self.assertAllClose(model(x, training=False), net.FProp(x), rtol=1e-5,
+                        atol=1e-6)
+
+  def testNotAChainIsRefused(self):
+    inputs = keras.Input((4,))
+    shared = keras.layers.Dense(4, name='shared')
+    twice = keras.Model(inputs, shared(shared(inputs)))
+    with self.assertRaisesRegex(pipeline.KerasModelError,
+                                "'shared' is called at 2 places.*own layer"):
+      pipeline.FromKeras(twice)
+    a = keras.layers.Dense(4, name='a')(inputs)
+    with self.assertRaisesRegex(pipeline.KerasModelError,
+                                'not a layer.*keras.layers.Add'):
+      pipeline.FromKeras(keras.Model(inputs, a + inputs))
+    with self.assertRaisesRegex(pipeline.KerasModelError, '2 outputs'):
+      pipeline.FromKeras(keras.Model(inputs, [a, keras.layers.Dense(2)(a)]))
+    self.assertTrue(issubclass(pipeline.KerasModelError, errors.Error))
+
+  def testModelWithoutInputShapeIsRefused(self):
+    with self.assertRaisesRegex(layers.keras_layer.KerasInputShapeError,
+                                r'keras.Input\(shape=...\)'):
+      pipeline.FromKeras(keras.Sequential([keras.layers.Dense(3)]))
+
+  def testWeightsOfAnotherModelAreRefused(self):
+    net = layers.SequentialLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(_Cnn())).Instantiate()
+    with self.assertRaisesRegex(layers.keras_layer.KerasWeightsError,
+                                'do not match.*FromKeras'):
+      pipeline.LoadKerasWeights(net, _Transformer(blocks=1))
+
+
+if __name__ == '__main__':
+  tf.test.main()

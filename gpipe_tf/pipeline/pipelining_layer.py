@@ -15,12 +15,14 @@ from gpipe_tf.layers import normalization
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
-from gpipe_tf.pipeline import loop as loop_lib
+from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
-from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
+__all__ = ['EXECUTIONS', 'PipeliningLayer', 'REMAT_POLICIES']
+
+EXECUTIONS = interpreter.EXECUTIONS
 REMAT_POLICIES = ('always', 'except_last', 'never')
 
 
@@ -29,14 +31,6 @@ def _Registered(name: str, k: int, m: int, v: int) -> schedule_lib.Schedule:
   """schedule.Make, once per layout: balancing and the layer both need it,
   and building and validating a long schedule takes seconds."""
   return schedule_lib.Make(name, k, m, v)
-
-
-class TraceOnceError(errors.Error, ValueError):
-  """A model that trace_once cannot run exactly."""
-
-
-class MicroBatchLoopError(errors.Error, ValueError):
-  """micro_batch_loop asked for a layout the loops do not run."""
 
 
 class PipeliningLayer(base_layer.BaseLayer):
@@ -130,20 +124,13 @@ class PipeliningLayer(base_layer.BaseLayer):
              "CSV file (ending in '.csv', schedule.Dump's format) or a "
              'schedule.Schedule, for K devices, M micro-batches and K x V '
              'cells.')
-    p.Define('trace_once', False,
-             'Build each cell once, as a tf.function called for every '
-             'micro-batch (graph size and tracing time independent of M), '
-             'instead of unrolling its ops M times. Not with BatchNorm '
-             'use_moving_avg_in_training; with zb_h1 the B action computes '
-             "the whole backward (a function's gradient is one op).")
-    p.Define('micro_batch_loop', False,
-             'Run the step as tf.while_loops over clock ticks (Lingvo\'s '
-             'way): the step graph and its tracing do not grow with M at '
-             "all. 'gpipe' with one cell per device runs as two loops "
-             '(FProp or ComputeLossAndGradients), every other schedule as '
-             'one loop with the loss inside (ComputeLossAndGradients). Every '
-             "forward is recomputed, so remat must be 'always' or "
-             "'except_last'; cells are traced once (docs/scale.md).")
+    p.Define('execution', 'loop',
+             "How the interpreter runs the schedule: 'loop' (one "
+             'tf.while_loop over clock ticks: the step graph and its tracing '
+             "do not grow with M) or 'unrolled' (the same steps, one copy per "
+             'action: a graph that grows with M, for small cells where a loop '
+             'iteration costs more than the work in it). Same results and '
+             'features either way (docs/pipeline.md).')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              'into K x V cells, cell s on device s % K.')
@@ -160,6 +147,9 @@ class PipeliningLayer(base_layer.BaseLayer):
     if p.num_micro_batches < 1:
       raise ValueError(f"PipeliningLayer '{self.path}': num_micro_batches "
                        f'must be >= 1, got {p.num_micro_batches}.')
+    if p.execution not in EXECUTIONS:
+      raise ValueError(f"PipeliningLayer '{self.path}': unknown execution "
+                       f'{p.execution!r}; use one of {EXECUTIONS}.')
     if not isinstance(p.num_virtual_stages, int) or p.num_virtual_stages < 1:
       raise ValueError(f"PipeliningLayer '{self.path}': num_virtual_stages "
                        f'must be an int >= 1, got {p.num_virtual_stages}.')
@@ -174,7 +164,6 @@ class PipeliningLayer(base_layer.BaseLayer):
     per_layer = [self._devices[self._schedule.DeviceOf(s)]
                  for s, n in enumerate(self._balance) for _ in range(n)]
     self.CreateChildren('layers', p.layers, devices=per_layer)
-    self._CheckTraceOnce()
     self._cells = []
     start = 0
     for s, n in enumerate(self._balance):
@@ -182,26 +171,6 @@ class PipeliningLayer(base_layer.BaseLayer):
           s, self.layers[start:start + n],
           self._devices[self._schedule.DeviceOf(s)]))
       start += n
-
-  def _CheckTraceOnce(self) -> None:
-    p = self.p
-    if p.micro_batch_loop:
-      problem = loop_lib.Problem(p.remat)
-      if problem:
-        raise MicroBatchLoopError(
-            f"PipeliningLayer '{self.path}': micro_batch_loop cannot run "
-            f'this layout: {problem} (or set micro_batch_loop=False).')
-    if not (p.trace_once or p.micro_batch_loop):
-      return
-    flag = 'micro_batch_loop' if p.micro_batch_loop else 'trace_once'
-    for module in self.submodules:
-      if isinstance(module, normalization.BatchNormLayer) and (
-          module.p.use_moving_avg_in_training):
-        raise TraceOnceError(
-            f"PipeliningLayer '{self.path}': {flag} cannot rematerialise "
-            f"BatchNorm '{module.path}' with use_moving_avg_in_training (a "
-            'traced cell rereads the moving statistics after their update); '
-            f'set {flag}=False for this model.')
 
   def _MakeSchedule(self, num_devices: int) -> schedule_lib.Schedule:
     """The schedule: a registered name, a CSV file, or a Schedule object."""
@@ -301,26 +270,20 @@ class PipeliningLayer(base_layer.BaseLayer):
 
     'always' keeps the pairs whose backward directly follows their forward on
     the device; 'except_last' keeps those and the last micro-batch of every
-    stage; 'never' keeps everything. With ``micro_batch_loop`` (which takes
-    'always' or 'except_last'), what the loop keeps: the last stage's fused
-    pairs (ticks.Fusable) when the step runs as one loop, none as GPipe's
-    two loops.
+    stage; 'never' keeps everything.
     """
     p = self.p
     if p.remat == 'never':
       return None
-    if p.micro_batch_loop:
-      if loop_lib.RunsTwoLoops(sched):
-        return frozenset()
-      return ticks_lib.Fusable(sched)
     kept = set(sched.ForwardsFollowedByBackward())
     if p.remat == 'except_last':
       kept |= {(s, p.num_micro_batches - 1) for s in range(sched.num_stages)}
     return frozenset(kept)
 
-  def _Remat(self, s: int, m: int) -> bool:
-    """True when F(s, m) keeps only its input and its backward recomputes it."""
-    return self._kept is not None and (s, m) not in self._kept
+  def _Keep(self, s: int, m: int) -> bool:
+    """True when F(s, m) keeps its activations for its backward (False: it
+    keeps only its input, and the backward recomputes them)."""
+    return self._kept is None or (s, m) in self._kept
 
   def FProp(self, *inputs, training=False, trace=None):
     """Runs the pipeline; returns the last cell's outputs, merged.
@@ -335,8 +298,8 @@ class PipeliningLayer(base_layer.BaseLayer):
       trace: an optional trace.ScheduleTrace recording each action.
     """
     return engine.RunPipeline(self._ReplicaCells(), self._schedule,
-                              self._Remat, inputs, training, trace,
-                              self.p.trace_once, self.p.micro_batch_loop)
+                              self._Keep, inputs, training, trace,
+                              self.p.execution)
 
   def ComputeLossAndGradients(self, inputs, labels, loss_fn: loss_lib.LossFn,
                               variables=None, trace=None):
@@ -368,9 +331,8 @@ class PipeliningLayer(base_layer.BaseLayer):
       variables = self.trainable_variables
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     return engine.RunLossAndGradients(
-        self._ReplicaCells(), self._schedule, self._Remat, inputs, labels,
-        loss_fn, list(variables), trace, self.p.trace_once,
-        self.p.micro_batch_loop)
+        self._ReplicaCells(), self._schedule, self._Keep, inputs, labels,
+        loss_fn, list(variables), trace, self.p.execution)
 
   def _ReplicaCells(self) -> list[cell_lib.Cell]:
     """The cells, placed on this replica's devices when data-parallel."""

@@ -52,6 +52,13 @@ class ScheduleTrace:
       stamp = tf.timestamp()
     self._ends[i] = stamp
 
+  def Record(self, action: schedule_lib.Action, start: tf.Tensor,
+             end: tf.Tensor) -> None:
+    """Records an action's start and end stamps, taken by the interpreter."""
+    self.actions.append(action)
+    self._starts.append(start)
+    self._ends.append(end)
+
   def Tensors(self) -> tuple[tf.Tensor, tf.Tensor]:
     """(starts, ends) as float64 vectors in the order of ``actions``."""
     return tf.stack(self._starts), tf.stack(self._ends)

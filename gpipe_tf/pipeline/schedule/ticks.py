@@ -1,22 +1,31 @@
-"""Clock ticks for running a schedule as one loop (pipeline/schedule_loop.py).
+"""Lowers a schedule to a tick program: what every device runs at every tick of the interpreter's loop.
 
-A loop runs every device once per iteration (a tick), and what a device reads
-from another is what that device had made by the end of the previous tick. So
-each action gets a tick after the action before it on its device and after
-every action whose output it reads (Schedule.Dependencies), the earliest such
-tick, every action taking one tick. A device runs at most one action per tick,
-in its list's order, and a schedule's order is kept exactly.
+The interpreter (pipeline/interpreter.py) runs every device once per tick,
+and what a device reads from another is what that device had made by the
+end of the previous tick. So each action gets the earliest tick after the
+action before it on its device and after every action whose output it reads
+(Schedule.Dependencies), every action taking one tick. A device runs at most
+one action per tick, in its list's order: the schedule's order is kept
+exactly, W actions included (a W runs the weight-gradient half of its B,
+later, where the schedule put it).
 
-W actions get no tick: the loop's backward computes the input and weight
-gradients in one pass (as ``trace_once`` does), so a B is run as a BW and its
-W has nothing left to do.
+Each action is lowered to a *step*: its kind and stage, and whether the
+forward keeps its activations for its backward (``keep``) or the backward
+recomputes them from the stage's input. A device's distinct steps are its
+branches (branch 0 idles), so the loop body holds one piece of code per step,
+whatever M is. For 1F1B with K = 2, M = 3 (``ToAscii()``)::
 
-A *fused* pair (s, m) runs F(s, m) and its backward as one action in F's
-tick: the loop computes the loss and differentiates right after the forward,
-keeping its activations instead of recomputing them. Only the last stage's
-pairs whose backward directly follows their F on the device can be fused
-(every micro-batch of 1F1B's last stage): the backward then reads nothing
-but the loss of its own forward.
+    dev 0: F0 F1 .. .. BW0 F2 BW1 .. BW2
+    dev 1: .. F0 FB0 FB1 .. FB2 .. .. ..
+
+A *fused* pair (s, m) runs F(s, m), the loss and its backward as one step
+(FB) in F's tick, keeping the activations in between: only the last stage's
+pairs whose backward directly follows their F on the device (Fusable) can
+be fused, since that backward reads nothing but the loss of its own forward.
+
+A *phase* lowers part of a schedule: 'forward' its F actions (inference, or
+the forward of a tape-driven fill-drain step), 'backward' the rest (their F
+having run in an earlier loop), 'all' everything (the loss inside).
 
 Pure Python; importing it does not import TensorFlow.
 """
@@ -24,116 +33,184 @@ Pure Python; importing it does not import TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import table
 
+__all__ = ['FB', 'PHASES', 'Fusable', 'Lower', 'Step', 'TickProgram']
+
 Action = action_lib.Action
+F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
+FB = 'FB'  # A fused F, loss and backward of the last stage.
+PHASES = ('all', 'forward', 'backward')
 
 
 @dataclasses.dataclass(frozen=True)
-class TickTable:
-  """When each action runs in a loop over ticks.
+class Step:
+  """One branch of a device's loop body.
+
+  Attributes:
+    kind: F, B, W, BW or FB (fused F + loss + backward).
+    stage: the stage it runs.
+    keep: F: saves the activations its backward reads; B/BW: reads them
+      (else recomputes the forward from the stage's input). False for W,
+      True for FB (its activations never leave the step).
+    split: FB: its backward is a B (a W follows), else a BW.
+  """
+  kind: str
+  stage: int
+  keep: bool = False
+  split: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TickProgram:
+  """A schedule lowered to ticks.
 
   Attributes:
     num_ticks: the loop's iterations.
-    tick: the tick of every action but W (a fused pair's backward has its
-      F's tick).
+    tick: the tick of every action of the phase (a fused pair's backward
+      has its F's tick).
     grid: grid[d][t] is device d's action at tick t, None when it idles (a
       fused pair shows as its F).
-    fused: the (stage, micro-batch) pairs whose F and backward are one
-      action.
+    fused: the (stage, micro-batch) pairs run as one FB step.
+    steps: steps[d] lists device d's distinct steps; branch j + 1 runs
+      steps[d][j].
+    branch: branch[d][t], 0 when device d idles at tick t.
+    micro: micro[d][t], the micro-batch of that step (0 when idle).
+    got_y: got_y[s][t], the micro-batch whose output stage s-1 made at tick
+      t-1 and stage s takes in at tick t; -1 for none.
+    got_dx: got_dx[s][t], the micro-batch whose input gradient stage s+1
+      made at tick t-1 and stage s takes in at tick t; -1 for none.
   """
   num_ticks: int
   tick: dict[Action, int]
   grid: tuple[tuple[Action | None, ...], ...]
-  fused: frozenset[tuple[int, int]] = frozenset()
+  fused: frozenset[tuple[int, int]]
+  steps: tuple[tuple[Step, ...], ...]
+  branch: tuple[tuple[int, ...], ...]
+  micro: tuple[tuple[int, ...], ...]
+  got_y: tuple[tuple[int, ...], ...]
+  got_dx: tuple[tuple[int, ...], ...]
 
-  def Branches(self, stages: list[list[int]]) -> tuple[list, list]:
-    """(branch, micro): per device d and tick t, which pass to run and on
-    which micro-batch. branch[d][t] is 0 when d idles, 1 + 2j for F and
-    2 + 2j for the backward of stages[d][j] (B and BW alike), and
-    1 + 2 len(stages[d]) for a fused F and backward (of the last stage, the
-    only one that can be fused); micro[d][t] is its micro-batch (0 when
-    idle)."""
-    branch = [[0] * self.num_ticks for _ in stages]
-    micro = [[0] * self.num_ticks for _ in stages]
+  def ToAscii(self) -> str:
+    """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3',
+    'FB3' (fused), '..' idle."""
+    rows = []
     for d, row in enumerate(self.grid):
-      for t, act in enumerate(row):
-        if act is not None:
-          j = stages[d].index(act.stage)
-          if (act.stage, act.micro_batch) in self.fused:
-            branch[d][t] = 1 + 2 * len(stages[d])
-          else:
-            branch[d][t] = 1 + 2 * j + (act.kind != action_lib.F)
-          micro[d][t] = act.micro_batch
-    return branch, micro
-
-  def Receipts(self, num_stages: int) -> tuple[list, list]:
-    """(forward, backward): forward[s][t] is the micro-batch whose output
-    stage s-1 made at tick t-1, which stage s takes in at tick t, and
-    backward[s][t] the one whose input gradient stage s+1 made at tick t-1;
-    -1 where there is none."""
-    forward = [[-1] * self.num_ticks for _ in range(num_stages)]
-    backward = [[-1] * self.num_ticks for _ in range(num_stages)]
-    for act, t in self.tick.items():
-      if t + 1 >= self.num_ticks:
-        continue
-      if act.kind == action_lib.F and act.stage + 1 < num_stages:
-        forward[act.stage + 1][t + 1] = act.micro_batch
-      elif act.kind != action_lib.F and act.stage > 0:
-        backward[act.stage - 1][t + 1] = act.micro_batch
-    return forward, backward
+      cells = []
+      for act in row:
+        if act is None:
+          cells.append('..')
+        elif (act.stage, act.micro_batch) in self.fused:
+          cells.append(f'FB{act.micro_batch}')
+        else:
+          cells.append(act.label)
+      width = max(len(c) for c in cells)
+      rows.append(f'dev {d}: ' + ' '.join(c.ljust(width) for c in cells))
+    return '\n'.join(rows)
 
 
 def Fusable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:
-  """The pairs Ticks can fuse: the last stage's (s, m) whose backward
+  """The pairs Lower can fuse: the last stage's (s, m) whose backward
   directly follows F(s, m) on its device."""
   last = schedule.num_stages - 1
   return frozenset((s, m) for s, m in schedule.ForwardsFollowedByBackward()
                    if s == last)
 
 
-def Ticks(schedule: table.Schedule,
-          fused: frozenset[tuple[int, int]] = frozenset()) -> TickTable:
-  """The tick table of a schedule (validated first).
+def _InPhase(act: Action, phase: str) -> bool:
+  if phase == 'forward':
+    return act.kind == F
+  if phase == 'backward':
+    return act.kind != F
+  return True
+
+
+def _Ticks(schedule: table.Schedule, phase: str,
+           fused: frozenset[tuple[int, int]]) -> dict[Action, int]:
+  tick: dict[Action, int] = {}
+  last = [-1] * schedule.num_devices
+  for act in schedule.Order():
+    if not _InPhase(act, phase):
+      continue
+    pair = (act.stage, act.micro_batch)
+    if act.kind in (B, BW) and pair in fused:
+      tick[act] = tick[Action(F, *pair)]
+      continue
+    d = schedule.DeviceOf(act.stage)
+    t = last[d] + 1
+    for dep in schedule.Dependencies(act):
+      if dep in tick:  # Not in tick: run in an earlier phase.
+        t = max(t, tick[dep] + 1)
+    tick[act] = t
+    last[d] = t
+  return tick
+
+
+def Lower(schedule: table.Schedule, *, phase: str = 'all',
+          fused: frozenset[tuple[int, int]] = frozenset(),
+          keep: Callable[[int, int], bool] = lambda s, m: True
+          ) -> TickProgram:
+  """Lowers (a phase of) a validated schedule to its tick program.
 
   Args:
-    schedule: the schedule.
-    fused: (stage, micro-batch) pairs whose F and backward run as one action
-      in F's tick; a subset of Fusable(schedule).
+    schedule: the schedule (validated here).
+    phase: 'all', 'forward' or 'backward' (module docstring).
+    fused: (stage, micro-batch) pairs to run as one FB step; a subset of
+      Fusable(schedule), and only with phase 'all'.
+    keep: keep(s, m) is True when F(s, m) keeps its activations for its
+      backward, False when the backward recomputes them.
 
   Raises:
-    ScheduleError: if the schedule is not valid (Schedule.Validate), or a
-      fused pair is not fusable.
+    ScheduleError: the schedule is not valid (Schedule.Validate), the phase
+      is unknown, or a fused pair is not fusable.
   """
   schedule.Validate()
+  if phase not in PHASES:
+    raise table.ScheduleError(f'phase must be one of {PHASES}, got {phase!r}')
   fused = frozenset(fused)
+  if fused and phase != 'all':
+    raise table.ScheduleError(
+        f"fused pairs need phase 'all' (the loss inside), not {phase!r}")
   if not fused <= Fusable(schedule):
     raise table.ScheduleError(
         f'cannot fuse {sorted(fused - Fusable(schedule))}: only the last '
         "stage's pairs whose backward directly follows their F on the device "
         f'can run as one action ({sorted(Fusable(schedule))} here).')
-  tick: dict[Action, int] = {}
-  last = [-1] * schedule.num_devices
-  for act in schedule.Order():
-    if act.kind == action_lib.W:
-      continue
-    d = schedule.DeviceOf(act.stage)
-    if (act.kind != action_lib.F and
-        (act.stage, act.micro_batch) in fused):
-      tick[act] = tick[action_lib.Action(action_lib.F, act.stage,
-                                         act.micro_batch)]
-      continue
-    t = last[d] + 1
-    for dep in schedule.Dependencies(act):
-      t = max(t, tick[dep] + 1)
-    tick[act] = t
-    last[d] = t
-  num_ticks = 1 + max(tick.values())
-  grid = [[None] * num_ticks for _ in range(schedule.num_devices)]
+  tick = _Ticks(schedule, phase, fused)
+  num_ticks = 1 + max(tick.values(), default=-1)
+  k, num_stages = schedule.num_devices, schedule.num_stages
+  grid = [[None] * num_ticks for _ in range(k)]
+  steps: list[list[Step]] = [[] for _ in range(k)]
+  branch = [[0] * num_ticks for _ in range(k)]
+  micro = [[0] * num_ticks for _ in range(k)]
+  got_y = [[-1] * num_ticks for _ in range(num_stages)]
+  got_dx = [[-1] * num_ticks for _ in range(num_stages)]
   for act, t in tick.items():
-    if act.kind == action_lib.F or (act.stage, act.micro_batch) not in fused:
-      grid[schedule.DeviceOf(act.stage)][t] = act
-  return TickTable(num_ticks, tick, tuple(tuple(row) for row in grid),
-                   fused)
+    s, m = act.stage, act.micro_batch
+    d = schedule.DeviceOf(s)
+    if t + 1 < num_ticks:
+      if act.kind == F and s + 1 < num_stages:
+        got_y[s + 1][t + 1] = m
+      elif act.kind in (B, BW) and s > 0:
+        got_dx[s - 1][t + 1] = m
+    if act.kind in (B, BW) and (s, m) in fused:
+      continue  # Runs inside its F's step.
+    if act.kind == F and (s, m) in fused:
+      step = Step(FB, s, True, schedule.SplitBackward(s, m))
+    elif act.kind == W:
+      step = Step(W, s)
+    else:
+      step = Step(act.kind, s, bool(keep(s, m)))
+    if step not in steps[d]:
+      steps[d].append(step)
+    grid[d][t] = act
+    branch[d][t] = 1 + steps[d].index(step)
+    micro[d][t] = m
+  return TickProgram(
+      num_ticks, tick, tuple(tuple(r) for r in grid), fused,
+      tuple(tuple(r) for r in steps), tuple(tuple(r) for r in branch),
+      tuple(tuple(r) for r in micro), tuple(tuple(r) for r in got_y),
+      tuple(tuple(r) for r in got_dx))

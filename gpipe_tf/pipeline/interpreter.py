@@ -1,0 +1,450 @@
+"""Runs a tick program (schedule/ticks.py) over the cells' pieces: the one interpreter of every schedule.
+
+Every stage keeps, on its own device, one slot per micro-batch (a
+TensorArray) for each tensor its steps pass on to later steps::
+
+    x       its forward input        written by the stage before (or split
+                                     from the mini-batch, stage 0)
+    dy      its output gradients     written by the stage after (or split
+                                     from the upstream gradient, last stage)
+    saved   a kept forward's activations, for its B or BW
+    pinned  the non-trainable values a recomputed forward must reread
+    wcut    what its W reads from its B
+
+plus the running sums of its weight gradients, BatchNorm statistics and (last
+stage) loss sums. A tick first moves what neighbours made in the previous
+tick into the slots (only boundary tensors cross devices), then every device
+runs the step the program gives it (``tf.switch_case`` over the device's
+steps; branch 0 idles)::
+
+    tick t:  receive(x, dy)  ->  device 0: switch(branch[0][t])
+                                 device 1: switch(branch[1][t]) ...
+
+``execution='loop'`` builds one ``tf.while_loop`` over the ticks: the
+step's graph holds one copy of each step, whatever M is. ``'unrolled'`` runs
+the same body once per tick in Python, branches picked when the graph is
+built and each device's steps chained by control dependencies: a graph that
+grows with M, for small cells where a loop iteration costs more than the
+work in it. Both run the same pieces in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import tensorflow as tf
+
+from gpipe_tf.layers import random_seeds
+from gpipe_tf.pipeline import cell_program as program_lib
+from gpipe_tf.pipeline import microbatch
+from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline.schedule import ticks as ticks_lib
+
+__all__ = ['EXECUTIONS', 'Interpreter', 'Slots']
+
+EXECUTIONS = ('loop', 'unrolled')
+F, B, W, BW, FB = (ticks_lib.F, ticks_lib.B, ticks_lib.W, ticks_lib.BW,
+                   ticks_lib.FB)
+
+
+class Slots(NamedTuple):
+  """One stage's state while a program runs (None where it has none).
+
+  Attributes:
+    x, dy, saved, pinned, wcut: per tensor, a TensorArray of M slots.
+    y: the output of its latest F (stages before the last).
+    dx: the input gradient of its latest B or BW (stages after the first).
+    acc: tensor_loop.RunningSums lists of its weight gradients.
+    bn: its BatchNorm sufficient statistics, summed.
+    sums: the loss sums (last stage, loss inside).
+    out: per output, a TensorArray of M slots (last stage, loss outside).
+    dx0: per input, a TensorArray of M slots (stage 0, input gradients).
+    stamps: with a trace, (start, end) TensorArrays of timestamps by tick.
+  """
+  x: Any = None
+  dy: Any = None
+  saved: Any = None
+  pinned: Any = None
+  wcut: Any = None
+  y: Any = None
+  dx: Any = None
+  acc: Any = None
+  bn: Any = None
+  sums: Any = None
+  out: Any = None
+  dx0: Any = None
+  stamps: Any = None
+
+
+def _Gather(row: Sequence[int], t: Any) -> Any:
+  return row[t] if isinstance(t, int) else tf.gather(tf.constant(row), t)
+
+
+def _When(m: Any, run: Callable[[], Any], keep: Any) -> Any:
+  """run() where m >= 0 (a receipt), else keep."""
+  if isinstance(m, int):
+    return run() if m >= 0 else keep
+  return tl.Select(m >= 0, run, keep)
+
+
+def _Read(slots: Sequence[Any], m: Any) -> list:
+  return [s.read(m) if isinstance(s, tf.TensorArray) else s for s in slots]
+
+
+def _Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
+  return [None if s is None else s.write(m, v)
+          for s, v in zip(slots, values)]
+
+
+def _Arrays(specs: Sequence[Any], size: int) -> list:
+  return [None if s is None else tl.TensorArrayOf(s, size) for s in specs]
+
+
+class Interpreter:
+  """Runs the cells' programs in the order of tick programs.
+
+  Args:
+    cells: the S cells, cell s on the device of stage s.
+    schedule: the validated schedule.
+    seed: the step seed; micro-batch m's is FoldIn(seed, m).
+    execution: 'loop' or 'unrolled' (module docstring).
+    trace: an optional trace.ScheduleTrace; every step then stamps its start
+      (once its inputs are ready) and end (once its outputs are).
+  """
+
+  def __init__(self, cells: Sequence[Any], schedule: Any, seed: tf.Tensor,
+               execution: str, trace: Any = None) -> None:
+    if execution not in EXECUTIONS:
+      raise ValueError(f'execution must be one of {EXECUTIONS}, got '
+                       f'{execution!r}')
+    self.cells = list(cells)
+    self.trace = trace
+    if trace is not None and trace.schedule is None:
+      trace.schedule = schedule
+    self.schedule = schedule
+    self.execution = execution
+    self.m = schedule.num_micro_batches
+    self.seed = seed
+    self.seeds = []
+    for cell in self.cells:
+      with tf.device(cell.device):
+        self.seeds.append(tf.identity(seed))
+    self.programs: list[program_lib.CellProgram] = []
+    self.slots: list[Slots] = []
+    self.inputs: list = []
+    self.labels: list = []
+    self.sizes: Any = None
+    self.batch: int | None = None
+    self.running: dict[int, tl.RunningSums] = {}
+
+  # ---- Set-up --------------------------------------------------------------
+  def Split(self, flat: Sequence[Any]) -> list:
+    """Per flat tensor, a TensorArray of its M micro-batches (None stays
+    None; a tensor without batch dimension is shared)."""
+    if self.sizes is None:
+      n = microbatch.BatchSize(flat)
+      if isinstance(n, int):
+        self.sizes = microbatch.MicroBatchSizes(n, self.m)
+        if len(set(self.sizes)) == 1:  # Static shapes run faster.
+          self.batch = self.sizes[0]
+      else:
+        base = n // self.m
+        self.sizes = base + tf.cast(tf.range(self.m) < n % self.m, n.dtype)
+    return [tl.TensorArrayOf(tl.SpecOf(x, self.batch), self.m).split(
+        x, self.sizes) if tl.HasBatch(x) else x for x in flat]
+
+  def Build(self, structure: Any, flat: Sequence[Any], training: bool,
+            head: Callable[[Sequence[Any]], Any] | None = None,
+            labels: Any = None, input_grads: bool = True) -> None:
+    """Splits the inputs (and labels), traces every cell's program in
+    forward order and makes every stage's slots.
+
+    Args:
+      structure, flat: the first stage's input nest and its flat leaves.
+      training: training mode.
+      head: with the loss inside, the loss_fn (labels then given).
+      labels: any nest split like the inputs, read by the loss.
+      input_grads: whether the first stage differentiates its inputs.
+    """
+    with tf.device(self.cells[0].device):
+      self.inputs = self.Split(flat)
+    loss_head = None
+    if head is not None:
+      label_flat = tf.nest.flatten(labels)
+      with tf.device(self.cells[-1].device):
+        self.labels = self.Split(label_flat)
+      loss_head = program_lib.LossHead(
+          head, labels, tuple(tl.SpecOf(x, self.batch) for x in label_flat))
+    seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
+    last = len(self.cells) - 1
+    structs = [structure]
+    specs = [[tl.SpecOf(x, self.batch) for x in flat]]
+    for cell in self.cells[:-1]:
+      struct, out_specs = program_lib.OutputsOf(cell, structs[-1], specs[-1],
+                                                seed_spec, training)
+      structs.append(struct)
+      specs.append(out_specs)
+    label_key = None if head is None else (
+        head, repr(tf.nest.map_structure(lambda _: 0, labels)),
+        tuple(map(repr, loss_head.label_specs)))
+    programs = [None] * len(self.cells)
+    for s in reversed(range(len(self.cells))):
+      cell = self.cells[s]
+      dy_present = None
+      if training and s < last:
+        dy_present = [g is not None for g in programs[s + 1].tensors['dx']]
+      key = (repr(tf.nest.map_structure(lambda _: 0, structs[s])),
+             tuple(map(repr, specs[s])), training,
+             label_key if s == last else None, input_grads or s > 0,
+             None if dy_present is None else tuple(dy_present))
+      if key not in cell.programs:
+        cell.programs[key] = program_lib.CellProgram(
+            cell, structs[s], specs[s], seed_spec, training,
+            loss_head if s == last else None, input_grads or s > 0,
+            dy_present)
+      programs[s] = cell.programs[key]
+    self.programs = programs
+    self.slots = [self._Slots(s, training, head is not None, input_grads)
+                  for s in range(len(self.cells))]
+
+  def _Slots(self, s: int, training: bool, loss_inside: bool,
+             input_grads: bool) -> Slots:
+    program, last = self.programs[s], len(self.cells) - 1
+    with tf.device(self.cells[s].device):
+      if not training:
+        return Slots(
+            x=None if s == 0 else _Arrays(self.programs[s - 1].out_specs,
+                                          self.m),
+            y=None if s == last else [tl.Filler(x) if x else None
+                                      for x in program.out_specs],
+            out=_Arrays(program.out_specs, self.m) if s == last else None)
+      dws = program.Specs('dws')
+      running = tl.RunningSums([None if d is None else tf.zeros(d.shape,
+                                                                d.dtype)
+                                for d in dws])
+      self.running[s] = running
+      return Slots(
+          x=None if s == 0 else _Arrays(self.programs[s - 1].out_specs,
+                                        self.m),
+          dy=None if loss_inside and s == last else _Arrays(
+              program.Specs('dy'), self.m),
+          saved=_Arrays(program.Specs('saved'), self.m),
+          pinned=_Arrays(program.Specs('pinned'), self.m),
+          wcut=_Arrays(program.Specs('wcut'), self.m),
+          y=None if s == last else [tl.Filler(x) if x else None
+                                    for x in program.out_specs],
+          dx=None if s == 0 else [tl.Filler(x) if x else None
+                                  for x in program.Specs('dx')],
+          acc=running.Initial(),
+          bn=[tf.zeros(x.shape, x.dtype) for x in program.Specs('bn')],
+          sums=([tf.zeros(x.shape, x.dtype) for x in program.Specs('sums')]
+                if loss_inside and s == last else None),
+          out=(_Arrays(program.out_specs, self.m)
+               if not loss_inside and s == last else None),
+          dx0=(_Arrays([None if g is None else tl.SpecOf(g, self.batch)
+                        for g in program.tensors['dx']], self.m)
+               if s == 0 and input_grads else None))
+
+  def FeedOutputGradients(self, dys: Sequence[Any]) -> None:
+    """Splits the gradients of the merged outputs (one per flat output,
+    None where none flows) into the last stage's dy slots (a tape-driven
+    backward)."""
+    slots = self.slots[-1]
+    with tf.device(self.cells[-1].device):
+      dys = [None if ta is None else (g if g is not None else tf.zeros_like(y))
+             for ta, g, y in zip(slots.dy, dys, self.Outputs())]
+      self.slots[-1] = slots._replace(dy=self.Split(dys))
+
+  # ---- Running -------------------------------------------------------------
+  def Run(self, program: ticks_lib.TickProgram) -> None:
+    """Runs a tick program, updating every stage's slots."""
+    if self.trace is not None:
+      for s, cell in enumerate(self.cells):
+        with tf.device(cell.device):
+          stamps = tuple(tf.TensorArray(tf.float64, size=program.num_ticks,
+                                        element_shape=[])
+                         for _ in range(2))
+        self.slots[s] = self.slots[s]._replace(stamps=stamps)
+    self._Execute(program)
+    if self.trace is not None:
+      self._Record(program)
+
+  def _Record(self, program: ticks_lib.TickProgram) -> None:
+    """Hands every action's stamps to the trace (a fused pair's backward
+    shares its F's)."""
+    for d, row in enumerate(program.grid):
+      for t, act in enumerate(row):
+        if act is None:
+          continue
+        starts, ends = self.slots[act.stage].stamps
+        start, end = starts.read(t), ends.read(t)
+        actions = [act]
+        if (act.stage, act.micro_batch) in program.fused:
+          actions += [a for a in program.tick
+                      if a.kind != F and program.tick[a] == t and
+                      a.stage == act.stage]
+        for a in actions:
+          self.trace.Record(a, start, end)
+
+  def _Execute(self, program: ticks_lib.TickProgram) -> None:
+    if self.execution == 'loop':
+      self.slots = list(tl.RunTicks(program.num_ticks,
+                                    lambda t, *st: self._Tick(program, t, st),
+                                    tuple(self.slots),
+                                    self.schedule.num_devices))
+      return
+    done: dict[int, list] = {}
+    slots = tuple(self.slots)
+    for t in range(program.num_ticks):
+      slots = self._Tick(program, t, slots, done)
+    self.slots = list(slots)
+
+  def _Tick(self, program: ticks_lib.TickProgram, t: Any,
+            slots: Sequence[Slots], done: dict | None = None) -> tuple:
+    slots = list(slots)
+    for s, cell in enumerate(self.cells):
+      with tf.device(cell.device):
+        slots[s] = self._Receive(program, s, t, slots)
+    for d in range(self.schedule.num_devices):
+      on_d = self.schedule.StagesOn(d)
+      steps = program.steps[d]
+      if not steps:
+        continue
+      with tf.device(self.cells[on_d[0]].device):
+        index = _Gather(program.branch[d], t)
+        m = _Gather(program.micro[d], t)
+        state = [slots[s] for s in on_d]
+        if isinstance(index, int):
+          if index == 0:
+            continue
+          step = steps[index - 1]
+          with tf.control_dependencies(done.get(d, [])):
+            slots[step.stage], made = self._Step(step, m, t,
+                                                 slots[step.stage])
+          done[d] = made[:1] or done.get(d, [])
+          continue
+        compact = tl.Compact(state)
+
+        def _Branch(step, state=state, compact=compact, on_d=on_d, m=m):
+          new = list(state)
+          j = on_d.index(step.stage)
+          new[j], _ = self._Step(step, m, t, state[j])
+          return compact.Values(new)
+
+        branches = [compact.Values] + [
+            lambda step=step, run=_Branch: run(step) for step in steps]
+        new = compact.Pack(tf.switch_case(index, branches))
+        for s, value in zip(on_d, new):
+          slots[s] = value
+    return tuple(slots)
+
+  def _Receive(self, program: ticks_lib.TickProgram, s: int, t: Any,
+               slots: list) -> Slots:
+    """Stage s takes in what its neighbours made at tick t-1."""
+    mine = slots[s]
+    if s > 0 and mine.x is not None and any(m >= 0 for m in
+                                             program.got_y[s]):
+      m = _Gather(program.got_y[s], t)
+      mine = mine._replace(x=_When(
+          m, lambda: _Write(mine.x, m, slots[s - 1].y), mine.x))
+    if s + 1 < len(slots) and mine.dy is not None and any(
+        x >= 0 for x in program.got_dx[s]):
+      m = _Gather(program.got_dx[s], t)
+      mine = mine._replace(dy=_When(
+          m, lambda: _Write(mine.dy, m, slots[s + 1].dx), mine.dy))
+    return mine
+
+  def _Step(self, step: ticks_lib.Step, m: Any, t: Any,
+            mine: Slots) -> tuple[Slots, list]:
+    """Runs one step of stage step.stage on micro-batch m: (the stage's new
+    slots, the tensors the step made)."""
+    s = step.stage
+    program = self.programs[s]
+    piece = program.Piece(step)
+    feeds = {}
+    if 'seed' in piece.feeds:
+      feeds['seed'] = [random_seeds.FoldIn(self.seeds[s], m)]
+    if 'x' in piece.feeds:
+      feeds['x'] = _Read(self.inputs if s == 0 else mine.x, m)
+    if 'labels' in piece.feeds:
+      feeds['labels'] = _Read(self.labels, m)
+    for group in ('dy', 'saved', 'pinned', 'wcut'):
+      if group in piece.feeds:
+        feeds[group] = _Read(getattr(mine, group), m)
+    if mine.stamps is not None:
+      with tf.control_dependencies(
+          [x for g in feeds.values() for x in g if isinstance(x, tf.Tensor)]):
+        start = tf.timestamp()
+    out = piece(**feeds)
+    new = {}
+    if 'y' in out:
+      if mine.out is not None:
+        new['out'] = _Write(mine.out, m, out['y'])
+      else:
+        new['y'] = out['y']
+    for group in ('saved', 'pinned', 'wcut'):
+      if group in out:
+        new[group] = _Write(getattr(mine, group), m, out[group])
+    if 'bn' in out:
+      new['bn'] = [a + b for a, b in zip(mine.bn, out['bn'])]
+    if 'sums' in out:
+      new['sums'] = [a + b for a, b in zip(mine.sums, out['sums'])]
+    if 'dx' in out:
+      if mine.dx0 is not None:
+        new['dx0'] = _Write(mine.dx0, m, out['dx'])
+      elif s > 0:
+        new['dx'] = [None if old is None else g
+                     for old, g in zip(mine.dx, out['dx'])]
+    if 'dws' in out:
+      running = self.running[s]
+      new['acc'] = running.Write(mine.acc, [
+          None if g is None else (g if prev is None else prev + g)
+          for g, prev in zip(out['dws'], running.Read(mine.acc))])
+    made = [x for group in out.values() for x in group if x is not None]
+    if mine.stamps is not None:
+      with tf.control_dependencies(made + [start]):
+        end = tf.timestamp()
+      new['stamps'] = (mine.stamps[0].write(t, start),
+                       mine.stamps[1].write(t, end))
+    return mine._replace(**new), made
+
+  # ---- Results -------------------------------------------------------------
+  def Outputs(self) -> list:
+    """The last stage's outputs, merged over micro-batches (flat)."""
+    with tf.device(self.cells[-1].device):
+      return [None if ta is None else ta.concat()
+              for ta in self.slots[-1].out]
+
+  def InputGradients(self) -> list:
+    """The first stage's input gradients, merged (flat; None where none)."""
+    with tf.device(self.cells[0].device):
+      return [None if ta is None else ta.concat()
+              for ta in self.slots[0].dx0]
+
+  def LossSums(self) -> Any:
+    """The loss.Sums of the mini-batch."""
+    program = self.programs[-1]
+    return tf.nest.pack_sequence_as(program.sums_struct, self.slots[-1].sums)
+
+  def Gradients(self) -> dict:
+    """{variable.ref(): (variable, gradient)}, summed over micro-batches and
+    over the stages that read the variable."""
+    grads: dict = {}
+    for s, program in enumerate(self.programs):
+      with tf.device(self.cells[s].device):
+        sums = self.running[s].Read(self.slots[s].acc)
+      for v, g in zip(program.variables, sums):
+        if g is None:
+          continue
+        if v.ref() in grads:
+          with tf.device(v.device):
+            g = grads[v.ref()][1] + g
+        grads[v.ref()] = (v, g)
+    return grads
+
+  def AddBatchNormStats(self, deferred: Any) -> None:
+    """Hands every stage's BatchNorm sums to `deferred`
+    (normalization.DeferredMovingStats), to move once per step."""
+    for program, slots in zip(self.programs, self.slots):
+      for i, layer in enumerate(program.bn_layers):
+        deferred.Add(layer, *slots.bn[3 * i:3 * i + 3])

@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-from typing import Any, Sequence
+import random
+from typing import Any, Iterator, Sequence
 
 import keras
 import tensorflow as tf
@@ -232,6 +233,23 @@ def _BuildScope(path: str):
   return tf.name_scope(parent + '/') if parent else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _SeededInitializers(seed: int) -> Iterator[None]:
+  """Makes the seeds Keras gives unseeded initialisers a function of `seed`.
+
+  Keras draws them from Python's ``random`` (random.make_default_seed) when
+  an initialiser is made, also for the copies a layer makes for its
+  sublayers; seeding it here, and restoring its state after, gives the same
+  initial values in every build of the same layer path.
+  """
+  state = random.getstate()
+  random.seed(seed)
+  try:
+    yield
+  finally:
+    random.setstate(state)
+
+
 class KerasLayer(base_layer.BaseLayer):
   """A Keras 3 layer built from ``keras_class`` + ``config`` on the current device.
 
@@ -248,7 +266,10 @@ class KerasLayer(base_layer.BaseLayer):
   Variables: the Keras layer's weights, in its ``weights`` order, kept as
   ``keras_weights`` (the backing tf.Variables of the Keras variables), so
   ``trainable_variables`` and checkpoints see them at paths that follow the
-  layer tree: the same under a SequentialLayer and any PipeliningLayer.
+  layer tree: the same under a SequentialLayer and any PipeliningLayer. Their
+  initial values are a function of the layer path and ``random_seed`` (the
+  seeds of unseeded Keras initialisers are drawn from it), as for every
+  gpipe_tf layer.
 
   This layer deliberately does NOT run: Keras layers with stateful randomness
   (seed generators: GaussianNoise, SpatialDropout, attention dropout > 0), any
@@ -301,7 +322,7 @@ class KerasLayer(base_layer.BaseLayer):
       self.CreateChild('native', native)
       self.keras_weights = []
       return
-    with _BuildScope(self.path):
+    with _BuildScope(self.path), _SeededInitializers(self.layer_seed):
       layer = self._cls.from_config(dict(config, name=self.name))
       args, kwargs = _Symbolic(p, self._shapes)
       layer(*args, **kwargs)  # Builds the variables for these shapes.

@@ -1,4 +1,4 @@
-"""The README and docs/ name only things that exist: links, paths, modules, experiments.
+"""The README, docs/, CHANGELOG.md and benchmarks/ name only things that exist: links, paths, modules, experiments.
 
 A move or rename that forgets the documentation fails here. Pure Python: reads
 the Markdown files and the source tree, imports nothing from the project.
@@ -59,6 +59,14 @@ def DocFiles(root=_ROOT):
       glob.glob(os.path.join(root, 'docs', '*.md')))
 
 
+def CheckedFiles(root=_ROOT):
+  """DocFiles, the changelog and every benchmarks/<tool>/README.md."""
+  changelog = os.path.join(root, 'CHANGELOG.md')
+  return DocFiles(root) + ([changelog] if os.path.exists(changelog) else []) + sorted(
+      glob.glob(os.path.join(root, 'benchmarks', '**', 'README.md'),
+                recursive=True))
+
+
 def _Read(path):
   with open(path, encoding='utf-8') as f:
     return f.read()
@@ -89,7 +97,7 @@ def Anchors(text):
 def BrokenLinks(root=_ROOT):
   """['file: link (why)'] for relative links to missing files or anchors."""
   broken = []
-  for doc in DocFiles(root):
+  for doc in CheckedFiles(root):
     text = _Read(doc)
     for target in _LINK.findall(text):
       if re.match(r'[a-z]+:', target):  # http:, https:, mailto:
@@ -107,18 +115,19 @@ def BrokenLinks(root=_ROOT):
 
 
 def _CurrentText(doc, root):
-  """The text whose names must exist: the README's old-name column is not."""
-  text = _Read(doc)
-  if os.path.basename(doc) != 'README.md' or '## Moved in 0.2' not in text:
-    return text
-  before, moved = text.split('## Moved in 0.2', 1)
-  moved, sep, after = moved.partition('\n## ')
-  kept = []
-  for line in moved.splitlines():
+  """The text whose names must exist: the old-name column of a table headed
+  '| Old | New |' (the changelog's moves) is not."""
+  del root  # Unused.
+  kept, in_moves = [], False
+  for line in _Read(doc).splitlines():
+    if re.match(r'\|\s*Old\s*\|\s*New\s*\|', line):
+      in_moves = True
+    elif not line.startswith('|'):
+      in_moves = False
     cells = line.split('|')
     # '| old | new |' -> keep only the new cell.
-    kept.append('|'.join(cells[2:]) if len(cells) >= 4 else line)
-  return before + '\n'.join(kept) + sep + after
+    kept.append('|'.join(cells[2:]) if in_moves and len(cells) >= 4 else line)
+  return '\n'.join(kept)
 
 
 def _ModuleAndRest(dotted, root):
@@ -148,7 +157,7 @@ def _Defines(source_file, name):
 def MissingNames(root=_ROOT):
   """['file: name (why)'] for paths, modules and experiments that do not exist."""
   missing = []
-  for doc in DocFiles(root):
+  for doc in CheckedFiles(root):
     text = _CurrentText(doc, root)
     where = _Relative(doc, root)
     for path in sorted(set(_PATH.findall(text))):
@@ -200,6 +209,16 @@ class DocsTest(tf.test.TestCase):
       self.assertIn(f'](docs/{name})', readme, name)
       self.assertIn('](../README.md)', _Read(page), name)
 
+  def testBenchmarksAndChangelogAreLinkedFromTheReadme(self):
+    readme = _Read(os.path.join(_ROOT, 'README.md'))
+    self.assertIn('](CHANGELOG.md)', readme)
+    self.assertIn('](benchmarks/README.md', readme)
+    index = _Read(os.path.join(_ROOT, 'benchmarks', 'README.md'))
+    for page in glob.glob(os.path.join(_ROOT, 'benchmarks', '*', 'README.md')):
+      tool = os.path.basename(os.path.dirname(page))
+      self.assertIn(f']({tool}/README.md)', index, tool)
+      self.assertIn('](../README.md)', _Read(page), tool)
+
   def testNoProjectFileCitesNotesOutsideTheProject(self):
     """TensorFlow facts live in docs/tensorflow-notes.md, not in a file outside."""
     cited = []
@@ -226,21 +245,27 @@ class DocsTest(tf.test.TestCase):
               '[bad anchor](docs/a.md#two)\n\n'
               '`gpipe_tf/train/loop.py` `gpipe_tf/train_lib.py` '
               '`gpipe_tf.train.loop.train_and_evaluate` `gpipe_tf.train.loop.'
-              'Evaluate` `python -m tools.gone`\n\n'
-              '## Moved in 0.2\n\n| Old | New |\n|---|---|\n'
-              '| `gpipe_tf.train_lib` | `gpipe_tf.train.loop` |\n')
+              'Evaluate` `python -m tools.gone`\n')
+    with open(os.path.join(root, 'CHANGELOG.md'), 'w') as f:
+      f.write('# Changelog\n\n## 0.2\n\n| Old | New |\n|---|---|\n'
+              '| `gpipe_tf.train_lib` | `gpipe_tf.train.loop` |\n\n'
+              '`gpipe_tf.gone` [gone](docs/c.md)\n')
     with open(os.path.join(root, 'docs', 'a.md'), 'w') as f:
       f.write('# A\n\n## One\n\n[back](../README.md)\n')
     self.assertEqual(BrokenLinks(root), [
         'README.md: docs/b.md (no such file)',
-        'README.md: docs/a.md#two (no heading with that anchor)'])
+        'README.md: docs/a.md#two (no heading with that anchor)',
+        'CHANGELOG.md: docs/c.md (no such file)'])
     self.assertEqual(MissingNames(root), [
         'README.md: docs/b.md (no such file or directory)',
         'README.md: gpipe_tf/train_lib.py (no such file or directory)',
         'README.md: gpipe_tf.train.loop.Evaluate (gpipe_tf/train/loop.py does '
         'not define Evaluate)',
         'README.md: tools.gone (no such module)',
-        'README.md: python -m tools.gone (no such module)'])
+        'README.md: python -m tools.gone (no such module)',
+        'CHANGELOG.md: docs/c.md (no such file or directory)',
+        'CHANGELOG.md: gpipe_tf.gone (gpipe_tf/__init__.py does not define '
+        'gone)'])
 
 
 if __name__ == '__main__':

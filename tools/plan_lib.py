@@ -152,8 +152,9 @@ def Candidates(num_devices: int, batch_size: int, num_layers: int,
 
   K divides D and N / (D / K) is whole; M is a power of 2 up to the
   per-replica batch and ``max_micro_batches``; 'interleaved_1f1b' takes
-  each V in ``virtual_stages`` (its V = 1 is '1f1b'), every other schedule
-  V = 1; K x V stages need at least as many layers.
+  each V in ``virtual_stages`` (its V = 1 is '1f1b'), the V-shaped ones
+  ('zbv', 'dualpipe_v') V = 2 where they exist, every other schedule V = 1;
+  K x V stages need at least as many layers.
 
   Raises:
     PlanError: a schedule that is not registered, or D, N or the largest M
@@ -176,11 +177,25 @@ def Candidates(num_devices: int, batch_size: int, num_layers: int,
     n = batch_size // r
     micro = [2**i for i in range(int(math.log2(min(n, max_micro_batches))) + 1)]
     for name in names:
-      vs = virtual_stages if name == 'interleaved_1f1b' else (1,)
+      vs = (virtual_stages if name == 'interleaved_1f1b' else
+            (2,) if name in _V_SHAPED else (1,))
       for v in (v for v in vs if k * v <= num_layers):
         layouts += [Layout(k, r, m, name, v, remat) for m in micro
-                    for remat in remats]
+                    if _Fits(name, k, m, v) for remat in remats]
   return layouts
+
+
+# Schedules with two stages per device in a V (schedule/vshape.py).
+_V_SHAPED = ('zbv', 'dualpipe_v')
+
+
+def _Fits(name: str, k: int, m: int, v: int) -> bool:
+  """Whether the schedule exists for K, M and V (DualPipeV needs M >= 2K)."""
+  try:
+    _Schedule(name, k, m, v)
+  except schedule_lib.ScheduleError:
+    return False
+  return True
 
 
 def Evaluate(model: Model, layout: Layout, batch_size: int,

@@ -96,8 +96,9 @@ def _Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
           for s, v in zip(slots, values)]
 
 
-def _Arrays(specs: Sequence[Any], size: int) -> list:
-  return [None if s is None else tl.TensorArrayOf(s, size) for s in specs]
+def _Arrays(specs: Sequence[Any], size: int, read_once: bool = False) -> list:
+  return [None if s is None else tl.TensorArrayOf(s, size, read_once)
+          for s in specs]
 
 
 class Interpreter:
@@ -227,10 +228,10 @@ class Interpreter:
           x=None if s == 0 else _Arrays(self.programs[s - 1].out_specs,
                                         self.m),
           dy=None if loss_inside and s == last else _Arrays(
-              program.Specs('dy'), self.m),
-          saved=_Arrays(program.Specs('saved'), self.m),
-          pinned=_Arrays(program.Specs('pinned'), self.m),
-          wcut=_Arrays(program.Specs('wcut'), self.m),
+              program.Specs('dy'), self.m, read_once=True),
+          saved=_Arrays(program.Specs('saved'), self.m, read_once=True),
+          pinned=_Arrays(program.Specs('pinned'), self.m, read_once=True),
+          wcut=_Arrays(program.Specs('wcut'), self.m, read_once=True),
           y=None if s == last else [tl.Filler(x) if x else None
                                     for x in program.out_specs],
           dx=None if s == 0 else [tl.Filler(x) if x else None

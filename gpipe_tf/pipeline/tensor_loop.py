@@ -52,11 +52,14 @@ def HasBatch(x: Any) -> bool:
   return x is not None and x.shape.rank is not None and x.shape.rank > 0
 
 
-def TensorArrayOf(spec: tf.TensorSpec, size: int) -> tf.TensorArray:
-  """`size` slots of `spec`, each readable more than once (run eagerly, a
-  TensorArray would otherwise clear a slot when it is read)."""
+def TensorArrayOf(spec: tf.TensorSpec, size: int,
+                  read_once: bool = False) -> tf.TensorArray:
+  """`size` slots of `spec`. A slot is readable more than once, unless
+  `read_once`: then reading it frees it (activations kept for one
+  backward: the memory a schedule bounds is the memory it frees)."""
   return tf.TensorArray(spec.dtype, size=size, infer_shape=False,
-                        element_shape=spec.shape, clear_after_read=False)
+                        element_shape=spec.shape,
+                        clear_after_read=read_once)
 
 
 class Compact:

@@ -1,4 +1,4 @@
-"""Tick tables for running a schedule as one loop (schedule/ticks.py); pure Python."""
+"""Tick programs: a schedule lowered to what each device runs at each tick (schedule/ticks.py); pure Python."""
 
 import itertools
 import unittest
@@ -13,58 +13,93 @@ def _Layouts():
     yield schedule.Make(name, k, m)
   for k, m, v in [(2, 4, 2), (2, 8, 4), (4, 8, 2)]:
     yield schedule.Make('interleaved_1f1b', k, m, v)
+  for k, m in [(2, 4), (3, 6)]:
+    yield schedule.Make('zbv', k, m, 2)
+    yield schedule.Make('dualpipe_v', k, m, 2)
 
 
-class TicksTest(unittest.TestCase):
+def _Run(table, sched, d):
+  """Device d's actions in tick order (a fused pair's backward after its F)."""
+  out = []
+  for act in table.grid[d]:
+    if act is None:
+      continue
+    out.append(act)
+    if act.kind == schedule.F and (act.stage,
+                                   act.micro_batch) in table.fused:
+      out += [a for a in sched.actions[d] if a.kind in (schedule.B,
+                                                        schedule.BW) and
+              (a.stage, a.micro_batch) == (act.stage, act.micro_batch)]
+  return out
 
-  def testOrderAndDependenciesHold(self):
+
+class LowerTest(unittest.TestCase):
+
+  def testEveryActionKeepsItsOrderAndRunsAtItsEarliestTick(self):
     for sched in _Layouts():
-      with self.subTest(sched=sched):
-        table = ticks.Ticks(sched)
-        for d, acts in enumerate(sched.actions):
-          run = [a for a in acts if a.kind != schedule.W]
-          self.assertEqual(run, [a for a in table.grid[d] if a is not None])
-          times = [table.tick[a] for a in run]
-          self.assertEqual(times, sorted(set(times)))
-          for a in run:
-            earliest = max([table.tick[dep] + 1
-                            for dep in sched.Dependencies(a)] +
-                           [table.tick[run[run.index(a) - 1]] + 1
-                            if run.index(a) else 0])
-            self.assertEqual(table.tick[a], earliest, a)
-        self.assertEqual(table.num_ticks, 1 + max(table.tick.values()))
+      for fused in (frozenset(), ticks.Fusable(sched)):
+        with self.subTest(sched=sched, fused=bool(fused)):
+          table = ticks.Lower(sched, fused=fused)
+          for d, acts in enumerate(sched.actions):
+            # W included: zero-bubble's weight gradients run where the
+            # schedule put them.
+            self.assertEqual(list(acts), _Run(table, sched, d))
+            run = [a for a in table.grid[d] if a is not None]
+            times = [table.tick[a] for a in run]
+            self.assertEqual(times, sorted(set(times)))
+            for i, a in enumerate(run):
+              deps = [table.tick[dep] + 1 for dep in sched.Dependencies(a)]
+              earliest = max(deps + [table.tick[run[i - 1]] + 1 if i else 0])
+              self.assertEqual(table.tick[a], earliest, a)
+          self.assertEqual(table.num_ticks, 1 + max(table.tick.values()))
 
   def testFillDrainTakesTwiceMPlusKMinusOneTicks(self):
     for k, m in [(1, 1), (2, 4), (4, 8)]:
-      self.assertEqual(ticks.Ticks(schedule.Make('gpipe', k, m)).num_ticks,
+      self.assertEqual(ticks.Lower(schedule.Make('gpipe', k, m)).num_ticks,
                        2 * (m + k - 1))
 
-  def testZeroBubbleRunsBAsTheWholeBackward(self):
-    table = ticks.Ticks(schedule.Make('zb_h1', 2, 4))
-    kinds = {a.kind for a in table.tick}
-    self.assertEqual(kinds, {schedule.F, schedule.B})
+  def testZeroBubbleRunsWAsItsOwnStep(self):
+    table = ticks.Lower(schedule.Make('zb_h1', 2, 4))
+    self.assertEqual({a.kind for a in table.tick},
+                     {schedule.F, schedule.B, schedule.W})
+    kinds = {step.kind for row in table.steps for step in row}
+    self.assertEqual(kinds, {schedule.F, schedule.B, schedule.W})
 
-  def testBranchesAndReceipts(self):
+  def testStepsBranchesAndReceipts(self):
     sched = schedule.Make('interleaved_1f1b', 2, 4, 2)
-    table = ticks.Ticks(sched)
-    stages = [sched.StagesOn(d) for d in range(2)]
-    branch, micro = table.Branches(stages)
-    got_y, got_dx = table.Receipts(sched.num_stages)
+    keep = lambda s, m: m == 3
+    table = ticks.Lower(sched, keep=keep)
     for act, t in table.tick.items():
       d = sched.DeviceOf(act.stage)
-      j = stages[d].index(act.stage)
-      self.assertEqual(branch[d][t],
-                       1 + 2 * j + (act.kind != schedule.F))
-      self.assertEqual(micro[d][t], act.micro_batch)
+      step = table.steps[d][table.branch[d][t] - 1]
+      self.assertEqual((step.kind, step.stage), (act.kind, act.stage))
+      self.assertEqual(step.keep, keep(act.stage, act.micro_batch))
+      self.assertEqual(table.micro[d][t], act.micro_batch)
       # What an action reads from a neighbour arrived by its tick.
       if act.kind == schedule.F and act.stage > 0:
-        arrived = got_y[act.stage].index(act.micro_batch)
-        self.assertLessEqual(arrived, t)
+        self.assertLessEqual(table.got_y[act.stage].index(act.micro_batch), t)
       if act.kind != schedule.F and act.stage < sched.num_stages - 1:
-        arrived = got_dx[act.stage].index(act.micro_batch)
-        self.assertLessEqual(arrived, t)
-    idle = sum(row.count(0) for row in branch)
+        self.assertLessEqual(table.got_dx[act.stage].index(act.micro_batch),
+                             t)
+    idle = sum(row.count(0) for row in table.branch)
     self.assertEqual(idle, 2 * table.num_ticks - len(table.tick))
+    # Kept and recomputed forwards of a stage are two steps (branches).
+    self.assertEqual(len(table.steps[0]), 8)
+
+  def testPhasesSplitAFillDrainStep(self):
+    sched = schedule.Make('gpipe', 3, 4, 2)
+    forward = ticks.Lower(sched, phase='forward')
+    backward = ticks.Lower(sched, phase='backward')
+    self.assertEqual({a.kind for a in forward.tick}, {schedule.F})
+    self.assertEqual({a.kind for a in backward.tick}, {schedule.BW})
+    self.assertEqual(len(forward.tick) + len(backward.tick),
+                     sum(len(r) for r in sched.actions))
+    # The backward's receipts start at its own tick 0: its F ran before.
+    self.assertEqual(min(backward.tick.values()), 0)
+    with self.assertRaisesRegex(schedule.ScheduleError, 'phase'):
+      ticks.Lower(sched, phase='sideways')
+    with self.assertRaisesRegex(schedule.ScheduleError, "need phase 'all'"):
+      ticks.Lower(sched, phase='forward', fused=ticks.Fusable(sched))
 
   def testFusableIsTheLastStagesForwardsFollowedByTheirBackward(self):
     self.assertEqual(ticks.Fusable(schedule.Make('1f1b', 2, 3)),
@@ -76,44 +111,38 @@ class TicksTest(unittest.TestCase):
         {(3, m) for m in range(4)})
     with self.assertRaisesRegex(schedule.ScheduleError,
                                 r"cannot fuse \[\(0, 0\)\].*last stage"):
-      ticks.Ticks(schedule.Make('1f1b', 2, 3), {(0, 0)})
+      ticks.Lower(schedule.Make('1f1b', 2, 3), fused={(0, 0)})
 
   def testFusedPairRunsInItsForwardsTick(self):
     for sched in _Layouts():
       fused = ticks.Fusable(sched)
       with self.subTest(sched=sched):
-        table = ticks.Ticks(sched, fused)
-        plain = ticks.Ticks(sched)
-        self.assertLessEqual(table.num_ticks, plain.num_ticks)
-        stages = [sched.StagesOn(d) for d in range(sched.num_devices)]
-        branch, _ = table.Branches(stages)
-        got_y, got_dx = table.Receipts(sched.num_stages)
-        for d, acts in enumerate(sched.actions):
-          run = [a for a in acts if a.kind != schedule.W and not (
-              a.kind != schedule.F and (a.stage, a.micro_batch) in fused)]
-          self.assertEqual(run, [a for a in table.grid[d] if a is not None])
-          times = [table.tick[a] for a in run]
-          self.assertEqual(times, sorted(set(times)))
+        table = ticks.Lower(sched, fused=fused)
+        self.assertLessEqual(table.num_ticks, ticks.Lower(sched).num_ticks)
         for act, t in table.tick.items():
           d = sched.DeviceOf(act.stage)
           pair = (act.stage, act.micro_batch)
-          if pair in fused:
-            f = schedule.Action(schedule.F, *pair)
-            self.assertEqual(t, table.tick[f])
-            self.assertEqual(branch[d][t], 1 + 2 * len(stages[d]))
-            if act.kind != schedule.F and act.stage > 0:
-              self.assertEqual(got_dx[act.stage - 1][t + 1],
+          if pair in fused and act.kind in (schedule.B, schedule.BW):
+            self.assertEqual(t, table.tick[schedule.Action(schedule.F,
+                                                           *pair)])
+            step = table.steps[d][table.branch[d][t] - 1]
+            self.assertEqual(step.kind, ticks.FB)
+            self.assertEqual(step.split, act.kind == schedule.B)
+            if act.stage > 0:
+              self.assertEqual(table.got_dx[act.stage - 1][t + 1],
                                act.micro_batch)
-          for dep in sched.Dependencies(act):
-            if dep.kind == schedule.W:
-              continue
-            same = (dep.stage, dep.micro_batch) == pair and pair in fused
-            self.assertLessEqual(table.tick[dep] + (0 if same else 1), t)
-    # 1F1B, K=4, M=8: the last device's 8 B ticks go; 22 -> 20 ticks.
+    # 1F1B, K=4, M=8: the last device's 8 BW ticks go; 22 -> 20 ticks.
     sched = schedule.Make('1f1b', 4, 8)
     self.assertEqual(
-        [ticks.Ticks(sched).num_ticks,
-         ticks.Ticks(sched, ticks.Fusable(sched)).num_ticks], [22, 20])
+        [ticks.Lower(sched).num_ticks,
+         ticks.Lower(sched, fused=ticks.Fusable(sched)).num_ticks], [22, 20])
+
+  def testToAscii(self):
+    table = ticks.Lower(schedule.Make('1f1b', 2, 3),
+                        fused=ticks.Fusable(schedule.Make('1f1b', 2, 3)))
+    self.assertEqual(table.ToAscii().splitlines(), [
+        'dev 0: F0  F1  BW0 F2  BW1 BW2',
+        'dev 1: ..  FB0 FB1 ..  FB2 .. '])
 
 
 if __name__ == '__main__':

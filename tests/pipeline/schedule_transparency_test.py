@@ -68,11 +68,11 @@ def _Data(n=11):
   return x, y
 
 
-def _Pipe(layers, k, m, remat, schedule='gpipe', v=1, trace_once=False):
+def _Pipe(layers, k, m, remat, schedule='gpipe', v=1, execution='loop'):
   return PipeliningLayer.Params().Set(
       name='net', layers=layers, num_partitions=k, num_micro_batches=m,
       remat=remat, schedule=schedule, num_virtual_stages=v,
-      trace_once=trace_once).Instantiate()
+      execution=execution).Instantiate()
 
 
 def _TapeLossAndGrads(model, x, y):
@@ -160,29 +160,41 @@ class ScheduleTransparencyTest(tf.test.TestCase):
           pipe = _Pipe(layers_fn(), 2, 3, remat, name, v)
           self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
 
-  def testTraceOnce(self):
-    # Each cell one tf.function called per micro-batch: same numbers, with
-    # batch-statistics BatchNorm and dropout (the seed is an argument).
+  def testUnrolledExecution(self):
+    # The same interpreter without the loop: same numbers, with
+    # batch-statistics BatchNorm, moving-average BatchNorm and dropout. The
+    # graph shows which execution ran (no While op when unrolled).
     x, y = _Data(12)
     seq = core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate()
     want = _TapeLossAndGrads(seq, x, y)
     for (name, v), remat in itertools.product(SCHEDULES, ('always', 'never')):
       with self.subTest(schedule=name, remat=remat):
-        pipe = _Pipe(_MlpLayers(), 2, 3, remat, name, v, trace_once=True)
-        got = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
-        self._AssertSame(want, got)
-    for layers_fn in (lambda: _BatchNormLayers(False), _DropoutLayers):
+        pipe = _Pipe(_MlpLayers(), 2, 3, remat, name, v, 'unrolled')
+        step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))
+        ops = {op.type for op in step.get_concrete_function().graph
+               .get_operations()}
+        self.assertNotIn('While', ops)
+        self._AssertSame(want, step())
+    for layers_fn in (lambda: _BatchNormLayers(False), _DropoutLayers,
+                      lambda: _BatchNormLayers(True)):
       want = _TapeLossAndGrads(_Pipe(layers_fn(), 2, 3, 'always'), x, y)
       for name, v in SCHEDULES:
         with self.subTest(layers=layers_fn.__name__, schedule=name):
-          pipe = _Pipe(layers_fn(), 2, 3, 'always', name, v, trace_once=True)
+          pipe = _Pipe(layers_fn(), 2, 3, 'always', name, v, 'unrolled')
           self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
-      traced = _Pipe(layers_fn(), 2, 3, 'except_last', trace_once=True)
-      self._AssertSame(want, _TapeLossAndGrads(traced, x, y))
-    from gpipe_tf.pipeline import pipelining_layer  # pylint: disable=g-import-not-at-top
-    with self.assertRaises(pipelining_layer.TraceOnceError):
-      _Pipe(_BatchNormLayers(True), 2, 3, 'always', trace_once=True)
+      unrolled = _Pipe(layers_fn(), 2, 3, 'except_last', execution='unrolled')
+      self._AssertSame(want, _TapeLossAndGrads(unrolled, x, y))
+
+  def testLoopExecutionRunsAsOneWhileLoop(self):
+    x, y = _Data(12)
+    for name, v in SCHEDULES:
+      with self.subTest(schedule=name):
+        pipe = _Pipe(_MlpLayers(), 2, 3, 'always', name, v)
+        graph = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y)
+                            ).get_concrete_function().graph
+        self.assertLen([op for op in graph.get_operations()
+                        if op.type == 'While'], 1)
 
   def testBatchNormMovingStatsMoveOnce(self):
     x, y = _Data(12)

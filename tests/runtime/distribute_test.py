@@ -15,9 +15,9 @@ from gpipe_tf.runtime import distribute
 from gpipe_tf import pipeline
 from gpipe_tf.train import loop
 from gpipe_tf.layers import normalization
-from gpipe_tf.pipeline import cell as cell_lib
+from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import engine
-from gpipe_tf.pipeline import loop as loop_lib
+from gpipe_tf.pipeline import tensor_loop as tl
 from params.synthetic import mlp
 
 NUM_STEPS = 3
@@ -123,10 +123,10 @@ class DistributeTest(tf.test.TestCase):
     for k in stats:
       self.assertAllClose(a[k], b[k], atol=1e-5, msg=k)
 
-  def testCellsTracedOnceOrLoopedPerReplicaEqualOneDevice(self):
-    # Each replica's cells trace their functions in that replica's context
-    # (its copies of the variables, its devices) and run their own loops;
-    # BatchNorm statistics are still summed across replicas.
+  def testBothExecutionsPerReplicaEqualOneDevice(self):
+    # Each replica's cells trace their programs in that replica's context
+    # (its copies of the variables, its devices) and run their own loops (or
+    # unrolled steps); BatchNorm statistics are still summed across replicas.
     root = self.get_temp_dir()
     loop.train_and_evaluate(_Plain, root + '/p', 'train', max_steps=2)
     loop.train_and_evaluate(_PlainBatchNorm, root + '/pbn', 'train',
@@ -134,10 +134,10 @@ class DistributeTest(tf.test.TestCase):
     plain = test_utils.CheckpointValues(root + '/p')
     plain_bn = test_utils.CheckpointValues(root + '/pbn')
     for params, used in (
-        (dict(trace_once=True), (cell_lib.Cell, 'BackwardTraced')),
-        (dict(micro_batch_loop=True), (loop_lib.FillDrainLoop, 'Backward'))):
+        (dict(execution='loop'), (tl, 'RunTicks')),
+        (dict(execution='unrolled'), (interpreter.Interpreter, '_Tick'))):
       with self.subTest(**params):
-        name = ''.join(params)
+        name = params['execution']
         with mock.patch.object(*used, autospec=True,
                                side_effect=getattr(*used)) as called:
           loop.train_and_evaluate(_Variant(_Piped, **params),

@@ -31,7 +31,10 @@ class CandidatesTest(absltest.TestCase):
     self.assertEqual({lo.num_micro_batches for lo in layouts}, {1, 2, 4, 8})
     self.assertEqual({(lo.schedule, lo.num_virtual_stages) for lo in layouts},
                      {('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2),
-                      ('zb_h1', 1)})
+                      ('zb_h1', 1), ('zbv', 2), ('dualpipe_v', 2)})
+    # DualPipeV needs M >= 2K.
+    self.assertTrue(all(lo.num_micro_batches >= 2 * lo.num_partitions
+                        for lo in layouts if lo.schedule == 'dualpipe_v'))
     self.assertEqual({lo.remat for lo in layouts}, {'never', 'always'})
 
   def testLimits(self):

@@ -13,10 +13,11 @@ Each action is lowered to a *step*: its kind and stage, and whether the
 forward keeps its activations for its backward (``keep``) or the backward
 recomputes them from the stage's input. A device's distinct steps are its
 branches (branch 0 idles), so the loop body holds one piece of code per step,
-whatever M is. For 1F1B with K = 2, M = 3 (``ToAscii()``)::
+whatever M is. 1F1B with K = 2, M = 3, the last stage fused
+(``ToAscii()``)::
 
-    dev 0: F0 F1 .. .. BW0 F2 BW1 .. BW2
-    dev 1: .. F0 FB0 FB1 .. FB2 .. .. ..
+    dev 0: F0  F1  BW0 F2  BW1 BW2
+    dev 1: ..  FB0 FB1 ..  FB2 ..
 
 A *fused* pair (s, m) runs F(s, m), the loss and its backward as one step
 (FB) in F's tick, keeping the activations in between: only the last stage's

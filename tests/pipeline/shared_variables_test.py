@@ -1,0 +1,112 @@
+"""A variable used several times (two layers of one cell, two cells, the loss) gets the sum of its uses' gradients, as SequentialLayer's."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf.layers import base_layer
+from gpipe_tf.layers import core
+from gpipe_tf.layers import losses
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import loss as loss_lib
+
+_SHARED = {}
+
+
+class _TiedScale(base_layer.BaseLayer):
+  """x * shared, where `shared` is a variable this layer TRACKS (an
+  attribute), as a tied embedding and softmax, or an ALBERT block, do."""
+
+  def __init__(self, params, parent_path=None):
+    super().__init__(params, parent_path)
+    self.shared = _SHARED['v']
+
+  def FProp(self, x, training=False):
+    return x * self.shared
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    return base_layer.LayerMeta(1, (shape,), 0)
+
+
+def _Fc(i, dout=8):
+  return core.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
+                                   output_dim=dout, activation='TANH')
+
+
+def _Layers():
+  return [_Fc(0), _TiedScale.Params().Set(name='t0'), _Fc(1),
+          _TiedScale.Params().Set(name='t1'), _Fc(2),
+          _TiedScale.Params().Set(name='t2'), _Fc(3, 5)]
+
+
+def _LossFn(logits, labels):
+  # The loss reads the shared variable too (a temperature, say).
+  logits = logits * tf.reduce_mean(_SHARED['v'])
+  return loss_lib.LossTerms(losses.SoftmaxCrossEntropy(logits, labels))
+
+
+class SharedVariablesTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    _SHARED['v'] = tf.Variable(tf.fill([8], 1.25), name='shared')
+    self.x = tf.random.stateless_normal([6, 8], [5, 5])
+    self.y = tf.constant([0, 1, 2, 3, 4, 0])
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=_Layers()).Instantiate()
+    # tf.Module lists the variable once although three layers track it.
+    self.assertLen([v for v in seq.trainable_variables
+                    if v is _SHARED['v']], 1)
+    with tf.GradientTape() as tape:
+      loss, _ = loss_lib.ReduceTerms(_LossFn(seq.FProp(self.x), self.y))
+    self.want = tape.gradient(loss, seq.trainable_variables)
+    self.seq = seq
+
+  def _Pipe(self, balance, schedule='gpipe', execution='loop',
+            remat='always'):
+    pipe = PipeliningLayer.Params().Set(
+        name='net', layers=_Layers(), num_micro_batches=3, balance=balance,
+        num_partitions=len(balance), schedule=schedule, remat=remat,
+        execution=execution).Instantiate()
+    for a, b in zip(pipe.trainable_variables, self.seq.trainable_variables):
+      a.assign(b)
+    return pipe
+
+  def _AssertWanted(self, got):
+    self.assertLen(got, len(self.want))
+    for a, b in zip(self.want, got):
+      self.assertIsNotNone(b)
+      self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+  def testLossInside(self):
+    # [4, 3]: cell 0 holds t0 and t1 (one cell, two layers tracking it),
+    # cell 1 holds t2, and the loss reads it as well.
+    for schedule in ('gpipe', '1f1b', 'zb_h1'):
+      for execution in ('loop', 'unrolled'):
+        with self.subTest(schedule=schedule, execution=execution):
+          pipe = self._Pipe([4, 3], schedule, execution)
+          _, _, got = tf.function(lambda p=pipe: p.ComputeLossAndGradients(
+              self.x, self.y, _LossFn))()
+          self._AssertWanted(got)
+
+  def testTapePath(self):
+    for balance in ([4, 3], [7], [2, 2, 3]):
+      for remat in ('always', 'never'):
+        with self.subTest(balance=balance, remat=remat):
+          pipe = self._Pipe(balance, remat=remat)
+
+          @tf.function
+          def _Step(p=pipe):
+            with tf.GradientTape() as tape:
+              loss, _ = loss_lib.ReduceTerms(
+                  _LossFn(p.FProp(self.x, training=True), self.y))
+            return tape.gradient(loss, p.trainable_variables)
+
+          self._AssertWanted(_Step())
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -96,6 +96,14 @@ def _Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
           for s, v in zip(slots, values)]
 
 
+def _After(done: Sequence[tf.Tensor]) -> Any:
+  """Unrolled: a device's step starts after its previous step (a control
+  dependency); without it the dataflow executor would run the steps of a
+  device in whatever order their inputs allow, and neither a schedule's
+  order nor its memory bound would hold."""
+  return tf.control_dependencies(list(done))
+
+
 def _Arrays(specs: Sequence[Any], size: int, read_once: bool = False) -> list:
   return [None if s is None else tl.TensorArrayOf(s, size, read_once)
           for s in specs]
@@ -280,10 +288,11 @@ class Interpreter:
         starts, ends = self.slots[act.stage].stamps
         start, end = starts.read(t), ends.read(t)
         actions = [act]
-        if (act.stage, act.micro_batch) in program.fused:
+        if act.kind == F and (act.stage, act.micro_batch) in program.fused:
           actions += [a for a in program.tick
-                      if a.kind != F and program.tick[a] == t and
-                      a.stage == act.stage]
+                      if a.kind in (B, BW) and program.tick[a] == t and
+                      (a.stage, a.micro_batch) == (act.stage,
+                                                   act.micro_batch)]
         for a in actions:
           self.trace.Record(a, start, end)
 
@@ -319,7 +328,8 @@ class Interpreter:
           if index == 0:
             continue
           step = steps[index - 1]
-          with tf.control_dependencies(done.get(d, [])):
+          with _After(done.get(d, [])), tf.name_scope(
+              f'stage{step.stage}_{step.kind}_mb{m}'):
             slots[step.stage], made = self._Step(step, m, t,
                                                  slots[step.stage])
           done[d] = made[:1] or done.get(d, [])

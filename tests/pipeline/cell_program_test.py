@@ -1,0 +1,130 @@
+"""A cell's step traced once and pruned into pieces: each piece computes exactly its share (cell_program.py)."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf.layers import core
+from gpipe_tf.layers import normalization
+from gpipe_tf.pipeline import cell as cell_lib
+from gpipe_tf.pipeline import cell_program
+from gpipe_tf.pipeline.schedule import ticks
+
+_NUM_LAYERS = 3
+
+
+def _Cell(batch_norm=False):
+  layers = []
+  for i in range(_NUM_LAYERS):
+    layers.append(core.FCLayer.Params().Set(
+        name=f'fc{i}', input_dim=8, output_dim=8, activation='TANH'))
+    if batch_norm:
+      layers.append(normalization.BatchNormLayer.Params().Set(
+          name=f'bn{i}', dim=8, use_moving_avg_in_training=True))
+  seq = core.SequentialLayer.Params().Set(name='net',
+                                          layers=layers).Instantiate()
+  return cell_lib.Cell(0, seq.layers, '/device:CPU:0')
+
+
+def _Program(cell, input_grads=True):
+  return cell_program.CellProgram(
+      cell, (0,), [tf.TensorSpec([4, 8], tf.float32)],
+      tf.TensorSpec([2], tf.int64), True, input_grads=input_grads)
+
+
+def _MatMuls(piece):
+  """The MatMuls the piece's outputs depend on (prune may copy dead ops in,
+  which TensorFlow drops when it instantiates the function)."""
+  graph = piece.function.graph
+  live = cell_program._Ancestors(  # pylint: disable=protected-access
+      graph.outputs, set(graph.get_operations()))
+  return len([op for op in live if op.type == 'MatMul'])
+
+
+def _Step(kind, keep=False):
+  return ticks.Step(kind, 0, keep)
+
+
+class CellProgramTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.cell = _Cell()
+    self.program = _Program(self.cell)
+    self.seed = tf.constant([1, 2], tf.int64)
+    self.x = [tf.random.stateless_normal([4, 8], [1, 1])]
+    self.dy = [tf.random.stateless_normal([4, 8], [2, 2])]
+
+  def _Reference(self):
+    with tf.GradientTape() as tape:
+      tape.watch(self.x)
+      y = self.cell.Run((0,), self.x, True)[0]
+    return tape.gradient(y, self.x + self.cell.variables,
+                         output_gradients=self.dy[0])
+
+  def testEachPieceComputesItsShareOnce(self):
+    p = self.program
+    n = _NUM_LAYERS
+    # Forward: n matmuls. A backward from saved activations: dx (n) and dw
+    # (n). A recomputing one adds the forward's n. B computes dx only, W dw
+    # only: together exactly the backward's.
+    self.assertEqual(_MatMuls(p.Piece(_Step(ticks.F))), n)
+    self.assertEqual(_MatMuls(p.Piece(_Step(ticks.BW, True))), 2 * n)
+    self.assertEqual(_MatMuls(p.Piece(_Step(ticks.BW, False))), 3 * n)
+    self.assertEqual(_MatMuls(p.Piece(_Step(ticks.B, True))), n)
+    self.assertEqual(_MatMuls(p.Piece(_Step(ticks.B, False))), 2 * n)
+    self.assertEqual(_MatMuls(p.Piece(_Step(ticks.W))), n)
+    # Without input gradients (stage 0, the loss inside) B has nothing to
+    # compute: W differentiates the whole cell, the first layer's dx aside.
+    first = _Program(self.cell, False)
+    self.assertEqual(_MatMuls(first.Piece(_Step(ticks.B, True))), 0)
+    self.assertEqual(_MatMuls(first.Piece(_Step(ticks.W))), 2 * n - 1)
+
+  def testBAndWTogetherEqualTheWholeBackward(self):
+    p = self.program
+    want = self._Reference()
+    kept = p.Piece(_Step(ticks.F, True))(seed=[self.seed], x=self.x)
+    for keep in (True, False):
+      with self.subTest(keep=keep):
+        feeds = (dict(saved=kept['saved'], dy=self.dy) if keep else
+                 dict(seed=[self.seed], x=self.x, dy=self.dy,
+                      pinned=kept.get('pinned', [])))
+        whole = p.Piece(_Step(ticks.BW, keep))(**feeds)
+        b = p.Piece(_Step(ticks.B, keep))(**feeds)
+        w = p.Piece(_Step(ticks.W))(wcut=b['wcut'])
+        for got in (whole['dx'] + whole['dws'], b['dx'] + w['dws']):
+          for a, g in zip(want, got):
+            self.assertAllClose(a, g, rtol=1e-5, atol=1e-6)
+
+  def testRecomputeRereadsWhatItsForwardRead(self):
+    # BatchNorm normalising with its moving statistics: the forward's reads
+    # are pinned and fed to the recompute, so a move in between (the tape
+    # path applies the update after the forward) changes nothing.
+    cell = _Cell(batch_norm=True)
+    p = _Program(cell)
+    self.assertLen(p.tensors['pinned'], 2 * _NUM_LAYERS)
+    f = p.Piece(_Step(ticks.F, False))(seed=[self.seed], x=self.x)
+    before = p.Piece(_Step(ticks.BW, False))(
+        seed=[self.seed], x=self.x, dy=self.dy, pinned=f['pinned'])
+    for v in cell.layers[1].variables:
+      if 'moving' in v.name:
+        v.assign(v + 3.0)
+    after = p.Piece(_Step(ticks.BW, False))(
+        seed=[self.seed], x=self.x, dy=self.dy, pinned=f['pinned'])
+    for a, b in zip(before['dx'] + before['dws'], after['dx'] + after['dws']):
+      self.assertAllClose(a, b)
+
+  def testVariablesAreDifferentiatedOnce(self):
+    cell = _Cell()
+    cell.layers.append(cell.layers[0])  # The first layer again: tied.
+    cell.variables = cell_lib.Unique(
+        [v for l in cell.layers for v in l.trainable_variables])
+    p = _Program(cell)
+    self.assertLen(p.variables, 2 * _NUM_LAYERS)
+    self.assertLen({v.ref() for v in p.variables}, len(p.variables))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,174 @@
+"""The interpreter's guarantees: graph size, memory, device order, traces (interpreter.py)."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import contextlib  # pylint: disable=g-import-not-at-top
+from unittest import mock
+
+import tensorflow as tf
+
+from gpipe_tf.layers import core
+from gpipe_tf.layers import losses
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import interpreter
+from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import trace as trace_lib
+
+
+def _Fc(i, din=8, dout=8, act='TANH'):
+  return core.FCLayer.Params().Set(name=f'fc{i}', input_dim=din,
+                                   output_dim=dout, activation=act)
+
+
+def _Pipe(layers, **kw):
+  return PipeliningLayer.Params().Set(name='net', layers=layers,
+                                      **kw).Instantiate()
+
+
+def _LossFn(y, labels):
+  return loss_lib.LossTerms(losses.SoftmaxCrossEntropy(y, labels))
+
+
+def _NumOps(concrete):
+  """Ops of a traced step, the loop bodies and branches of its function
+  library included."""
+  graph_def = concrete.graph.as_graph_def()
+  return len(graph_def.node) + sum(len(f.node_def)
+                                   for f in graph_def.library.function)
+
+
+def _Peak(step):
+  step()  # Warm up the allocator.
+  tf.config.experimental.reset_memory_stats('CPU:0')
+  base = tf.config.experimental.get_memory_info('CPU:0')['current']
+  step()
+  return tf.config.experimental.get_memory_info('CPU:0')['peak'] - base
+
+
+class InterpreterTest(tf.test.TestCase):
+  maxDiff = None
+
+  def testLoopGraphDoesNotGrowWithMicroBatches(self):
+    layers = [_Fc(i) for i in range(8)]
+    for schedule, v in (('gpipe', 1), ('1f1b', 1), ('zb_h1', 1),
+                        ('interleaved_1f1b', 2)):
+      with self.subTest(schedule=schedule):
+        ops = {}
+        for execution in ('loop', 'unrolled'):
+          for m in (4, 16):
+            pipe = _Pipe(layers, num_partitions=2, num_micro_batches=m,
+                         schedule=schedule, num_virtual_stages=v,
+                         execution=execution)
+            x = tf.zeros([32, 8])
+            step = tf.function(lambda p=pipe: p.ComputeLossAndGradients(
+                x, tf.zeros([32], tf.int32), _LossFn)[2])
+            ops[execution, m] = _NumOps(step.get_concrete_function())
+        self.assertEqual(ops['loop', 4], ops['loop', 16])
+        # The count sees what grows: the unrolled graph does.
+        self.assertGreater(ops['unrolled', 16], 2 * ops['unrolled', 4])
+
+  def testOneFOneBHoldsFewerMicroBatches(self):
+    # 1F1B's point: without remat, cell k holds at most K-k micro-batches'
+    # activations instead of GPipe's M: a kept slot is freed by its backward.
+    layers = [_Fc(i, 256, 256) for i in range(16)]
+    x = tf.random.stateless_normal([2048, 256], [8, 8])
+    labels = tf.zeros([2048], tf.int32)
+    peaks = {}
+    for schedule in ('gpipe', '1f1b'):
+      pipe = _Pipe(layers, num_partitions=2, num_micro_batches=8,
+                   remat='never', schedule=schedule)
+      peaks[schedule] = _Peak(tf.function(
+          lambda p=pipe: p.ComputeLossAndGradients(x, labels, _LossFn)[2]))
+    self.assertLess(peaks['1f1b'], 0.6 * peaks['gpipe'], peaks)
+
+  def testRematSavesMemory(self):
+    layers = [_Fc(i, 256, 256) for i in range(16)]
+    x = tf.random.stateless_normal([2048, 256], [3, 3])
+    labels = tf.zeros([2048], tf.int32)
+    peaks = {}
+    for remat in ('never', 'always'):
+      pipe = _Pipe(layers, num_partitions=2, num_micro_batches=8,
+                   remat=remat)
+      peaks[remat] = _Peak(tf.function(
+          lambda p=pipe: p.ComputeLossAndGradients(x, labels, _LossFn)[2]))
+    self.assertLess(peaks['always'], 0.75 * peaks['never'], peaks)
+
+  def testUnrolledPinsEveryDevicesOrder(self):
+    self.assertEmpty(_OrderViolations())
+    with mock.patch.object(interpreter, '_After',
+                           lambda done: contextlib.nullcontext()):
+      self.assertNotEmpty(_OrderViolations())
+
+  def testTraceRecordsEveryActionInBothExecutions(self):
+    pipe_args = dict(num_partitions=2, num_micro_batches=4, schedule='zb_h1')
+    x = tf.random.stateless_normal([8, 8], [1, 1])
+    labels = tf.zeros([8], tf.int32)
+    for execution in ('loop', 'unrolled'):
+      with self.subTest(execution=execution):
+        pipe = _Pipe([_Fc(i) for i in range(4)], execution=execution,
+                     **pipe_args)
+        trace = trace_lib.ScheduleTrace()
+
+        def _Step(p=pipe, t=trace):
+          p.ComputeLossAndGradients(x, labels, _LossFn, trace=t)
+          return t.Tensors()
+
+        starts, ends = trace_lib.TracedStep(_Step)()
+        self.assertCountEqual(
+            trace.actions, [a for row in pipe.schedule.actions for a in row])
+        timeline = trace_lib.Timeline.FromValues(trace, starts, ends)
+        for a, s, e in zip(timeline.actions, timeline.start, timeline.end):
+          self.assertLessEqual(s, e, a)
+        # Every action starts after the one before it on its device ended.
+        for row in pipe.schedule.actions:
+          times = [(timeline.start[trace.actions.index(a)],
+                    timeline.end[trace.actions.index(a)]) for a in row]
+          for (_, end), (start, _) in zip(times, times[1:]):
+            self.assertLessEqual(end, start + 1e-4)
+
+
+def _Ancestors(op):
+  seen, stack = set(), [op]
+  while stack:
+    cur = stack.pop()
+    if cur in seen:
+      continue
+    seen.add(cur)
+    stack.extend(i.op for i in cur.inputs)
+    stack.extend(cur.control_inputs)
+  return seen
+
+
+def _OrderViolations():
+  """Consecutive steps on a device whose ops do not depend on each other
+  (execution='unrolled'; a step's ops sit in its name scope)."""
+  pipe = _Pipe([_Fc(i) for i in range(6)], num_partitions=3,
+               num_micro_batches=4, remat='always', schedule='1f1b',
+               execution='unrolled')
+  x = tf.random.stateless_normal([8, 8], [7, 7])
+  graph = tf.function(lambda: pipe.ComputeLossAndGradients(
+      x, tf.zeros([8], tf.int32), _LossFn)).get_concrete_function().graph
+  by_scope = {}
+  for op in graph.get_operations():
+    by_scope.setdefault(op.name.split('/')[0], []).append(op)
+  violations = []
+  for row in pipe.schedule.actions:
+    steps = []
+    for a in row:
+      kind = 'FB' if (a.stage == 2 and a.kind == 'F') else a.kind
+      scope = f'stage{a.stage}_{kind}_mb{a.micro_batch}'
+      if scope in by_scope:
+        steps.append(scope)
+    for first, later in zip(steps, steps[1:]):
+      reached = set()
+      for op in by_scope[later]:
+        reached |= _Ancestors(op)
+      if not set(by_scope[first]) & reached:
+        violations.append((first, later))
+  return violations
+
+
+if __name__ == '__main__':
+  tf.test.main()

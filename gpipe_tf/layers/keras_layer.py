@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import math
 import random
+import re
 from typing import Any, Iterator, Sequence
 
 import keras
@@ -112,8 +113,9 @@ def KerasClassPath(cls: type) -> str:
     UnknownKerasClassError: `cls` can be neither imported nor looked up by a
       registered name (e.g. it was defined inside a function).
   """
-  if getattr(keras.layers, cls.__name__, None) is cls:
-    return f'keras.layers.{cls.__name__}'
+  for module in ('keras.layers', 'keras'):
+    if getattr(importlib.import_module(module), cls.__name__, None) is cls:
+      return f'{module}.{cls.__name__}'
   registered = keras.saving.get_registered_name(cls)
   if '>' in registered and keras.saving.get_registered_object(
       registered) is cls:
@@ -366,7 +368,7 @@ class KerasLayer(base_layer.BaseLayer):
       meta = native.cls.FPropMeta(native, shapes[0])
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)
     with tf.Graph().as_default():
-      layer = kcls.from_config(config)
+      layer = kcls.from_config(dict(config, name=re.sub(r'\W', '_', p.name)))
       args, kwargs = _Symbolic(p, shapes)
       outs = [tuple(t.shape) for t in tf.nest.flatten(layer(*args, **kwargs))]
       num_params = sum(base_layer.NumElements(w.shape) for w in layer.weights)

@@ -78,6 +78,12 @@ def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
     index = {id(t): j for j, t in enumerate(live)}
     keep = [t for t in live if last_use.get(id(t), -1) > i]
     args, input_kwargs, call_kwargs = _Arguments(model, node, index)
+    if any(getattr(t, '_keras_mask', None) is not None for t in node.outputs):
+      raise KerasModelError(
+          f"Keras model '{model.name}': layer '{layer.name}' makes a Keras "
+          'mask (mask_zero, Masking), which a pipeline does not carry. Pass '
+          'the mask (or paddings) as an input tensor of the layers that use '
+          'it, or drop mask_zero.')
     config = {k: v for k, v in layer.get_config().items() if k != 'name'}
     _CheckLiteral(layer.name, config, 'config')
     params.append(keras_layer.KerasLayer.Params().Set(

@@ -2,13 +2,14 @@
 
 For a small CNN (Conv2D, BatchNormalization, Dropout, Dense) and a small
 functional Transformer (MultiHeadAttention, LayerNormalization, Dense,
-residual Adds), every registered schedule and K in {1, 2, 4}:
-``ComputeLossAndGradients`` at M=2 equals a Keras ``tf.GradientTape`` step
-over the same two micro-batches (BatchNorm normalises each micro-batch with
-its own statistics in both), the moving statistics after the step equal
-those of one Keras training forward over the whole batch (one update per
-mini-batch), and inference at M=2 equals ``model(x, training=False)``.
-Dropout runs at rate 0 here; its masks are tested in keras_layer_test.
+residual Adds), every registered schedule (schedule.Names(), each at the
+first of V = 1, 2 and M = 2, 2K it accepts) and K in {1, 2, 4}:
+``ComputeLossAndGradients`` equals a Keras ``tf.GradientTape`` step over the
+same M micro-batches (BatchNorm normalises each micro-batch with its own
+statistics in both), the moving statistics after the step equal one update
+from the pooled statistics of all micro-batches, and inference equals
+``model(x, training=False)``. Dropout runs at rate 0 here; its masks are
+tested in keras_layer_test.
 """
 
 import itertools
@@ -27,9 +28,25 @@ from gpipe_tf import layers
 from gpipe_tf import pipeline
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import schedule
 
-SCHEDULES = (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1))
-_M = 2
+
+
+def _Layouts():
+  """(schedule, K, M, V) for every registered schedule and K in {1, 2, 4}:
+  the first M in (2, 2K) and V in (1, 2) the schedule accepts."""
+  layouts = []
+  for name, k in itertools.product(schedule.Names(), (1, 2, 4)):
+    for m, v in itertools.product(sorted({2, 2 * k}), (1, 2)):
+      try:
+        schedule.Make(name, k, m, v)
+      except schedule.ScheduleError:
+        continue
+      layouts.append((name, k, m, v))
+      break
+    else:
+      raise AssertionError(f'{name} accepts no layout at K={k}')
+  return layouts
 
 
 def _Cnn(dropout=0.0):
@@ -46,7 +63,7 @@ def _Cnn(dropout=0.0):
       keras.layers.Dense(5, name='logits')], name='cnn')
 
 
-def _Transformer(blocks=2, d=8):
+def _Transformer(blocks, d=8):
   inputs = keras.Input((5, d))
   x = inputs
   for b in range(blocks):
@@ -79,18 +96,18 @@ def _LossFn(logits, labels):
   return loss_lib.LossTerms(_PerExample(logits, labels))
 
 
-def _KerasStep(model, x, y):
-  """Keras's own tape step over the pipeline's micro-batches: the loss is the
-  mean over all examples, each micro-batch a separate training call."""
+def _KerasStep(model, x, y, m):
+  """Keras's own tape step over the pipeline's m micro-batches: the loss is
+  the mean over all examples, each micro-batch a separate training call."""
   with tf.GradientTape() as tape:
     total = tf.add_n([
         tf.reduce_sum(_PerExample(model(xm, training=True), ym))
-        for xm, ym in zip(tf.split(x, _M), tf.split(y, _M))])
+        for xm, ym in zip(tf.split(x, m), tf.split(y, m))])
     loss = total / tf.cast(tf.shape(x)[0], tf.float32)
   return loss, tape.gradient(loss, model.trainable_variables)
 
 
-def _MovingStats(model, x):
+def _MovingStats(model, x, m):
   """BatchNormalization moving statistics after one update from the pooled
   statistics of both micro-batches, each normalised by Keras with its own
   statistics on the way (so bn1's input is the pipeline's)."""
@@ -100,7 +117,7 @@ def _MovingStats(model, x):
     return {}
   start = {w.path: w.numpy() for w in model.non_trainable_weights}
   probe = keras.Model(model.inputs, [l.input for l in bns])
-  per_micro_batch = [probe(xm, training=True) for xm in tf.split(x, _M)]
+  per_micro_batch = [probe(xm, training=True) for xm in tf.split(x, m)]
   want = {}
   for j, bn in enumerate(bns):
     z = tf.concat([inputs[j] for inputs in per_micro_batch], axis=0)
@@ -118,16 +135,21 @@ class FromKerasTest(tf.test.TestCase):
     start = model.get_weights()
     params = pipeline.FromKeras(model)
     want_eval = model(x, training=False)
-    want_loss, want_grads = _KerasStep(model, x, y)
-    want_grads = dict(zip(map(id, model.trainable_variables), want_grads))
-    model.set_weights(start)
-    want_stats = _MovingStats(model, x)
-    self.assertLen(want_stats, len(model.non_trainable_weights))
-    model.set_weights(start)
-    for (name, v), k in itertools.product(SCHEDULES, (1, 2, 4)):
-      with self.subTest(schedule=name, k=k):
+    want = {}  # M -> (loss, {id(Keras variable): gradient}, moving stats).
+    for name, k, m, v in _Layouts():
+      with self.subTest(schedule=name, k=k, m=m, v=v):
+        if m not in want:
+          model.set_weights(start)
+          loss, grads = _KerasStep(model, x, y, m)
+          model.set_weights(start)
+          stats = _MovingStats(model, x, m)
+          self.assertLen(stats, len(model.non_trainable_weights))
+          model.set_weights(start)
+          want[m] = (loss, dict(zip(map(id, model.trainable_variables),
+                                    grads)), stats)
+        want_loss, want_grads, want_stats = want[m]
         pipe = pipeline.PipeliningLayer.Params().Set(
-            name='net', layers=params, num_partitions=k, num_micro_batches=_M,
+            name='net', layers=params, num_partitions=k, num_micro_batches=m,
             schedule=name, num_virtual_stages=v, remat='always',
             input_shapes=params[0].input_shapes).Instantiate()
         self.assertLen(pipe.balance, k * v)
@@ -143,7 +165,7 @@ class FromKerasTest(tf.test.TestCase):
           if keras_var.trainable:
             self.assertAllClose(want_grads[id(keras_var)], got[id(var)],
                                 rtol=1e-5, atol=1e-6, msg=keras_var.path)
-          else:  # Moved once, from both micro-batches.
+          else:  # Moved once, from all micro-batches.
             self.assertAllClose(want_stats[keras_var.path], var,
                                 rtol=1e-5, atol=1e-6, msg=keras_var.path)
 
@@ -155,7 +177,7 @@ class FromKerasTest(tf.test.TestCase):
   def testTransformerEveryScheduleAndK(self):
     x = tf.random.stateless_normal([8, 5, 8], seed=[5, 6])
     y = tf.random.stateless_uniform([8], [7, 8], 0, 5, tf.int32)
-    self._AssertGrid(_Transformer(), x, y)
+    self._AssertGrid(_Transformer(blocks=1), x, y)  # 9 layers: K x V <= 8.
 
   def testResidualBlockBecomesTupleChain(self):
     params = pipeline.FromKeras(_Transformer(blocks=1))
@@ -187,6 +209,23 @@ class FromKerasTest(tf.test.TestCase):
     self.assertAllClose(model(x, training=False), net.FProp(x), rtol=1e-5,
                         atol=1e-6)
 
+  def testSeveralInputsAndNestedModels(self):
+    a, b = keras.Input((4,)), keras.Input((3,))
+    inner = keras.Sequential([keras.Input((5,)), keras.layers.Dense(5)],
+                             name='inner')
+    merged = keras.layers.Add(name='add')([keras.layers.Dense(5)(a),
+                                           keras.layers.Dense(5)(b)])
+    model = keras.Model([a, b], inner(merged))
+    params = pipeline.FromKeras(model)
+    self.assertEqual(params[-1].keras_class, 'keras.Sequential')
+    pipe = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=params, num_partitions=2, num_micro_batches=2,
+        input_shapes=params[0].input_shapes).Instantiate()
+    pipeline.LoadKerasWeights(pipe, model)
+    xs = [tf.random.stateless_normal([4, 4], seed=[1, 3]),
+          tf.random.stateless_normal([4, 3], seed=[1, 4])]
+    self.assertAllClose(model(xs), pipe.FProp(*xs), rtol=1e-5, atol=1e-6)
+
   def testNotAChainIsRefused(self):
     inputs = keras.Input((4,))
     shared = keras.layers.Dense(4, name='shared')
@@ -198,6 +237,11 @@ class FromKerasTest(tf.test.TestCase):
     with self.assertRaisesRegex(pipeline.KerasModelError,
                                 'not a layer.*keras.layers.Add'):
       pipeline.FromKeras(keras.Model(inputs, a + inputs))
+    ids = keras.Input((5,), dtype='int32')
+    masked = keras.layers.Embedding(10, 4, mask_zero=True, name='embed')(ids)
+    with self.assertRaisesRegex(pipeline.KerasModelError,
+                                "'embed' makes a Keras mask.*drop mask_zero"):
+      pipeline.FromKeras(keras.Model(ids, keras.layers.Dense(2)(masked)))
     with self.assertRaisesRegex(pipeline.KerasModelError, '2 outputs'):
       pipeline.FromKeras(keras.Model(inputs, [a, keras.layers.Dense(2)(a)]))
     self.assertTrue(issubclass(pipeline.KerasModelError, errors.Error))

@@ -52,7 +52,7 @@ __all__ = ['ExportError', 'Export', 'DefineFlags', 'Run']
 
 
 class ExportError(errors.Error, ValueError):
-  """An export that cannot be made: a non-empty export_dir, a task without inputs, ..."""
+  """An export that cannot be made (a non-empty export_dir, ...)."""
 
 
 def Unpipelined(model: Any) -> Any:
@@ -183,7 +183,7 @@ def Export(experiment: base_experiment.ExperimentLike, logdir: str,
 
 
 def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines this tool's flags on `flag_values` (done only when run as a script)."""
+  """Defines this tool's flags on `flag_values` (only when run as a script)."""
   flags.DEFINE_string('model', None, 'Registered experiment, e.g. '
                       'image.digits.AmoebaNetTiny.', flag_values=flag_values)
   flags.DEFINE_string('logdir', None, "The trainer's --logdir (read only).",

@@ -32,7 +32,7 @@ __all__ = ['DefineFlags', 'Run']
 
 
 def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines this tool's flags on `flag_values` (done only when run as a script)."""
+  """Defines this tool's flags on `flag_values` (only when run as a script)."""
   define = dict(flag_values=flag_values)
   flags.DEFINE_integer('epochs', 5, 'Epochs of --steps_per_epoch steps.',
                        **define)

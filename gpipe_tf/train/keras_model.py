@@ -75,7 +75,7 @@ _ACCURACY_NAMES = ('accuracy', 'acc')
 
 
 class KerasLossError(errors.Error, ValueError):
-  """A Keras loss, metric, compile argument or batch that the pipeline cannot split per example."""
+  """A Keras loss, metric, argument or batch the pipeline cannot split."""
 
 
 def _PerExampleLoss(loss: Any) -> PerExampleFn:
@@ -288,7 +288,7 @@ class PipelineModel(keras.Model):
 
   def _Track(self, metrics: dict[str, tf.Tensor],
              inputs: tuple) -> dict[str, tf.Tensor]:
-    """Adds the batch's means, weighted by its size; returns the running means."""
+    """Adds the batch's means, weighted by its size; returns running means."""
     size = tf.shape(tf.nest.flatten(inputs)[0])[0]
     for name, tracker in self._trackers.items():
       tracker.update_state(metrics[name], sample_weight=size)
@@ -296,7 +296,7 @@ class PipelineModel(keras.Model):
 
   # ---- Saving: the layer's tf.Variables by path ----------------------------
   def save_own_variables(self, store: Any) -> None:
-    """Stores every variable of the layer under its path (Keras's weights file)."""
+    """Stores every variable of the layer under its path (weights files)."""
     for variable in self.layer.variables:
       store[_Key(variable)] = variable.numpy()
 

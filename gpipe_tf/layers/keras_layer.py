@@ -253,7 +253,7 @@ def _SeededInitializers(seed: int) -> Iterator[None]:
 
 
 class KerasLayer(base_layer.BaseLayer):
-  """A Keras 3 layer built from ``keras_class`` + ``config`` on the current device.
+  """A Keras 3 layer built from ``keras_class`` and ``config`` on its device.
 
   FProp(*inputs) calls the Keras layer on the inputs picked by ``inputs`` and
   ``input_kwargs`` (plus constant ``call_kwargs``), with ``training``, and
@@ -367,7 +367,8 @@ class KerasLayer(base_layer.BaseLayer):
     if native is not None:
       meta = native.cls.FPropMeta(native, shapes[0])
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)
-    with tf.Graph().as_default():
+    # The state of Python's random is restored after Keras draws seeds.
+    with tf.Graph().as_default(), _SeededInitializers(0):
       layer = kcls.from_config(dict(config, name=re.sub(r'\W', '_', p.name)))
       args, kwargs = _Symbolic(p, shapes)
       outs = [tuple(t.shape) for t in tf.nest.flatten(layer(*args, **kwargs))]
@@ -439,7 +440,8 @@ def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:
         'recomputed forward would not repeat them: remove the randomness '
         '(e.g. dropout=0.0) and use keras.layers.Dropout as its own layer, '
         "which runs as gpipe_tf's DropoutLayer.")
-  inner = [l for l in layer._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  sublayers = layer._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  inner = [l for l in sublayers
            if isinstance(l, keras.layers.BatchNormalization)]
   if inner:
     raise UnsupportedKerasLayerError(

@@ -45,7 +45,7 @@ class KerasModelError(keras_layer.KerasLayerError):
 
 
 def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
-  """The KerasLayer Params of every layer call of `model`, in an order that runs.
+  """The KerasLayer Params of each layer call of `model`, in an order that runs.
 
   Feed the result to ``SequentialLayer`` or ``PipeliningLayer`` Params
   ``layers`` (with ``input_shapes=params[0].input_shapes`` for the cost
@@ -129,7 +129,8 @@ def LoadKerasWeights(layer: tf.Module, model: keras.Model
     raise keras_layer.KerasWeightsError(
         f"Keras model '{model.name}' and the built layer "
         f"'{getattr(layer, 'path', layer.name)}' do not match: KerasLayers "
-        f'without a Keras layer of their name: {unknown}; Keras layers with weights and no KerasLayer: {missing}. '
+        f'without a Keras layer of their name: {unknown}; Keras layers with '
+        f'weights and no KerasLayer: {missing}. '
         'Build the layer from FromKeras(model) and keep the Params names.')
   pairs = []
   for m in found:
@@ -170,6 +171,7 @@ def _TopologicalNodes(model: keras.Model, inputs: list, outputs: list
     tensor, expanded = stack.pop()
     if id(tensor) in is_input:
       continue
+    # The call that made a Keras tensor, as Keras's own graph walk finds it.
     op, node_index, _ = tensor._keras_history  # pylint: disable=protected-access
     node = op._inbound_nodes[node_index]  # pylint: disable=protected-access
     if id(node) in done:

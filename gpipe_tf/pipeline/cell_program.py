@@ -123,6 +123,16 @@ def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
   return cell.programs[key]
 
 
+def _Dense(grad: Any, shape: tf.TensorShape) -> Any:
+  """A variable's gradient as a dense tensor of its shape (None stays)."""
+  if grad is None:
+    return None
+  grad = tf.convert_to_tensor(grad)
+  if not grad.shape.is_fully_defined():
+    grad = tf.ensure_shape(grad, shape)
+  return grad
+
+
 def _Specs(tensors: Sequence[Any]) -> list:
   return [None if t is None else tf.TensorSpec(t.shape, t.dtype)
           for t in tensors]
@@ -249,11 +259,9 @@ class CellProgram:
       targets, grads_in = [o for o, _ in pairs], [g for _, g in pairs]
     grads = (tape.gradient(targets, sources, output_gradients=grads_in)
              if targets else [None] * len(sources))
-    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
-             else g for g in grads]
     grads = iter(grads)
     t['dx'] = [next(grads) if w else None for w in wanted]
-    t['dws'] = list(grads)
+    t['dws'] = [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]
     return [g for g in t['dx'] + t['dws'] + t['y'] + t['bn'] + t['sums']
             if g is not None]
 

@@ -33,8 +33,11 @@ def Filler(spec: Any) -> tf.Tensor:
   shape = spec.shape
   if shape.is_fully_defined():
     return tf.zeros(shape, spec.dtype)
-  return Relaxed(tf.zeros([0] + [d or 0 for d in shape.as_list()[1:]],
-                           spec.dtype))
+  # Any dimension not known statically may vary from tick to tick (a
+  # micro-batch's size, a length a layer computes): the carry states none.
+  zeros = tf.zeros([0] + [d or 0 for d in shape.as_list()[1:]], spec.dtype)
+  return tf.compat.v1.placeholder_with_default(zeros,
+                                               [None] * shape.rank)
 
 
 def SpecOf(x: Any, batch: int | None) -> tf.TensorSpec | None:

@@ -1,0 +1,214 @@
+"""Every cell of the support matrix (support.py) against SequentialLayer, with every feature at once; writes the matrix into docs/pipeline.md."""
+
+import os
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf.layers import base_layer
+from gpipe_tf.layers import core
+from gpipe_tf.layers import embedding
+from gpipe_tf.layers import losses
+from gpipe_tf.layers import normalization
+from gpipe_tf.layers import random_seeds
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import engine
+from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import microbatch
+from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline import support
+from gpipe_tf.pipeline import trace as trace_lib
+
+SCHEDULES = (('gpipe', 1), ('gpipe', 2), ('1f1b', 1),
+             ('interleaved_1f1b', 2), ('zb_h1', 1), ('zbv', 2),
+             ('dualpipe_v', 2))
+K, M, N = 2, 4, 10  # Uneven: micro-batches of 3, 3, 2, 2.
+_SEED = tf.constant([7, 8], tf.int64)
+_DOC = os.path.join(os.path.dirname(__file__), '..', '..', 'docs',
+                    'pipeline.md')
+_BEGIN = '<!-- support matrix: written by tests/pipeline/support_test.py -->'
+_END = '<!-- end of support matrix -->'
+_SHARED = {}
+
+
+class _Tied(base_layer.BaseLayer):
+  """x * shared: a variable this layer tracks, as other layers do."""
+
+  def __init__(self, params, parent_path=None):
+    super().__init__(params, parent_path)
+    self.shared = _SHARED['v']
+
+  def FProp(self, x, training=False):
+    return x * self.shared
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    return base_layer.LayerMeta(1, (shape,), 0)
+
+
+class _Fork(base_layer.BaseLayer):
+  """x -> (x, 0.5 x): passes a tuple to the next layer."""
+
+  def FProp(self, x, training=False):
+    return x, 0.5 * x
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    return base_layer.LayerMeta(1, (shape, shape), 0)
+
+
+class _Join(base_layer.BaseLayer):
+  def FProp(self, x, y, training=False):
+    return x + y
+
+  @classmethod
+  def FPropMeta(cls, p, shape, _):
+    return base_layer.LayerMeta(1, (shape,), 0)
+
+
+def _Layers():
+  fc = lambda i, din=8, dout=8: core.FCLayer.Params().Set(
+      name=f'fc{i}', input_dim=din, output_dim=dout, activation='TANH')
+  bn = lambda i, avg: normalization.BatchNormLayer.Params().Set(
+      name=f'bn{i}', dim=8, decay=0.5, use_moving_avg_in_training=avg)
+  return [
+      embedding.EmbeddingLayer.Params().Set(name='emb', vocab_size=20,
+                                            embedding_dim=8),
+      fc(0), bn(0, False), _Tied.Params().Set(name='t0'),
+      core.DropoutLayer.Params().Set(name='drop0', keep_prob=0.7),
+      _Tied.Params().Set(name='t1'), fc(1), _Fork.Params().Set(name='fork'),
+      _Join.Params().Set(name='join'), bn(1, True), fc(2),
+      _Tied.Params().Set(name='t2'),
+      core.DropoutLayer.Params().Set(name='drop1', keep_prob=0.8),
+      fc(3, dout=5)]
+
+
+def _Balance(v):
+  return {1: [7, 7], 2: [4, 3, 3, 4]}[v]
+
+
+def _LossFn(logits, labels):
+  # Per example: the mean over its 3 positions; the loss reads the shared
+  # variable too.
+  logits = logits * tf.reduce_mean(_SHARED['v'])
+  per_token = losses.SoftmaxCrossEntropy(logits, labels)
+  return loss_lib.LossTerms(tf.reduce_mean(per_token, 1),
+                            1.0 + tf.cast(labels[:, 0], tf.float32))
+
+
+def _Data():
+  ids = tf.random.stateless_uniform([N, 3], [1, 2], 0, 20, tf.int32)
+  labels = tf.random.stateless_uniform([N, 3], [3, 4], 0, 5, tf.int32)
+  return ids, labels
+
+
+def _Reference(seq, ids, labels):
+  """SequentialLayer on each micro-batch with its seed, BatchNorm moving
+  statistics moved once from all of them: (loss, grads, outputs)."""
+  micro = microbatch.Split([ids, labels], M)
+  sums, grads, outs = [], None, []
+  stats = normalization.DeferredMovingStats()
+  for m, (x, y) in enumerate(micro):
+    with tf.GradientTape() as tape, random_seeds.StepSeedScope(
+        random_seeds.FoldIn(_SEED, m)), normalization.DeferMovingStats(
+            stats):
+      out = seq.FProp(x, training=True)
+      s = loss_lib.WeightedSums(_LossFn(out, y))
+    outs.append(out)
+    g = tape.gradient(s.loss, seq.trainable_variables)
+    g = [tf.convert_to_tensor(x) for x in g]
+    grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+    sums.append(s)
+  total = loss_lib.Total(sums)
+  stats.Apply()
+  return (total.loss / total.weight,
+          [tf.convert_to_tensor(g) / total.weight for g in grads],
+          tf.concat(outs, 0))
+
+
+class SupportTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    _SHARED['v'] = tf.Variable(tf.fill([8], 1.1), name='shared')
+
+  def _Models(self, name, v, remat, execution):
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=_Layers()).Instantiate()
+    pipe = PipeliningLayer.Params().Set(
+        name='net', layers=_Layers(), num_partitions=K, num_micro_batches=M,
+        num_virtual_stages=v, balance=_Balance(v), schedule=name,
+        remat=remat, execution=execution).Instantiate()
+    for a, b in zip(pipe.variables, seq.variables):
+      a.assign(b)
+    return seq, pipe
+
+  def _AssertSameState(self, seq, pipe):
+    for a, b in zip(seq.variables, pipe.variables):
+      self.assertAllClose(a, b, rtol=1e-5, atol=1e-6, msg=a.name)
+
+  def testEveryCell(self):
+    ids, labels = _Data()
+    remats = ('never', 'except_last', 'always')
+    executions = ('loop', 'unrolled')
+    for i, (name, v) in enumerate(SCHEDULES):
+      sched = schedule_lib.Make(name, K, M, v)
+      for j, path in enumerate(support.PATHS):
+        remat = remats[(i + j) % 3]
+        execution = executions[(i + j) % 2]
+        with self.subTest(schedule=name, v=v, path=path, remat=remat,
+                          execution=execution):
+          seq, pipe = self._Models(name, v, remat, execution)
+          reason = support.Refusal(path, sched)
+          if reason is not None:
+            with self.assertRaises(engine.ScheduleNeedsLossError):
+              pipe.FProp(ids, training=True)
+            continue
+          if path == 'inference':
+            want = seq.FProp(ids)
+            got = tf.function(lambda p=pipe: p.FProp(ids))()
+            self.assertAllClose(want, got, rtol=1e-5, atol=1e-6)
+            continue
+          want_loss, want_grads, want_out = _Reference(seq, ids, labels)
+          trace = trace_lib.ScheduleTrace()
+          with random_seeds.StepSeedScope(_SEED):
+            if path == 'loss inside':
+              loss, _, grads = tf.function(
+                  lambda p=pipe, t=trace: p.ComputeLossAndGradients(
+                      ids, labels, _LossFn, trace=t))()
+              self.assertCountEqual(
+                  trace.actions, [a for row in sched.actions for a in row])
+            else:
+              with tf.GradientTape() as tape:
+                out = pipe.FProp(ids, training=True)
+                loss, _ = loss_lib.ReduceTerms(_LossFn(out, labels))
+              grads = tape.gradient(loss, pipe.trainable_variables)
+              self.assertAllClose(want_out, out, rtol=1e-5, atol=1e-6)
+          self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+          self.assertLen(grads, len(want_grads))
+          for a, b in zip(want_grads, grads):
+            self.assertAllClose(a, tf.convert_to_tensor(b), rtol=1e-4,
+                                atol=1e-6)
+          self._AssertSameState(seq, pipe)
+
+  def testDocsShowTheMatrix(self):
+    table = support.Markdown([schedule_lib.Make(n, K, 8, v)
+                              for n, v in SCHEDULES])
+    with open(_DOC, encoding='utf-8') as f:
+      text = f.read()
+    self.assertIn(_BEGIN, text, 'docs/pipeline.md lost its matrix markers')
+    head, rest = text.split(_BEGIN)
+    _, tail = rest.split(_END)
+    fresh = f'{head}{_BEGIN}\n{table}\n{_END}{tail}'
+    if fresh != text and os.environ.get('CI'):
+      self.fail('docs/pipeline.md shows an old support matrix: run '
+                'tests/pipeline/support_test.py locally and commit it.')
+    with open(_DOC, 'w', encoding='utf-8') as f:
+      f.write(fresh)
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -42,6 +42,8 @@ from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
 
+from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensorflow-import
+
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import random_seeds
@@ -92,6 +94,18 @@ class Piece:
     return {group: [None if x is None else next(out)
                     for x in self.program.tensors[group]]
             for group in self.fetches}
+
+
+class _NoPiece:
+  """The W of a cell whose B computed the whole backward: nothing to run."""
+  feeds: tuple[str, ...] = ()
+  fetches: tuple[str, ...] = ()
+
+  def __call__(self, **feeds: Sequence[Any]) -> dict[str, list]:
+    return {}
+
+
+_NO_PIECE = _NoPiece()
 
 
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
@@ -200,6 +214,16 @@ class CellProgram:
         lambda *args: self._Trace(args, in_specs, input_grads),
         signature)
     self._Cut()
+    # Where the weight-gradient ops read something the cut cannot feed (a
+    # control edge into the input-gradient ops, say), B computes the whole
+    # backward and W nothing: still exact, without zero-bubble's overlap.
+    self.splittable = training
+    if training:
+      try:
+        self._pieces[(ticks_lib.W, False, False)] = self._Prune(('wcut',),
+                                                                ('dws',))
+      except (op_selector.UnliftableError, KeyError, ValueError):
+        self.splittable = False
 
   # ---- Tracing -------------------------------------------------------------
   @staticmethod
@@ -315,6 +339,8 @@ class CellProgram:
   def Piece(self, step: ticks_lib.Step) -> Piece:
     """The piece `step` runs (its kind, keep and split; the stage is this
     program's cell)."""
+    if step.kind == ticks_lib.W and not self.splittable:
+      return _NO_PIECE
     key = (step.kind, step.keep, step.split)
     if key not in self._pieces:
       self._pieces[key] = self._Prune(*self._FeedsAndFetches(step))
@@ -329,8 +355,8 @@ class CellProgram:
     if step.kind == ticks_lib.F:
       return ('seed', 'x') + head, out + ('bn',) + (
           ('saved',) if step.keep else ('pinned',))
-    grads = ('wcut',) if step.kind == ticks_lib.B or (
-        step.kind == ticks_lib.FB and step.split) else ('dws',)
+    grads = ('wcut',) if self.splittable and (step.kind == ticks_lib.B or (
+        step.kind == ticks_lib.FB and step.split)) else ('dws',)
     if step.kind == ticks_lib.W:
       return ('wcut',), ('dws',)
     if step.kind == ticks_lib.FB:

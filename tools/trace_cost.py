@@ -1,9 +1,8 @@
 """Measures what building a pipelined step costs as M grows: unrolled cells, cells traced once, the micro-batch loop.
 
 For a stack of Transformer encoder blocks pipelined over K logical devices,
-and for every M and every mode (``unrolled``: trace_once=False;
-``trace_once``: one function per cell, one call per action; ``loop``:
-micro_batch_loop, two while loops for 'gpipe', one for any other schedule),
+and for every M and every execution (``loop``: one tf.while_loop over the
+tick program; ``unrolled``: the same steps, one copy per action),
 it builds a fresh PipeliningLayer and times (in one process, one
 configuration after another):
 
@@ -19,7 +18,7 @@ configuration after another):
     process's load moves much less than wall time.
 
     python -m tools.trace_cost                      # K=4, M in {4, 32}, 8 blocks
-    python -m tools.trace_cost --modes=trace_once,loop --micro_batches=4,8,32
+    python -m tools.trace_cost --modes=loop,unrolled --micro_batches=4,8,32
     python -m tools.trace_cost --schedule=1f1b --micro_batches=4,8,32
     python -m tools.trace_cost --schedule=interleaved_1f1b --virtual_stages=2
 
@@ -51,12 +50,11 @@ _V = flags.DEFINE_integer(
     'virtual_stages', 1, 'V: cells per device (interleaved_1f1b), K x V cells.')
 _REMAT = flags.DEFINE_string('remat', 'always', 'Remat policy.')
 _MODES = flags.DEFINE_list(
-    'modes', ['unrolled', 'trace_once', 'loop'],
-    "Modes to time: 'unrolled', 'trace_once', 'loop' (unrolled rows take "
+    'modes', ['unrolled', 'loop'],
+    "Executions to time: 'unrolled', 'loop' (unrolled rows take "
     'minutes at large M).')
-_MODE_PARAMS = {'unrolled': dict(trace_once=False),
-                'trace_once': dict(trace_once=True),
-                'loop': dict(micro_batch_loop=True)}
+_MODE_PARAMS = {'unrolled': dict(execution='unrolled'),
+                'loop': dict(execution='loop')}
 
 
 def Build(k: int, m: int, mode: str) -> tuple[dict, object]:

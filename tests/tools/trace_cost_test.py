@@ -24,13 +24,13 @@ class TraceCostTest(tf.test.TestCase):
         out, re.MULTILINE)
     ops = {(int(m), mode): int(n) for m, mode, n in rows}
     self.assertCountEqual(ops, [(m, mode) for m in (2, 4) for mode in
-                                ('unrolled', 'trace_once', 'loop')])
+                                ('unrolled', 'loop')])
     self.assertEqual(ops[(2, 'loop')], ops[(4, 'loop')])
     self.assertGreater(ops[(4, 'unrolled')], ops[(2, 'unrolled')])
-    for mode in ('unrolled', 'trace_once', 'loop'):
+    for mode in ('unrolled', 'loop'):
       self.assertIn(f'{mode}: first step at M=4 / M=2:', out)
-    self.assertIn('M=2: steady step / unrolled: trace_once', out)
-    self.assertIn('M=2: CPU per step / unrolled: trace_once', out)
+    self.assertIn('M=2: steady step / unrolled: loop', out)
+    self.assertIn('M=2: CPU per step / unrolled: loop', out)
 
   def testUnknownModeIsAUsageError(self):
     run = subprocess.run(

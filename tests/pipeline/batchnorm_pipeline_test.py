@@ -78,21 +78,63 @@ class BatchNormPipelineTest(tf.test.TestCase):
     self.assertAllClose(y, tf.concat(halves, 0), atol=1e-5)
 
   def testEvalUsesMovingStats(self):
-    x = tf.random.stateless_normal([8, 6], [5, 6])
-    seq, pipe = self._Models(2, 4, 'always')
+    """Trains the pipeline (K=2, M=4) for a few optimizer steps, then
+    evaluates the pipeline itself: it normalises with the moving statistics,
+    as a SequentialLayer over the same weights does in eval, and not with
+    the statistics of the batch or of its micro-batches."""
+    x = tf.random.stateless_normal([8, 6], [5, 6]) * 2.0 + 1.5
+    _, pipe = self._Models(2, 4, 'always')
+    self.assertEqual(pipe.balance, [3, 2])  # bn0 in cell 0, bn1 in cell 1.
+    bns = [pipe.layers[1], pipe.layers[4]]
+    opt = tf.keras.optimizers.SGD(0.01)
+
+    @tf.function
+    def _Train():
+      with tf.GradientTape() as tape:
+        y = pipe.FProp(x, training=True)
+        loss = tf.reduce_mean(tf.square(y - 1.0))
+      opt.apply_gradients(zip(tape.gradient(loss, pipe.trainable_variables),
+                              pipe.trainable_variables))
+
+    kernel = tf.identity(pipe.layers[0].w)
+    stats = [[tf.identity(v) for bn in bns
+              for v in (bn.moving_mean, bn.moving_variance)]]
     for _ in range(3):
-      self._Step(seq, x)
-      self._Step(pipe, x)
-    # After identical updates the eval outputs agree (before any update the
-    # moving stats are the initial ones, so run a few steps first). The
-    # weights differ after the steps (different gradients: per-micro-batch
-    # statistics), so compare BN alone.
-    bn_seq, bn_pipe = seq.layers[1], pipe.layers[1]
-    h = tf.random.stateless_normal([5, 8], [7, 8])
-    self.assertAllClose(bn_pipe.FProp(h), tf.nn.batch_normalization(
-        h, bn_pipe.moving_mean, bn_pipe.moving_variance, bn_pipe.beta,
-        bn_pipe.gamma, bn_pipe.p.epsilon))
-    self.assertAllClose(bn_seq.moving_mean, bn_pipe.moving_mean, atol=1e-5)
+      _Train()
+      stats.append([tf.identity(v) for bn in bns
+                    for v in (bn.moving_mean, bn.moving_variance)])
+    # Real steps: the weights changed, and every step moved every moving
+    # statistic (away from its initial 0 / 1 too).
+    self.assertNotAllClose(kernel, pipe.layers[0].w)
+    for before, after in zip(stats, stats[1:]):
+      for a, b in zip(before, after):
+        self.assertNotAllClose(a, b, atol=1e-3)
+
+    # The same weights, moving statistics included, in a SequentialLayer.
+    def _Copy():
+      seq = core.SequentialLayer.Params().Set(
+          name='net', layers=_Layers()).Instantiate()
+      for ls, lp in zip(seq.layers, pipe.layers):
+        self.assertEqual(len(ls.variables), len(lp.variables))
+        for a, b in zip(ls.variables, lp.variables):
+          a.assign(b)
+      return seq
+
+    h = tf.random.stateless_normal([8, 6], [7, 8]) * 2.0 + 1.0
+    got = pipe.FProp(h, training=False)
+    self.assertAllClose(got, _Copy().FProp(h, training=False), atol=1e-5)
+    # Eval updates nothing.
+    for a, b in zip(stats[-1], [v for bn in bns
+                                for v in (bn.moving_mean,
+                                          bn.moving_variance)]):
+      self.assertAllEqual(a, b)
+    # Batch statistics (of the whole batch, or of each micro-batch of 2) give
+    # something else: a pipeline normalising with them in eval fails above.
+    batch = _Copy()
+    self.assertNotAllClose(got, batch.FProp(h, training=True), atol=1e-2)
+    per_micro_batch = tf.concat(
+        [batch.FProp(h[i:i + 2], training=True) for i in range(0, 8, 2)], 0)
+    self.assertNotAllClose(got, per_micro_batch, atol=1e-2)
 
   def testCrossReplicaSumsStatistics(self):
     devices = test_utils.devices.LogicalCpus()[:2]

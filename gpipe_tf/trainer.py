@@ -39,6 +39,9 @@ worker that dies or stops answering for --worker_timeout_seconds ends the
 run with a one-line error naming it; restart it and rerun the same command,
 training resumes from the newest checkpoint.
 
+--precision=mixed_bfloat16|mixed_float16 trains with float32 variables and
+16-bit math and activations (mixed_float16 with a dynamic loss scale).
+
 --profile_steps=A,B profiles the training steps A to B with the TensorFlow
 profiler into logdir/train/plugins/profile (TensorBoard's Profile tab). The
 progress lines end with an ETA: the last interval's step time times the
@@ -142,6 +145,13 @@ flags.DEFINE_integer('num_replicas', 0,
                      'R = devices // K. 1: no strategy. With '
                      '--pipeline_cluster: R replicas on the workers\' '
                      'devices (0 means 1 there).')
+flags.DEFINE_enum('precision', 'float32',
+                  ['float32', 'mixed_bfloat16', 'mixed_float16'],
+                  'Mixed-precision policy (gpipe_tf.layers.precision): '
+                  'float32 variables, 16-bit math and activations; '
+                  'mixed_float16 trains with a dynamic loss scale (Keras '
+                  'LossScaleOptimizer), whose overflowing steps are skipped '
+                  'and counted as non-finite steps are.')
 flags.DEFINE_string('profile_steps', '',
                     'A,B: profile the training steps A to B (global steps, '
                     '1-based, inclusive) with the TensorFlow profiler into '
@@ -319,7 +329,7 @@ def _Run() -> None:
         strategy=strategy,
         checkpoint_io_device=(pipe_cluster.client_device if pipe_cluster
                               else None),
-        profile_steps=profile_steps)
+        profile_steps=profile_steps, precision=FLAGS.precision)
   except errors.Error as e:
     # A checkpoint write that failed because a worker died is the worker's
     # failure, said as such.

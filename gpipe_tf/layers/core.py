@@ -7,6 +7,7 @@ from typing import Any
 import tensorflow as tf
 
 from gpipe_tf.layers import base_layer
+from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 
 LayerMeta = base_layer.LayerMeta
@@ -192,11 +193,13 @@ class SequentialLayer(base_layer.BaseLayer):
 
 
 def RunSequence(layers, inputs: tuple, training: bool) -> Any:
-  """Runs `layers` in order on `inputs`; names both layers on a shape mismatch."""
+  """Runs `layers` in order on `inputs` (under the precision policy in
+  force); names both layers on a shape mismatch."""
   xs = tuple(inputs)
   for i, layer in enumerate(layers):
     try:
-      xs = AsTuple(layer.FProp(*xs, training=training))
+      xs = AsTuple(precision.RunLayer(
+          layer, lambda *a, l=layer: l.FProp(*a, training=training), xs))
     except base_layer.LayerInputError as e:
       if i == 0:
         raise

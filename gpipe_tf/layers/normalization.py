@@ -50,7 +50,11 @@ class BatchNormLayer(base_layer.BaseLayer):
 
   This layer deliberately does NOT take paddings (mask padded positions out
   of the statistics).
+
+  Under a mixed-precision policy it computes in float32 (KEEP_FLOAT32).
   """
+
+  KEEP_FLOAT32 = True
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
@@ -203,6 +207,8 @@ class LayerNorm(base_layer.BaseLayer):
   unchanged after it, so the layer can sit in a pipeline whose layers carry
   (x, paddings, ...) tuples.
   """
+
+  KEEP_FLOAT32 = True  # Statistics in float32 under mixed precision.
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:

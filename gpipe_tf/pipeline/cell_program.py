@@ -46,6 +46,7 @@ from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensor
 
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
+from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import loss as loss_lib
@@ -64,10 +65,14 @@ class LossHead(NamedTuple):
     loss_fn: (outputs, labels) of one micro-batch -> loss.LossTerms.
     label_struct: the labels' nest structure.
     label_specs: one micro-batch's flat label specs.
+    scaled: whether the last label leaf is a loss scale (a float32 scalar)
+      the loss is multiplied by before it is differentiated (the reported
+      loss sums stay unscaled).
   """
   loss_fn: loss_lib.LossFn
   label_struct: Any
   label_specs: tuple
+  scaled: bool = False
 
 
 class Piece:
@@ -81,6 +86,9 @@ class Piece:
                fetches: tuple[str, ...], program: 'CellProgram',
                kept: list[list]) -> None:
     self.function = function
+    if program.jit_compile:
+      self.function = tf.function(lambda *args: function(*args),
+                                  jit_compile=True, autograph=False)
     self.feeds = feeds
     self.fetches = fetches
     self.program = program
@@ -119,7 +127,7 @@ def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
   """(output nest, flat output specs) of the cell's forward on `in_specs`,
   from a trace of the forward alone (cached on the cell)."""
   key = ('outputs', repr(tf.nest.map_structure(lambda _: 0, in_struct)),
-         tuple(map(repr, in_specs)), training)
+         tuple(map(repr, in_specs)), training, precision.CurrentPolicy())
   if key not in cell.programs:
     holder = {}
 
@@ -179,6 +187,7 @@ class CellProgram:
     input_grads: whether to differentiate the cell's float inputs.
     dy_present: without a head, per flat output whether a gradient is fed
       to it (default: every float output); see OutputsOf for its specs.
+    jit_compile: compile every piece with XLA.
 
   Attributes:
     out_struct, out_specs: the outputs' nest and flat specs.
@@ -191,11 +200,13 @@ class CellProgram:
                in_specs: Sequence[Any], seed_spec: tf.TensorSpec,
                training: bool, head: LossHead | None = None,
                input_grads: bool = True,
-               dy_present: Sequence[bool] | None = None) -> None:
+               dy_present: Sequence[bool] | None = None,
+               jit_compile: bool = False) -> None:
     self.cell = cell
     self.in_struct = in_struct
     self.training = training
     self.head = head
+    self.jit_compile = jit_compile
     self.tensors: dict[str, list] = {g: [] for g in GROUPS}
     self._pieces: dict[tuple, Piece] = {}
     in_specs = list(in_specs)
@@ -256,9 +267,14 @@ class CellProgram:
         args = args[n_labels:]
         labels = tf.nest.pack_sequence_as(self.head.label_struct,
                                           t['labels'])
-        terms = self.head.loss_fn(core.FromTuple(y), labels)
+        if self.head.scaled:
+          labels, scale = labels
+        # The loss in float32, whatever the layers computed in.
+        terms = self.head.loss_fn(core.FromTuple(precision.ToFloat32(y)),
+                                  labels)
         n = flat_y[0].shape[0] if flat_y and flat_y[0].shape.rank else None
         sums = loss_lib.WeightedSums(terms, n)
+        target = sums.loss * scale if self.head.scaled else sums.loss
         t['sums'] = tf.nest.flatten(sums)
         self.sums_struct = sums
     self.out_struct = y
@@ -274,7 +290,7 @@ class CellProgram:
         [v for v in tape.watched_variables() if v.trainable])
     sources = [x for x, w in zip(xs, wanted) if w] + self.variables
     if self.head is not None:
-      targets, grads_in = [sums.loss], None
+      targets, grads_in = [target], None
     else:
       dys = iter(args)
       t['dy'] = [next(dys) if p else None
@@ -306,6 +322,8 @@ class CellProgram:
                 for external, internal in graph.captures}
 
     def _ReadsTrainable(x):
+      if x.op.type == 'Cast':  # A 16-bit read of a float32 master.
+        x = x.op.inputs[0]
       if x.op.type != 'ReadVariableOp':
         return False
       return id(captured.get(id(x.op.inputs[0]))) in trainable

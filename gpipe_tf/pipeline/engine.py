@@ -68,7 +68,7 @@ _NotConverted = tf.autograph.experimental.do_not_convert
 @_NotConverted
 def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
                 keep: Keep, inputs: tuple, training: bool, trace: Any = None,
-                execution: str = 'loop') -> Any:
+                execution: str = 'loop', jit_compile: bool = False) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
 
   Args:
@@ -80,6 +80,7 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
     training: training mode (dropout, batch statistics, custom gradient).
     trace: optional trace.ScheduleTrace recording each action.
     execution: 'loop' or 'unrolled' (interpreter.py).
+    jit_compile: compile the cells' pieces with XLA.
 
   Raises:
     ScheduleNeedsLossError: training with a schedule that is not fill-drain.
@@ -106,7 +107,7 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
     full = list(flat)
     for i, t in zip(idx, ts):
       full[i] = t
-    run.Build(inputs, full, True)
+    run.Build(inputs, full, True, jit_compile=jit_compile)
     run.Run(ticks_lib.Lower(schedule, phase='forward', keep=keep))
     run.AddBatchNormStats(bn_stats)
     bn_stats.Apply()
@@ -142,29 +143,34 @@ def RunLossAndGradients(cells: Sequence[Any],
                         inputs: tuple, labels: Any,
                         loss_fn: loss_lib.LossFn,
                         variables: Sequence[tf.Variable], trace: Any = None,
-                        execution: str = 'loop'
+                        execution: str = 'loop', jit_compile: bool = False,
+                        loss_scale: tf.Tensor | None = None
                         ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
   """One training step's loss, metrics and gradients, the loss inside the pipeline.
 
   Args:
-    cells, schedule, keep, inputs, trace, execution: as for RunPipeline; any
-      valid schedule runs.
+    cells, schedule, keep, inputs, trace, execution, jit_compile: as for
+      RunPipeline; any valid schedule runs.
     labels: any nest of tensors split into micro-batches like the inputs
       (rank-0 leaves are shared); loss_fn sees micro-batch m's.
     loss_fn: (outputs, labels) -> loss.LossTerms of one micro-batch.
     variables: the variables to return gradients for.
+    loss_scale: optional float32 scalar: the gradients are those of the loss
+      times it (float16 loss scaling; the loss and metrics are not scaled).
 
   Returns:
     (loss, metrics, grads): the weighted mean loss and metrics over the
-    mini-batch, and the gradient of the loss for each of `variables` (None
-    for a variable the step does not read), summed over micro-batches and
-    over every use of the variable (in any cell or in the loss).
+    mini-batch, and the gradient of the loss (times loss_scale) for each of
+    `variables` (None for a variable the step does not read), summed over
+    micro-batches and over every use of the variable (in any cell or in the
+    loss).
   """
   flat, _ = _Leaves(inputs)
   run = interpreter_lib.Interpreter(cells, schedule, _StepSeed(), execution,
                                     trace)
   run.Build(inputs, flat, True, head=loss_fn, labels=labels,
-            input_grads=False)
+            input_grads=False, loss_scale=loss_scale,
+            jit_compile=jit_compile)
   run.Run(ticks_lib.Lower(schedule, fused=ticks_lib.Fusable(schedule),
                           keep=keep))
   bn_stats = normalization.DeferredMovingStats()

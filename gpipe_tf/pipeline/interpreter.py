@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import microbatch
@@ -164,7 +165,9 @@ class Interpreter:
 
   def Build(self, structure: Any, flat: Sequence[Any], training: bool,
             head: Callable[[Sequence[Any]], Any] | None = None,
-            labels: Any = None, input_grads: bool = True) -> None:
+            labels: Any = None, input_grads: bool = True,
+            loss_scale: tf.Tensor | None = None,
+            jit_compile: bool = False) -> None:
     """Splits the inputs (and labels), traces every cell's program in
     forward order and makes every stage's slots.
 
@@ -174,16 +177,22 @@ class Interpreter:
       head: with the loss inside, the loss_fn (labels then given).
       labels: any nest split like the inputs, read by the loss.
       input_grads: whether the first stage differentiates its inputs.
+      loss_scale: with the loss inside, a float32 scalar the loss is
+        multiplied by before it is differentiated (float16 training).
+      jit_compile: compile the cells' pieces with XLA.
     """
     with tf.device(self.cells[0].device):
       self.inputs = self.Split(flat)
     loss_head = None
     if head is not None:
+      if loss_scale is not None:
+        labels = (labels, tf.cast(loss_scale, tf.float32))
       label_flat = tf.nest.flatten(labels)
       with tf.device(self.cells[-1].device):
         self.labels = self.Split(label_flat)
       loss_head = program_lib.LossHead(
-          head, labels, tuple(tl.SpecOf(x, self.batch) for x in label_flat))
+          head, labels, tuple(tl.SpecOf(x, self.batch) for x in label_flat),
+          loss_scale is not None)
     seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
     last = len(self.cells) - 1
     structs = [structure]
@@ -205,12 +214,13 @@ class Interpreter:
       key = (repr(tf.nest.map_structure(lambda _: 0, structs[s])),
              tuple(map(repr, specs[s])), training,
              label_key if s == last else None, input_grads or s > 0,
-             None if dy_present is None else tuple(dy_present))
+             None if dy_present is None else tuple(dy_present),
+             precision.CurrentPolicy(), jit_compile)
       if key not in cell.programs:
         cell.programs[key] = program_lib.CellProgram(
             cell, structs[s], specs[s], seed_spec, training,
             loss_head if s == last else None, input_grads or s > 0,
-            dy_present)
+            dy_present, jit_compile)
       programs[s] = cell.programs[key]
     self.programs = programs
     self.slots = [self._Slots(s, training, head is not None, input_grads)

@@ -12,6 +12,7 @@ from gpipe_tf import errors
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
+from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
@@ -131,6 +132,15 @@ class PipeliningLayer(base_layer.BaseLayer):
              'action: a graph that grows with M, for small cells where a loop '
              'iteration costs more than the work in it). Same results and '
              'features either way (docs/pipeline.md).')
+    p.Define('precision', None,
+             "Mixed-precision policy of the cells: 'float32', "
+             "'mixed_bfloat16' or 'mixed_float16' (float32 variables, "
+             '16-bit math and cell-boundary activations; '
+             'gpipe_tf.layers.precision); None: the policy in force where '
+             'the layer runs (precision.Policy), float32 by default.')
+    p.Define('jit_compile', False,
+             'Compile every piece of every cell (its forward, backward, ...) '
+             'with XLA (tf.function jit_compile).')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              'into K x V cells, cell s on device s % K.')
@@ -147,6 +157,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     if p.num_micro_batches < 1:
       raise ValueError(f"PipeliningLayer '{self.path}': num_micro_batches "
                        f'must be >= 1, got {p.num_micro_batches}.')
+    if p.precision is not None:
+      precision.ComputeDtype(p.precision)  # Raises PolicyError.
     if p.execution not in EXECUTIONS:
       raise ValueError(f"PipeliningLayer '{self.path}': unknown execution "
                        f'{p.execution!r}; use one of {EXECUTIONS}.')
@@ -297,12 +309,13 @@ class PipeliningLayer(base_layer.BaseLayer):
       training: training mode.
       trace: an optional trace.ScheduleTrace recording each action.
     """
-    return engine.RunPipeline(self._ReplicaCells(), self._schedule,
-                              self._Keep, inputs, training, trace,
-                              self.p.execution)
+    with precision.Policy(self.p.precision):
+      return engine.RunPipeline(self._ReplicaCells(), self._schedule,
+                                self._Keep, inputs, training, trace,
+                                self.p.execution, self.p.jit_compile)
 
   def ComputeLossAndGradients(self, inputs, labels, loss_fn: loss_lib.LossFn,
-                              variables=None, trace=None):
+                              variables=None, trace=None, loss_scale=None):
     """Trains one step with the loss inside the pipeline; any schedule.
 
     The loss of micro-batch m is computed on the last cell's device right after
@@ -318,6 +331,9 @@ class PipeliningLayer(base_layer.BaseLayer):
       variables: the variables to differentiate; default
         ``self.trainable_variables``.
       trace: an optional trace.ScheduleTrace recording each action.
+      loss_scale: an optional float32 scalar the loss is multiplied by
+        before it is differentiated (float16 training: the gradients come
+        back scaled, the loss and metrics do not).
 
     Returns:
       (loss, metrics, grads): the mini-batch's weighted mean loss, its metrics
@@ -330,9 +346,11 @@ class PipeliningLayer(base_layer.BaseLayer):
     if variables is None:
       variables = self.trainable_variables
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    return engine.RunLossAndGradients(
-        self._ReplicaCells(), self._schedule, self._Keep, inputs, labels,
-        loss_fn, list(variables), trace, self.p.execution)
+    with precision.Policy(self.p.precision):
+      return engine.RunLossAndGradients(
+          self._ReplicaCells(), self._schedule, self._Keep, inputs, labels,
+          loss_fn, list(variables), trace, self.p.execution,
+          self.p.jit_compile, loss_scale)
 
   def _ReplicaCells(self) -> list[cell_lib.Cell]:
     """The cells, placed on this replica's devices when data-parallel."""

@@ -22,6 +22,7 @@ from gpipe_tf import hyperparams
 from gpipe_tf.tasks import optimizers
 from gpipe_tf.tasks import lr_schedules
 from gpipe_tf.layers import base_layer
+from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
 
 Metrics = dict[str, tf.Tensor]
@@ -153,15 +154,20 @@ class BaseTask(base_layer.BaseLayer):
           f'{type(self).__name__}: implement LossTerms (with INPUT_KEYS and '
           'LABEL_KEYS), or override ComputeLoss.')
     outputs = self.model.FProp(*self.ModelInputs(batch), training=training)
+    outputs = precision.ToFloat32(outputs)  # The loss in float32.
     loss, metrics = loss_lib.ReduceTerms(
         self.LossTerms(outputs, self.Labels(batch)))
     metrics.update(self.BatchMetrics(batch))
     return loss, metrics
 
   def ComputeLossAndGradients(self, batch: dict[str, tf.Tensor],
-                              variables: list[tf.Variable]
+                              variables: list[tf.Variable],
+                              loss_scale: tf.Tensor | None = None
                               ) -> tuple[tf.Tensor, Metrics, list]:
     """(loss, metrics, gradients of `variables`) of one training batch.
+
+    With `loss_scale` the gradients are those of the loss times it (float16
+    training); the loss and metrics are not scaled.
 
     A pipelined model whose schedule starts backwards before the last forward
     computes the loss inside the pipeline
@@ -173,13 +179,14 @@ class BaseTask(base_layer.BaseLayer):
         self.LossTerms(None, {})  # Raises LossNotSplittableError.
       loss, metrics, grads = self.model.ComputeLossAndGradients(
           self.ModelInputs(batch), self.Labels(batch), self.LossTerms,
-          variables)
+          variables, loss_scale=loss_scale)
       metrics = dict(metrics)
       metrics.update(self.BatchMetrics(batch))
       return loss, metrics, grads
     with tf.GradientTape() as tape:
       loss, metrics = self.ComputeLoss(batch, training=True)
-    return loss, metrics, tape.gradient(loss, variables)
+      scaled = loss if loss_scale is None else loss * loss_scale
+    return loss, metrics, tape.gradient(scaled, variables)
 
   def FProp(self, batch: dict[str, tf.Tensor], training: bool = False
             ) -> tuple[tf.Tensor, Metrics]:

@@ -76,6 +76,7 @@ import time
 from typing import Any, Iterator
 
 from absl import logging
+import keras
 import tensorflow as tf
 
 from gpipe_tf import errors
@@ -86,6 +87,7 @@ from gpipe_tf.runtime import distribute
 from gpipe_tf import pipeline
 from gpipe_tf import tasks
 from gpipe_tf.train import warm_start
+from gpipe_tf.layers import precision as precision_lib
 from gpipe_tf.layers import random_seeds
 
 MODES = ('train', 'eval', 'train_and_eval')
@@ -132,8 +134,11 @@ class _Runner:
                max_checkpoints_to_keep: int, on_nonfinite: str = 'skip',
                strategy: tf.distribute.Strategy | None = None,
                is_chief: bool = True,
-               checkpoint_io_device: str | None = None) -> None:
+               checkpoint_io_device: str | None = None,
+               precision_policy: str = 'float32') -> None:
     self.params = base_experiment.AsExperimentParams(experiment)
+    precision_lib.ComputeDtype(precision_policy)  # PolicyError if unknown.
+    self.precision = precision_policy
     self.checkpoint_io_device = checkpoint_io_device
     self.logdir = logdir
     self.on_nonfinite = on_nonfinite
@@ -158,6 +163,10 @@ class _Runner:
     schedule = self.task.learning_rate_schedule
     self.learning_rate = lambda: schedule(self.global_step)
     self.optimizer = self.task.CreateOptimizer(self.learning_rate)
+    if self.precision == 'mixed_float16':
+      # Dynamic loss scaling: the scale halves on an overflowing step (whose
+      # update is skipped) and grows after a run of good ones.
+      self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
     self.variables = tuple(self.task.trainable_variables)
     self.optimizer.build(list(self.variables))  # Slots exist before restore.
     checkpoint = tf.train.Checkpoint(task=self.task, optimizer=self.optimizer,
@@ -217,10 +226,10 @@ class _Runner:
     task = self.task
     seed = tf.stack([tf.constant(task.step_seed, tf.int64),
                      self.global_step.read_value()])
-    with random_seeds.StepSeedScope(seed):
+    with random_seeds.StepSeedScope(seed), precision_lib.Policy(self.precision):
       # The loss inside the pipeline when the model's schedule needs it.
-      loss, metrics, grads = task.ComputeLossAndGradients(batch,
-                                                          self.variables)
+      loss, metrics, grads = task.ComputeLossAndGradients(
+          batch, self.variables, loss_scale=self._LossScale())
     self._trained = [v for g, v in zip(grads, self.variables) if g is not None]
     unused = [v.name for g, v in zip(grads, self.variables) if g is None]
     if unused:
@@ -244,6 +253,9 @@ class _Runner:
       reduced = self.strategy.run(self._ReplicaLossAndGrads, (batch,))
       first = lambda x: self.strategy.experimental_local_results(x)[0]
       loss, metrics, grads, size = tf.nest.map_structure(first, reduced)
+    scale = self._LossScale()
+    if scale is not None:  # Clip and check the true gradients.
+      grads = [g / scale for g in grads]
     grads, norm = self.task.ClipGradients(grads)
     finite = tf.reduce_all(tf.stack(
         [tf.reduce_all(tf.math.is_finite(loss))] +
@@ -255,15 +267,29 @@ class _Runner:
       self.optimizer.apply_gradients(zip(grads, variables))
       return tf.constant(True)
 
-    applied = tf.cond(finite, _Apply, lambda: tf.constant(False))
+    if scale is not None:
+      # The LossScaleOptimizer sees every step, overflowing ones included
+      # (it skips their update and lowers the scale); it unscales itself.
+      self.optimizer.apply_gradients(zip([g * scale for g in grads],
+                                         variables))
+      applied = finite
+    else:
+      applied = tf.cond(finite, _Apply, lambda: tf.constant(False))
     self.global_step.assign_add(1)
     metrics = dict(metrics, learning_rate=learning_rate, grad_norm=norm)
     return metrics, size, applied
 
+  def _LossScale(self) -> tf.Tensor | None:
+    """The dynamic loss scale of mixed_float16 training (else None)."""
+    if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+      return None
+    return tf.convert_to_tensor(self.optimizer.dynamic_scale)
+
   def EvalStep(self, batch: dict[str, tf.Tensor]) -> tuple[dict, tf.Tensor]:
     if self._eval_step is None:
       def Step(batch):
-        _, metrics = self.task.ComputeLoss(batch, training=False)
+        with precision_lib.Policy(self.precision):
+          _, metrics = self.task.ComputeLoss(batch, training=False)
         return metrics, tasks.BatchSize(batch)
       self._eval_step = tf.function(Step, autograph=False,
                                     reduce_retracing=True)
@@ -458,8 +484,8 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
                        num_replicas: int = 1,
                        strategy: tf.distribute.Strategy | None = None,
                        checkpoint_io_device: str | None = None,
-                       profile_steps: tuple[int, int] | None = None
-                       ) -> RunResult:
+                       profile_steps: tuple[int, int] | None = None,
+                       precision: str = 'float32') -> RunResult:
   """Trains and/or evaluates `experiment` in `logdir`, resuming if possible.
 
   Args:
@@ -496,6 +522,11 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
       steps first..last (tf.profiler) into logdir/train/plugins/profile,
       which TensorBoard's Profile tab shows (tensorboard-plugin-profile).
       None: no profile. Only the chief profiles.
+    precision: the mixed-precision policy of training and evaluation
+      ('float32', 'mixed_bfloat16', 'mixed_float16'; layers/precision.py).
+      'mixed_float16' wraps the optimizer in Keras's LossScaleOptimizer: an
+      overflowing step's update is skipped and the step counts as a
+      non-finite one (on_nonfinite decides whether training goes on).
 
   Returns:
     A RunResult.
@@ -543,7 +574,8 @@ def train_and_evaluate(experiment: base_experiment.ExperimentLike,
   else:  # ReplicaLayoutError if too few devices.
     layout = distribute.ReplicaLayout.FromStrategy(strategy, num_cells)
   runner = _Runner(params, logdir, max_checkpoints_to_keep, on_nonfinite,
-                   strategy, layout.is_chief, checkpoint_io_device)
+                   strategy, layout.is_chief, checkpoint_io_device,
+                   precision)
   if strategy is not None:
     _LogLayout(strategy, layout)
   # An evaluation without a checkpoint fails below; no warm start for it.

@@ -129,6 +129,17 @@ _INTRA_OP = flags.DEFINE_integer(
     'intra_op_threads', 0, 'Intra-op threads of the grid; 0: cores // D.')
 _INTER_OP = flags.DEFINE_integer(
     'inter_op_threads', 0, 'Inter-op threads of the grid; 0: D.')
+_DTYPES = flags.DEFINE_list(
+    'dtype', ['float32'],
+    "Precision policies of the rows, side by side: 'float32', "
+    "'mixed_bfloat16', 'mixed_float16' (gpipe_tf.layers.precision).")
+_JIT = flags.DEFINE_bool(
+    'jit_compile', False,
+    'Also time every pipeline row with its pieces compiled by XLA, beside '
+    'the plain row.')
+_EXECUTIONS = flags.DEFINE_list(
+    'execution', ['loop'],
+    "The interpreter's executions to time: 'loop', 'unrolled'.")
 
 
 def main(argv):
@@ -150,7 +161,9 @@ def main(argv):
   configs = lib.Merge(
       lib.PipelineConfigs(_Ints(_PARTITIONS), _Ints(_MICRO), _REMAT.value,
                           _INFERENCE.value, _SCHEDULES.value,
-                          _VIRTUAL_STAGES.value),
+                          _VIRTUAL_STAGES.value, _DTYPES.value,
+                          (False, True) if _JIT.value else (False,),
+                          _EXECUTIONS.value),
       lib.ReplicaConfigs(_NUM_DEVICES.value, _Ints(_REPLICAS), _Ints(_MICRO),
                          _REMAT.value, _BATCH.value,
                          lib.LossInside(_SCHEDULES.value)))

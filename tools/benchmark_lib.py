@@ -43,6 +43,7 @@ from gpipe_tf.runtime import devices as devices_lib
 from gpipe_tf.runtime import distribute
 from gpipe_tf import layers
 from gpipe_tf import pipeline as pipeline_lib
+from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 
@@ -63,13 +64,16 @@ def Config(pipeline: bool, num_partitions: int = 1, num_micro_batches: int = 1,
            remat: str = 'none', mode: str = 'train',
            num_replicas: int = 1, single_core: bool = False,
            schedule: str = 'gpipe', num_virtual_stages: int = 1,
-           loss_inside: bool = False) -> dict:
-  """One configuration of the grid (see the module docstring for the keys)."""
+           loss_inside: bool = False, dtype: str = 'float32',
+           jit_compile: bool = False, execution: str = 'loop') -> dict:
+  """One configuration of the grid (see the module docstring for the keys;
+  ``dtype`` is a precision policy, layers/precision.py)."""
   return dict(pipeline=pipeline, num_partitions=num_partitions,
               num_micro_batches=num_micro_batches, remat=remat, mode=mode,
               num_replicas=num_replicas, single_core=single_core,
               schedule=schedule, num_virtual_stages=num_virtual_stages,
-              loss_inside=loss_inside)
+              loss_inside=loss_inside, dtype=dtype, jit_compile=jit_compile,
+              execution=execution)
 
 
 def LossInside(schedules: Sequence[str]) -> bool:
@@ -84,8 +88,12 @@ def LossInside(schedules: Sequence[str]) -> bool:
 def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
                     remats: Sequence[str], inference: bool,
                     schedules: Sequence[str] = ('gpipe',),
-                    virtual_stages: int = 2) -> list[dict]:
-  """The schedule x K x M x remat grid of one replica, after SequentialLayer.
+                    virtual_stages: int = 2,
+                    dtypes: Sequence[str] = ('float32',),
+                    jit_compile: Sequence[bool] = (False,),
+                    executions: Sequence[str] = ('loop',)) -> list[dict]:
+  """The schedule x K x M x remat (x dtype x XLA x execution) grid of one
+  replica, after SequentialLayer (once per dtype).
 
   'interleaved_1f1b' rows have ``virtual_stages`` cells per device (V; V = 1
   would be '1f1b'), every other schedule one. With ``inference``,
@@ -99,12 +107,15 @@ def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
     raise ValueError(f"Unknown schedule(s) {', '.join(unknown)}; use names "
                      f"from {', '.join(schedule_lib.Names())}.")
   inside = LossInside(schedules)
-  configs = [Config(False)]
+  configs = [Config(False, dtype=dtype) for dtype in dtypes]
   configs += [Config(True, k, m, remat, schedule=name,
                      num_virtual_stages=_VirtualStages(name, virtual_stages),
-                     loss_inside=inside)
+                     loss_inside=inside, dtype=dtype, jit_compile=jit,
+                     execution=execution)
               for name in schedules for k in partitions
-              for m in micro_batches for remat in remats]
+              for m in micro_batches for remat in remats
+              for dtype in dtypes for jit in jit_compile
+              for execution in executions]
   if inference:
     configs += [Config(True, k, m, 'never', 'inference') for k in partitions
                 for m in micro_batches]
@@ -163,6 +174,11 @@ def Label(cfg: dict, with_schedule: bool = True) -> str:
       label += f" {ScheduleLabel(cfg)}"
   if cfg['num_replicas'] > 1:
     label = f"R={cfg['num_replicas']} " + label
+  for key, default in (('dtype', 'float32'), ('execution', 'loop')):
+    if cfg.get(key, default) != default:
+      label += f' {cfg[key]}'
+  if cfg.get('jit_compile'):
+    label += ' XLA'
   return label + (' (inference)' if cfg['mode'] == 'inference' else '')
 
 
@@ -272,14 +288,16 @@ def MakeStep(spec: ModelSpec, cfg: dict,
 
     @tf.function
     def _Infer():
-      return _Loss(model, inputs, training=False)
+      with precision.Policy(cfg.get('dtype', 'float32')):
+        return _Loss(model, inputs, training=False)
 
     return _Infer
 
   @tf.function
   def _Step():
     variables = model.trainable_variables
-    loss, grads = _LossAndGradients(model, cfg, inputs, variables)
+    with precision.Policy(cfg.get('dtype', 'float32')):
+      loss, grads = _LossAndGradients(model, cfg, inputs, variables)
     opt.apply_gradients(zip(grads, variables))
     return loss
 
@@ -342,7 +360,7 @@ def _PerExampleLoss(outputs, labels):
 
 
 def _Loss(model, inputs, training):
-  out = model.FProp(*inputs, training=training)
+  out = precision.ToFloat32(model.FProp(*inputs, training=training))
   y = out[0] if isinstance(out, tuple) else out
   return tf.reduce_mean(tf.square(y))
 
@@ -386,4 +404,6 @@ def _Build(spec, cfg):
       num_micro_batches=cfg['num_micro_batches'], remat=cfg['remat'],
       schedule=cfg['schedule'],
       num_virtual_stages=cfg['num_virtual_stages'],
+      execution=cfg.get('execution', 'loop'),
+      jit_compile=cfg.get('jit_compile', False),
       input_shapes=shapes).Instantiate()

@@ -30,7 +30,7 @@ work in it. Both run the same pieces in the same order.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
@@ -38,63 +38,15 @@ from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import microbatch
+from gpipe_tf.pipeline import slots as slots_lib
 from gpipe_tf.pipeline import tensor_loop as tl
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-__all__ = ['EXECUTIONS', 'Interpreter', 'Slots']
+__all__ = ['EXECUTIONS', 'Interpreter']
 
 EXECUTIONS = ('loop', 'unrolled')
 F, B, W, BW, FB = (ticks_lib.F, ticks_lib.B, ticks_lib.W, ticks_lib.BW,
                    ticks_lib.FB)
-
-
-class Slots(NamedTuple):
-  """One stage's state while a program runs (None where it has none).
-
-  Attributes:
-    x, dy, saved, pinned, wcut: per tensor, a TensorArray of M slots.
-    y: the output of its latest F (stages before the last).
-    dx: the input gradient of its latest B or BW (stages after the first).
-    acc: tensor_loop.RunningSums lists of its weight gradients.
-    bn: its BatchNorm sufficient statistics, summed.
-    sums: the loss sums (last stage, loss inside).
-    out: per output, a TensorArray of M slots (last stage, loss outside).
-    dx0: per input, a TensorArray of M slots (stage 0, input gradients).
-    stamps: with a trace, (start, end) TensorArrays of timestamps by tick.
-  """
-  x: Any = None
-  dy: Any = None
-  saved: Any = None
-  pinned: Any = None
-  wcut: Any = None
-  y: Any = None
-  dx: Any = None
-  acc: Any = None
-  bn: Any = None
-  sums: Any = None
-  out: Any = None
-  dx0: Any = None
-  stamps: Any = None
-
-
-def _Gather(row: Sequence[int], t: Any) -> Any:
-  return row[t] if isinstance(t, int) else tf.gather(tf.constant(row), t)
-
-
-def _When(m: Any, run: Callable[[], Any], keep: Any) -> Any:
-  """run() where m >= 0 (a receipt), else keep."""
-  if isinstance(m, int):
-    return run() if m >= 0 else keep
-  return tl.Select(m >= 0, run, keep)
-
-
-def _Read(slots: Sequence[Any], m: Any) -> list:
-  return [s.read(m) if isinstance(s, tf.TensorArray) else s for s in slots]
-
-
-def _Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
-  return [None if s is None else s.write(m, v)
-          for s, v in zip(slots, values)]
 
 
 def _After(done: Sequence[tf.Tensor]) -> Any:
@@ -103,11 +55,6 @@ def _After(done: Sequence[tf.Tensor]) -> Any:
   device in whatever order their inputs allow, and neither a schedule's
   order nor its memory bound would hold."""
   return tf.control_dependencies(list(done))
-
-
-def _Arrays(specs: Sequence[Any], size: int, read_once: bool = False) -> list:
-  return [None if s is None else tl.TensorArrayOf(s, size, read_once)
-          for s in specs]
 
 
 class Interpreter:
@@ -140,7 +87,7 @@ class Interpreter:
       with tf.device(cell.device):
         self.seeds.append(tf.identity(seed))
     self.programs: list[program_lib.CellProgram] = []
-    self.slots: list[Slots] = []
+    self.slots: list[slots_lib.Slots] = []
     self.inputs: list = []
     self.labels: list = []
     self.sizes: Any = None
@@ -223,46 +170,12 @@ class Interpreter:
             dy_present, jit_compile)
       programs[s] = cell.programs[key]
     self.programs = programs
-    self.slots = [self._Slots(s, training, head is not None, input_grads)
-                  for s in range(len(self.cells))]
-
-  def _Slots(self, s: int, training: bool, loss_inside: bool,
-             input_grads: bool) -> Slots:
-    program, last = self.programs[s], len(self.cells) - 1
-    with tf.device(self.cells[s].device):
-      if not training:
-        return Slots(
-            x=None if s == 0 else _Arrays(self.programs[s - 1].out_specs,
-                                          self.m),
-            y=None if s == last else [tl.Filler(x) if x else None
-                                      for x in program.out_specs],
-            out=_Arrays(program.out_specs, self.m) if s == last else None)
-      dws = program.Specs('dws')
-      running = tl.RunningSums([None if d is None else tf.zeros(d.shape,
-                                                                d.dtype)
-                                for d in dws])
-      self.running[s] = running
-      return Slots(
-          x=None if s == 0 else _Arrays(self.programs[s - 1].out_specs,
-                                        self.m),
-          dy=None if loss_inside and s == last else _Arrays(
-              program.Specs('dy'), self.m, read_once=True),
-          saved=_Arrays(program.Specs('saved'), self.m, read_once=True),
-          pinned=_Arrays(program.Specs('pinned'), self.m, read_once=True),
-          wcut=_Arrays(program.Specs('wcut'), self.m, read_once=True),
-          y=None if s == last else [tl.Filler(x) if x else None
-                                    for x in program.out_specs],
-          dx=None if s == 0 else [tl.Filler(x) if x else None
-                                  for x in program.Specs('dx')],
-          acc=running.Initial(),
-          bn=[tf.zeros(x.shape, x.dtype) for x in program.Specs('bn')],
-          sums=([tf.zeros(x.shape, x.dtype) for x in program.Specs('sums')]
-                if loss_inside and s == last else None),
-          out=(_Arrays(program.out_specs, self.m)
-               if not loss_inside and s == last else None),
-          dx0=(_Arrays([None if g is None else tl.SpecOf(g, self.batch)
-                        for g in program.tensors['dx']], self.m)
-               if s == 0 and input_grads else None))
+    self.slots = []
+    for s, cell in enumerate(self.cells):
+      slots, self.running[s] = slots_lib.Make(
+          self.programs, s, cell.device, self.m, training, head is not None,
+          input_grads, self.batch)
+      self.slots.append(slots)
 
   def FeedOutputGradients(self, dys: Sequence[Any]) -> None:
     """Splits the gradients of the merged outputs (one per flat output,
@@ -320,7 +233,8 @@ class Interpreter:
     self.slots = list(slots)
 
   def _Tick(self, program: ticks_lib.TickProgram, t: Any,
-            slots: Sequence[Slots], done: dict | None = None) -> tuple:
+            slots: Sequence[slots_lib.Slots],
+            done: dict | None = None) -> tuple:
     slots = list(slots)
     for s, cell in enumerate(self.cells):
       with tf.device(cell.device):
@@ -331,8 +245,8 @@ class Interpreter:
       if not steps:
         continue
       with tf.device(self.cells[on_d[0]].device):
-        index = _Gather(program.branch[d], t)
-        m = _Gather(program.micro[d], t)
+        index = slots_lib.Gather(program.branch[d], t)
+        m = slots_lib.Gather(program.micro[d], t)
         state = [slots[s] for s in on_d]
         if isinstance(index, int):
           if index == 0:
@@ -360,23 +274,23 @@ class Interpreter:
     return tuple(slots)
 
   def _Receive(self, program: ticks_lib.TickProgram, s: int, t: Any,
-               slots: list) -> Slots:
+               slots: list) -> slots_lib.Slots:
     """Stage s takes in what its neighbours made at tick t-1."""
     mine = slots[s]
     if s > 0 and mine.x is not None and any(m >= 0 for m in
                                              program.got_y[s]):
-      m = _Gather(program.got_y[s], t)
-      mine = mine._replace(x=_When(
-          m, lambda: _Write(mine.x, m, slots[s - 1].y), mine.x))
+      m = slots_lib.Gather(program.got_y[s], t)
+      mine = mine._replace(x=slots_lib.When(
+          m, lambda: slots_lib.Write(mine.x, m, slots[s - 1].y), mine.x))
     if s + 1 < len(slots) and mine.dy is not None and any(
         x >= 0 for x in program.got_dx[s]):
-      m = _Gather(program.got_dx[s], t)
-      mine = mine._replace(dy=_When(
-          m, lambda: _Write(mine.dy, m, slots[s + 1].dx), mine.dy))
+      m = slots_lib.Gather(program.got_dx[s], t)
+      mine = mine._replace(dy=slots_lib.When(
+          m, lambda: slots_lib.Write(mine.dy, m, slots[s + 1].dx), mine.dy))
     return mine
 
   def _Step(self, step: ticks_lib.Step, m: Any, t: Any,
-            mine: Slots) -> tuple[Slots, list]:
+            mine: slots_lib.Slots) -> tuple[slots_lib.Slots, list]:
     """Runs one step of stage step.stage on micro-batch m: (the stage's new
     slots, the tensors the step made)."""
     s = step.stage
@@ -386,33 +300,35 @@ class Interpreter:
     if 'seed' in piece.feeds:
       feeds['seed'] = [random_seeds.FoldIn(self.seeds[s], m)]
     if 'x' in piece.feeds:
-      feeds['x'] = _Read(self.inputs if s == 0 else mine.x, m)
+      feeds['x'] = slots_lib.Read(self.inputs if s == 0 else mine.x, m)
     if 'labels' in piece.feeds:
-      feeds['labels'] = _Read(self.labels, m)
+      feeds['labels'] = slots_lib.Read(self.labels, m)
+    new = {}
     for group in ('dy', 'saved', 'pinned', 'wcut'):
-      if group in piece.feeds:
-        feeds[group] = _Read(getattr(mine, group), m)
+      if group in piece.feeds:  # Each is read by one step: taken.
+        feeds[group], new[group] = slots_lib.Take(
+            getattr(mine, group), m, program.Specs(group))
     if mine.stamps is not None:
       with tf.control_dependencies(
           [x for g in feeds.values() for x in g if isinstance(x, tf.Tensor)]):
         start = tf.timestamp()
     out = piece(**feeds)
-    new = {}
     if 'y' in out:
       if mine.out is not None:
-        new['out'] = _Write(mine.out, m, out['y'])
+        new['out'] = slots_lib.Write(mine.out, m, out['y'])
       else:
         new['y'] = out['y']
     for group in ('saved', 'pinned', 'wcut'):
       if group in out:
-        new[group] = _Write(getattr(mine, group), m, out[group])
+        new[group] = slots_lib.Write(new.get(group, getattr(mine, group)),
+                                     m, out[group])
     if 'bn' in out:
       new['bn'] = [a + b for a, b in zip(mine.bn, out['bn'])]
     if 'sums' in out:
       new['sums'] = [a + b for a, b in zip(mine.sums, out['sums'])]
     if 'dx' in out:
       if mine.dx0 is not None:
-        new['dx0'] = _Write(mine.dx0, m, out['dx'])
+        new['dx0'] = slots_lib.Write(mine.dx0, m, out['dx'])
       elif s > 0:
         new['dx'] = [None if old is None else g
                      for old, g in zip(mine.dx, out['dx'])]

@@ -8,10 +8,8 @@ from typing import Sequence
 
 from gpipe_tf.runtime import devices as devices_lib
 from gpipe_tf.runtime import distribute
-from gpipe_tf import errors
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
-from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib

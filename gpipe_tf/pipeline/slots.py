@@ -1,0 +1,140 @@
+"""Every stage's per-micro-batch state while a tick program runs: the Slots type, and making, reading and writing them.
+
+The interpreter (interpreter.py) keeps these on each stage's device; see its
+docstring for what each slot holds and who writes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import tensorflow as tf
+
+from gpipe_tf.pipeline import tensor_loop as tl
+
+__all__ = ['Gather', 'Make', 'Read', 'Slots', 'Take', 'When', 'Write']
+
+
+class Slots(NamedTuple):
+  """One stage's state while a program runs (None where it has none).
+
+  Attributes:
+    x, dy, saved, pinned, wcut: per tensor, a TensorArray of M slots.
+    y: the output of its latest F (stages before the last).
+    dx: the input gradient of its latest B or BW (stages after the first).
+    acc: tensor_loop.RunningSums lists of its weight gradients.
+    bn: its BatchNorm sufficient statistics, summed.
+    sums: the loss sums (last stage, loss inside).
+    out: per output, a TensorArray of M slots (last stage, loss outside).
+    dx0: per input, a TensorArray of M slots (stage 0, input gradients).
+    stamps: with a trace, (start, end) TensorArrays of timestamps by tick.
+  """
+  x: Any = None
+  dy: Any = None
+  saved: Any = None
+  pinned: Any = None
+  wcut: Any = None
+  y: Any = None
+  dx: Any = None
+  acc: Any = None
+  bn: Any = None
+  sums: Any = None
+  out: Any = None
+  dx0: Any = None
+  stamps: Any = None
+
+
+def Gather(row: Sequence[int], t: Any) -> Any:
+  """row[t]: a Python int when t is one (unrolled), else a gather."""
+  return row[t] if isinstance(t, int) else tf.gather(tf.constant(row), t)
+
+
+def When(m: Any, run: Callable[[], Any], keep: Any) -> Any:
+  """run() where m >= 0 (a receipt), else keep."""
+  if isinstance(m, int):
+    return run() if m >= 0 else keep
+  return tl.Select(m >= 0, run, keep)
+
+
+def Read(slots: Sequence[Any], m: Any) -> list:
+  """Micro-batch m of each slot (a shared tensor is itself)."""
+  return [s.read(m) if isinstance(s, tf.TensorArray) else s for s in slots]
+
+
+def Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
+  """`slots` with micro-batch m of each set to its value."""
+  return [None if s is None else s.write(m, v)
+          for s, v in zip(slots, values)]
+
+
+def _Arrays(specs: Sequence[Any], size: int, read_once: bool = False) -> list:
+  """A TensorArray of `size` slots per spec; `read_once` ones take any
+  number of examples, so that Take can empty a slot it read."""
+  if read_once:
+    specs = [None if s is None or not s.shape.rank else tf.TensorSpec(
+        [None] + s.shape.as_list()[1:], s.dtype) for s in specs]
+  return [None if s is None else tl.TensorArrayOf(s, size, read_once)
+          for s in specs]
+
+
+def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any]
+         ) -> tuple[list, list]:
+  """(micro-batch m of each read-once slot, the slots with it emptied).
+
+  Emptying frees the tensor once its reader is done: a TensorArray in a
+  tf.function is a TensorList, which keeps every item, read or not, until
+  it is overwritten (clear_after_read is not honoured), so a kept forward's
+  activations would otherwise live until the end of the step and no
+  schedule's memory bound would hold.
+  """
+  values, emptied = [], []
+  for ta, spec in zip(slots, specs):
+    if ta is None:
+      values.append(None)
+      emptied.append(None)
+      continue
+    value = ta.read(m)
+    value.set_shape(spec.shape)
+    values.append(value)
+    empty = tf.zeros([0] + spec.shape.as_list()[1:], spec.dtype) if (
+        spec.shape.rank) else tf.zeros([], spec.dtype)
+    emptied.append(ta.write(m, empty) if spec.shape.rank else ta)
+  return values, emptied
+
+
+def Make(programs: Sequence[Any], s: int, device: str, m: int,
+         training: bool, loss_inside: bool, input_grads: bool,
+         batch: int | None) -> tuple[Slots, tl.RunningSums | None]:
+  """Stage s's empty slots on `device` (M = `m`; `batch` examples per
+  micro-batch, None when sizes vary), and the RunningSums of its weight
+  gradients (None in inference)."""
+  program, last = programs[s], len(programs) - 1
+  with tf.device(device):
+    x = None if s == 0 else _Arrays(programs[s - 1].out_specs, m)
+    y = None if s == last else [tl.Filler(v) if v else None
+                                for v in program.out_specs]
+    if not training:
+      return Slots(x=x, y=y, out=_Arrays(program.out_specs, m)
+                   if s == last else None), None
+    running = tl.RunningSums([None if d is None else tf.zeros(d.shape,
+                                                              d.dtype)
+                              for d in program.Specs('dws')])
+    return Slots(
+        x=x,
+        dy=None if loss_inside and s == last else _Arrays(
+            program.Specs('dy'), m, read_once=True),
+        saved=_Arrays(program.Specs('saved'), m, read_once=True),
+        pinned=_Arrays(program.Specs('pinned'), m, read_once=True),
+        wcut=_Arrays(program.Specs('wcut'), m, read_once=True),
+        y=y,
+        dx=None if s == 0 else [tl.Filler(v) if v else None
+                                for v in program.Specs('dx')],
+        acc=running.Initial(),
+        bn=[tf.zeros(v.shape, v.dtype) for v in program.Specs('bn')],
+        sums=([tf.zeros(v.shape, v.dtype) for v in program.Specs('sums')]
+              if loss_inside and s == last else None),
+        out=(_Arrays(program.out_specs, m)
+             if not loss_inside and s == last else None),
+        dx0=(_Arrays([None if g is None else tl.SpecOf(g, batch)
+                      for g in program.tensors['dx']], m)
+             if s == 0 and input_grads else None)), running

@@ -18,6 +18,7 @@ from gpipe_tf.pipeline import PartitionError
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import partition
 
 # Nodes the runtime adds when it partitions a graph across devices: transfers
 # are named after the op whose output they carry, and live on the other side.
@@ -188,15 +189,42 @@ class BalanceAndErrorsTest(tf.test.TestCase):
     self.assertEqual(pipe.balance, [1, 7])
 
   def testParamsAndProfileCosts(self):
-    layers = [_Fc(0, 16, 256), _Fc(1, 256, 16)] + [_Fc(i) for i in range(2, 8)]
-    self.assertEqual(_Pipe(layers, num_partitions=2, cost='params').balance,
-                     [1, 7])
-    costs = cost_lib.LayerCosts(layers, 'profile', None, profile_batch_size=4)
-    self.assertLen(costs, 8)
-    self.assertTrue(all(c > 0 for c in costs))
-    pipe = _Pipe(layers, num_partitions=2, cost='profile')
-    self.assertEqual(sum(pipe.balance), 8)
-    self.assertLen(pipe.balance, 2)
+    """The cost estimate decides the split: two wide layers (16 -> 512 ->
+    512 -> 16) then six 16 x 16 ones, which equal costs would split 4 + 4."""
+    layers = ([_Fc(0, 16, 512), _Fc(1, 512, 512), _Fc(2, 512, 16)] +
+              [_Fc(i) for i in range(3, 8)])
+    shape = (None, 16)
+    flops, params = [], []
+    for lp in layers:
+      meta = lp.cls.FPropMeta(lp, shape)
+      flops.append(float(meta.flops))
+      params.append(float(meta.num_params))
+      shape = meta.out_shapes[0]
+    self.assertEqual(params[:3], [16 * 512 + 512, 512 * 512 + 512,
+                                  512 * 16 + 16])
+    even = partition.PartitionBalanced([1.0] * 8, 2)
+    self.assertEqual(even, [4, 4])
+    for cost, costs in (('flops', flops), ('params', params)):
+      with self.subTest(cost=cost):
+        want = partition.PartitionBalanced(costs, 2)
+        self.assertNotEqual(want, even)
+        self.assertEqual(want, [2, 6])  # The widest layer bounds the step.
+        # remat='never': no recompute weights, the costs alone decide.
+        self.assertEqual(_Pipe(layers, num_partitions=2, cost=cost,
+                               remat='never').balance, want)
+        self.assertEqual(cost_lib.LayerCosts(layers, cost, None), costs)
+    # Measured time: robust inequalities only. The wide layers get the
+    # smaller cell, and the 512 x 512 layer takes far longer than a 16 x 16.
+    balance = _Pipe(layers, num_partitions=2, cost='profile',
+                    profile_batch_size=32).balance
+    self.assertLen(balance, 2)
+    self.assertEqual(sum(balance), 8)
+    self.assertLess(balance[0], balance[1])
+    measured = cost_lib.LayerCosts(layers, 'profile', None,
+                                   profile_batch_size=32)
+    self.assertLen(measured, 8)
+    self.assertTrue(all(c >= 0 for c in measured))
+    self.assertGreater(measured[1], 4 * max(measured[3:]))
 
   def testExplicitBalance(self):
     pipe = _Pipe([_Fc(i) for i in range(5)], balance=[1, 4])

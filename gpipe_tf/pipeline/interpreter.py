@@ -49,6 +49,14 @@ F, B, W, BW, FB = (ticks_lib.F, ticks_lib.B, ticks_lib.W, ticks_lib.BW,
                    ticks_lib.FB)
 
 
+def _Finished(made: Sequence[tf.Tensor]) -> list:
+  """Tensors that exist once every one of `made` is computed. A control
+  dependency on a function call's output itself waits only for the call's
+  side effects once TensorFlow inlines the call, not for its data; one on
+  an identity of it waits for the data."""
+  return [tf.identity(x) for x in made if isinstance(x, tf.Tensor)]
+
+
 def _After(done: Sequence[tf.Tensor]) -> Any:
   """Unrolled: a device's step starts after its previous step (a control
   dependency); without it the dataflow executor would run the steps of a
@@ -95,9 +103,10 @@ class Interpreter:
     self.running: dict[int, tl.RunningSums] = {}
 
   # ---- Set-up --------------------------------------------------------------
-  def Split(self, flat: Sequence[Any]) -> list:
+  def Split(self, flat: Sequence[Any], read_once: bool = False) -> list:
     """Per flat tensor, a TensorArray of its M micro-batches (None stays
-    None; a tensor without batch dimension is shared)."""
+    None; a tensor without batch dimension is shared); `read_once` for
+    slots a step takes (slots.Take)."""
     if self.sizes is None:
       n = microbatch.BatchSize(flat)
       if isinstance(n, int):
@@ -107,8 +116,10 @@ class Interpreter:
       else:
         base = n // self.m
         self.sizes = base + tf.cast(tf.range(self.m) < n % self.m, n.dtype)
-    return [tl.TensorArrayOf(tl.SpecOf(x, self.batch), self.m).split(
-        x, self.sizes) if tl.HasBatch(x) else x for x in flat]
+    return [tl.TensorArrayOf(
+        tl.SpecOf(x, None if read_once else self.batch), self.m,
+        read_once).split(x, self.sizes) if tl.HasBatch(x) else x
+            for x in flat]
 
   def Build(self, structure: Any, flat: Sequence[Any], training: bool,
             head: Callable[[Sequence[Any]], Any] | None = None,
@@ -185,7 +196,7 @@ class Interpreter:
     with tf.device(self.cells[-1].device):
       dys = [None if ta is None else (g if g is not None else tf.zeros_like(y))
              for ta, g, y in zip(slots.dy, dys, self.Outputs())]
-      self.slots[-1] = slots._replace(dy=self.Split(dys))
+      self.slots[-1] = slots._replace(dy=self.Split(dys, read_once=True))
 
   # ---- Running -------------------------------------------------------------
   def Run(self, program: ticks_lib.TickProgram) -> None:
@@ -256,14 +267,20 @@ class Interpreter:
               f'stage{step.stage}_{step.kind}_mb{m}'):
             slots[step.stage], made = self._Step(step, m, t,
                                                  slots[step.stage])
-          done[d] = made[:1] or done.get(d, [])
+          done[d] = _Finished(made) or done.get(d, [])
           continue
         compact = tl.Compact(state)
 
         def _Branch(step, state=state, compact=compact, on_d=on_d, m=m):
+          # The device's previous step has finished (its token), and the
+          # next one waits for this one's: ticks overlap across devices,
+          # never on one.
           new = list(state)
           j = on_d.index(step.stage)
-          new[j], _ = self._Step(step, m, t, state[j])
+          with _After([x.token for x in state]):
+            new[j], made = self._Step(step, m, t, state[j])
+          with _After(_Finished(made)):
+            new[j] = new[j]._replace(token=tf.identity(new[j].token))
           return compact.Values(new)
 
         branches = [compact.Values] + [
@@ -339,7 +356,7 @@ class Interpreter:
           for g, prev in zip(out['dws'], running.Read(mine.acc))])
     made = [x for group in out.values() for x in group if x is not None]
     if mine.stamps is not None:
-      with tf.control_dependencies(made + [start]):
+      with tf.control_dependencies(_Finished(made) + [start]):
         end = tf.timestamp()
       new['stamps'] = (mine.stamps[0].write(t, start),
                        mine.stamps[1].write(t, end))

@@ -28,6 +28,8 @@ class Slots(NamedTuple):
     out: per output, a TensorArray of M slots (last stage, loss outside).
     dx0: per input, a TensorArray of M slots (stage 0, input gradients).
     stamps: with a trace, (start, end) TensorArrays of timestamps by tick.
+    token: a scalar made once the stage's latest step has finished (the
+      loop orders a device's steps on it).
   """
   x: Any = None
   dy: Any = None
@@ -42,6 +44,7 @@ class Slots(NamedTuple):
   out: Any = None
   dx0: Any = None
   stamps: Any = None
+  token: Any = None
 
 
 def Gather(row: Sequence[int], t: Any) -> Any:
@@ -71,7 +74,7 @@ def _Arrays(specs: Sequence[Any], size: int, read_once: bool = False) -> list:
   """A TensorArray of `size` slots per spec; `read_once` ones take any
   number of examples, so that Take can empty a slot it read."""
   if read_once:
-    specs = [None if s is None or not s.shape.rank else tf.TensorSpec(
+    specs = [s if s is None or not s.shape.rank else tf.TensorSpec(
         [None] + s.shape.as_list()[1:], s.dtype) for s in specs]
   return [None if s is None else tl.TensorArrayOf(s, size, read_once)
           for s in specs]
@@ -96,9 +99,10 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any]
     value = ta.read(m)
     value.set_shape(spec.shape)
     values.append(value)
-    empty = tf.zeros([0] + spec.shape.as_list()[1:], spec.dtype) if (
-        spec.shape.rank) else tf.zeros([], spec.dtype)
-    emptied.append(ta.write(m, empty) if spec.shape.rank else ta)
+    if spec.shape.rank:
+      empty = tf.zeros(tf.concat([[0], tf.shape(value)[1:]], 0), spec.dtype)
+      ta = ta.write(m, empty)
+    emptied.append(ta)
   return values, emptied
 
 
@@ -113,9 +117,10 @@ def Make(programs: Sequence[Any], s: int, device: str, m: int,
     x = None if s == 0 else _Arrays(programs[s - 1].out_specs, m)
     y = None if s == last else [tl.Filler(v) if v else None
                                 for v in program.out_specs]
+    token = tf.zeros([])
     if not training:
       return Slots(x=x, y=y, out=_Arrays(program.out_specs, m)
-                   if s == last else None), None
+                   if s == last else None, token=token), None
     running = tl.RunningSums([None if d is None else tf.zeros(d.shape,
                                                               d.dtype)
                               for d in program.Specs('dws')])
@@ -137,4 +142,5 @@ def Make(programs: Sequence[Any], s: int, device: str, m: int,
              if not loss_inside and s == last else None),
         dx0=(_Arrays([None if g is None else tl.SpecOf(g, batch)
                       for g in program.tensors['dx']], m)
-             if s == 0 and input_grads else None)), running
+             if s == 0 and input_grads else None),
+        token=token), running

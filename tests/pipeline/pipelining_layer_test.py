@@ -2,6 +2,7 @@
 
 import collections
 import re
+from unittest import mock
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -10,13 +11,13 @@ test_utils.SetUpDevices()
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
-from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import ShapeMismatchError
 from gpipe_tf.pipeline import MicroBatchError
 from gpipe_tf.pipeline import PartitionError
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import cost as cost_lib
+from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 
@@ -51,8 +52,11 @@ class PlacementTest(tf.test.TestCase):
 
   def testEveryCellRanOnItsDevice(self):
     """Reads the partition graphs the runtime executed: cell k ran on device k."""
+    # 'unrolled' names every step's ops stage{s}_{kind}_mb{m}; the loop runs
+    # the same steps under the same device scopes.
     pipe = _Pipe([_Fc(i) for i in range(8)], num_partitions=4,
-                 num_micro_batches=2, remat='except_last')
+                 num_micro_batches=2, remat='except_last',
+                 execution='unrolled')
     self.assertEqual(pipe.balance, [2, 2, 2, 2])
     self.assertEqual(pipe.devices, test_utils.devices.LogicalCpus()[:4])
     for k, dev in enumerate(pipe.devices):
@@ -89,20 +93,24 @@ class PlacementTest(tf.test.TestCase):
       self.assertGreater(seen[(k, 'bwd')], 0, k)
 
 
-class _CountingFc(core.FCLayer):
-  """An FCLayer that counts the micro-batches it recomputes (run eagerly)."""
-
-  recomputed = collections.Counter()
-
-  def FProp(self, x, training=False):
-    if base_layer.InRecompute():
-      _CountingFc.recomputed[self.p.name] += 1
-    return super().FProp(x, training=training)
-
-
 def _CountingLayers(n):
-  return [_CountingFc.Params().Set(name=f'fc{i}', input_dim=16, output_dim=16,
-                                   activation='TANH') for i in range(n)]
+  return [core.FCLayer.Params().Set(name=f'fc{i}', input_dim=16,
+                                    output_dim=16, activation='TANH')
+          for i in range(n)]
+
+
+class _Recomputes:
+  """Counts, per layer (one per cell), the backward steps the interpreter
+  runs that recompute their forward (run eagerly: one call per step)."""
+
+  def __init__(self):
+    self.counts = collections.Counter()
+    self._step = interpreter.Interpreter._Step  # pylint: disable=protected-access
+
+  def __call__(self, run, step, m, t, mine):
+    if step.kind in ('B', 'BW') and not step.keep:
+      self.counts[f'fc{step.stage}'] += 1
+    return self._step(run, step, m, t, mine)
 
 
 class RematTest(tf.test.TestCase):
@@ -114,15 +122,17 @@ class RematTest(tf.test.TestCase):
                  schedule=schedule)
     x = tf.random.stateless_normal([8, 16], [5, 5])
     loss_fn = lambda y, _: loss_lib.LossTerms(tf.reduce_sum(tf.sin(y), -1))
-    _CountingFc.recomputed.clear()
-    grads = pipe.ComputeLossAndGradients(x, tf.zeros([8]), loss_fn)[2]
-    return pipe, dict(_CountingFc.recomputed), grads
+    counter = _Recomputes()
+    with mock.patch.object(interpreter.Interpreter, '_Step',
+                           lambda run, *args: counter(run, *args)):
+      grads = pipe.ComputeLossAndGradients(x, tf.zeros([8]), loss_fn)[2]
+    return pipe, dict(counter.counts), grads
 
   def testAlwaysSkipsBackwardsThatFollowTheirForward(self):
     # 1F1B's last stage runs F(1, m) then BW(1, m) for every m: nothing to
     # save there, so only stage 0 recomputes, all four micro-batches.
     pipe, counts, grads = self._Recomputed('1f1b', 'always')
-    self.assertEqual([pipe._Remat(s, m) for s in range(2) for m in range(4)],
+    self.assertEqual([not pipe._Keep(s, m) for s in range(2) for m in range(4)],
                      [True] * 4 + [False] * 4)
     self.assertEqual(counts, {'fc0': 4})
     _, never, want = self._Recomputed('1f1b', 'never')
@@ -151,14 +161,14 @@ class RematTest(tf.test.TestCase):
     # 'always' recomputes it, 'except_last' does not.
     pipe = _Pipe(_CountingLayers(4), num_partitions=2, num_virtual_stages=2,
                  balance=[1, 1, 1, 1], num_micro_batches=3, remat='always')
-    self.assertEqual([s for s in range(4) if not pipe._Remat(s, 2)], [2, 3])
-    self.assertTrue(all(pipe._Remat(s, m) for s in range(4) for m in (0, 1)))
+    self.assertEqual([s for s in range(4) if pipe._Keep(s, 2)], [2, 3])
+    self.assertTrue(all(not pipe._Keep(s, m) for s in range(4) for m in (0, 1)))
     pipe = _Pipe(_CountingLayers(4), num_partitions=2, num_virtual_stages=2,
                  balance=[1, 1, 1, 1], num_micro_batches=3,
                  remat='except_last')
-    self.assertEqual([s for s in range(4) if not pipe._Remat(s, 2)],
+    self.assertEqual([s for s in range(4) if pipe._Keep(s, 2)],
                      [0, 1, 2, 3])
-    self.assertTrue(all(pipe._Remat(s, m) for s in range(4) for m in (0, 1)))
+    self.assertTrue(all(not pipe._Keep(s, m) for s in range(4) for m in (0, 1)))
 
 
 class MemoryTest(tf.test.TestCase):

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from gpipe_tf.layers import base_layer
 from gpipe_tf.runtime import devices
 
 # The repository root: the working directory of trainer subprocesses.
@@ -30,6 +31,26 @@ def MlpLayers():
   dims = [6, 12, 12, 10, 12, 12, 8, 8, 5]
   acts = ['TANH', 'RELU', 'SIGMOID', 'GELU', 'TANH', 'RELU', 'TANH', 'NONE']
   return [FcParams(i, dims[i], dims[i + 1], acts[i]) for i in range(len(acts))]
+
+
+# The variable TiedScale layers track (set it before building them).
+SHARED = {}
+
+
+class TiedScale(base_layer.BaseLayer):
+  """x * SHARED['v']: a variable this layer TRACKS (an attribute), as a tied
+  embedding and softmax, or an ALBERT block, do; several layers track one."""
+
+  def __init__(self, params, parent_path=None):
+    super().__init__(params, parent_path)
+    self.shared = SHARED['v']
+
+  def FProp(self, x, training=False):
+    return x * self.shared
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    return base_layer.LayerMeta(1, (shape,), 0)
 
 
 def LogSoftmax(x):

@@ -225,16 +225,24 @@ class CellProgram:
         lambda *args: self._Trace(args, in_specs, input_grads),
         signature)
     self._Cut()
-    # Where the weight-gradient ops read something the cut cannot feed (a
-    # control edge into the input-gradient ops, say), B computes the whole
-    # backward and W nothing: still exact, without zero-bubble's overlap.
-    self.splittable = training
-    if training:
-      try:
-        self._pieces[(ticks_lib.W, False, False)] = self._Prune(('wcut',),
-                                                                ('dws',))
-      except (op_selector.UnliftableError, KeyError, ValueError):
-        self.splittable = False
+    self._splittable: bool | None = None
+
+  @property
+  def splittable(self) -> bool:
+    """Whether W can run apart from B. Where the weight-gradient ops read
+    something the cut cannot feed (a control edge into the input-gradient
+    ops, say), B computes the whole backward and W nothing: still exact,
+    without zero-bubble's overlap. Found on first use (only schedules with
+    W ask)."""
+    if self._splittable is None:
+      self._splittable = self.training
+      if self.training:
+        try:
+          self._pieces[(ticks_lib.W, False, False)] = self._Prune(
+              ('wcut',), ('dws',))
+        except (op_selector.UnliftableError, KeyError, ValueError):
+          self._splittable = False
+    return self._splittable
 
   # ---- Tracing -------------------------------------------------------------
   @staticmethod
@@ -373,8 +381,9 @@ class CellProgram:
     if step.kind == ticks_lib.F:
       return ('seed', 'x') + head, out + ('bn',) + (
           ('saved',) if step.keep else ('pinned',))
-    grads = ('wcut',) if self.splittable and (step.kind == ticks_lib.B or (
-        step.kind == ticks_lib.FB and step.split)) else ('dws',)
+    split = step.kind == ticks_lib.B or (step.kind == ticks_lib.FB and
+                                         step.split)
+    grads = ('wcut',) if split and self.splittable else ('dws',)
     if step.kind == ticks_lib.W:
       return ('wcut',), ('dws',)
     if step.kind == ticks_lib.FB:

@@ -37,7 +37,9 @@ class ReadmeTest(tf.test.TestCase):
     quick = _Readme().split('## Quick start', 1)[1].split('##', 1)[0]
     commands = [l for l in re.search(r'```sh\n(.*?)```', quick, re.S).group(
         1).splitlines() if l and not l.startswith('#')]
-    self.assertLen(commands, 2)
+    # 1. train, 2. the test command, 3. export.
+    self.assertLen(commands, 3)
+    self.assertIn('pytest', commands[1])
     with open(os.path.join(_ROOT, '.ci', 'run')) as f:
       ci = f.read()
     self.assertIn(commands[1], ci)

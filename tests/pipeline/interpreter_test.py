@@ -39,6 +39,17 @@ def _NumOps(concrete):
                                    for f in graph_def.library.function)
 
 
+def _StepPeak(**kw):
+  """Peak bytes of a training step of 16 FC-256 layers, batch 2048, K=2,
+  M=8 (the loss inside)."""
+  pipe = _Pipe([_Fc(i, 256, 256) for i in range(16)], num_partitions=2,
+               num_micro_batches=8, **kw)
+  x = tf.random.stateless_normal([2048, 256], [8, 8])
+  labels = tf.zeros([2048], tf.int32)
+  return _Peak(tf.function(
+      lambda: pipe.ComputeLossAndGradients(x, labels, _LossFn)[2]))
+
+
 def _Peak(step):
   step()  # Warm up the allocator.
   tf.config.experimental.reset_memory_stats('CPU:0')
@@ -72,28 +83,20 @@ class InterpreterTest(tf.test.TestCase):
   def testOneFOneBHoldsFewerMicroBatches(self):
     # 1F1B's point: without remat, cell k holds at most K-k micro-batches'
     # activations instead of GPipe's M: a kept slot is freed by its backward.
-    layers = [_Fc(i, 256, 256) for i in range(16)]
-    x = tf.random.stateless_normal([2048, 256], [8, 8])
-    labels = tf.zeros([2048], tf.int32)
-    peaks = {}
-    for schedule in ('gpipe', '1f1b'):
-      pipe = _Pipe(layers, num_partitions=2, num_micro_batches=8,
-                   remat='never', schedule=schedule)
-      peaks[schedule] = _Peak(tf.function(
-          lambda p=pipe: p.ComputeLossAndGradients(x, labels, _LossFn)[2]))
-    self.assertLess(peaks['1f1b'], 0.6 * peaks['gpipe'], peaks)
+    for execution in ('loop', 'unrolled'):
+      gpipe = _StepPeak(remat='never', schedule='gpipe', execution=execution)
+      one_f_one_b = _StepPeak(remat='never', schedule='1f1b',
+                              execution=execution)
+      self.assertLess(one_f_one_b, 0.6 * gpipe, (execution, one_f_one_b,
+                                                 gpipe))
 
   def testRematSavesMemory(self):
-    layers = [_Fc(i, 256, 256) for i in range(16)]
-    x = tf.random.stateless_normal([2048, 256], [3, 3])
-    labels = tf.zeros([2048], tf.int32)
-    peaks = {}
-    for remat in ('never', 'always'):
-      pipe = _Pipe(layers, num_partitions=2, num_micro_batches=8,
-                   remat=remat)
-      peaks[remat] = _Peak(tf.function(
-          lambda p=pipe: p.ComputeLossAndGradients(x, labels, _LossFn)[2]))
-    self.assertLess(peaks['always'], 0.75 * peaks['never'], peaks)
+    # Only with each device's steps in order: the unrolled execution kept
+    # every activation while its chain waited on side effects only.
+    for execution in ('loop', 'unrolled'):
+      never = _StepPeak(remat='never', execution=execution)
+      always = _StepPeak(remat='always', execution=execution)
+      self.assertLess(always, 0.75 * never, (execution, always, never))
 
   def testUnrolledPinsEveryDevicesOrder(self):
     self.assertEmpty(_OrderViolations())
@@ -121,12 +124,7 @@ class InterpreterTest(tf.test.TestCase):
         timeline = trace_lib.Timeline.FromValues(trace, starts, ends)
         for a, s, e in zip(timeline.actions, timeline.start, timeline.end):
           self.assertLessEqual(s, e, a)
-        # Every action starts after the one before it on its device ended.
-        for row in pipe.schedule.actions:
-          times = [(timeline.start[trace.actions.index(a)],
-                    timeline.end[trace.actions.index(a)]) for a in row]
-          for (_, end), (start, _) in zip(times, times[1:]):
-            self.assertLessEqual(end, start + 1e-4)
+        # (Stamp order is not checked: trace_test._STAMP_JITTER.)
 
 
 def _Ancestors(op):

@@ -6,29 +6,11 @@ test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
 
-_SHARED = {}
-
-
-class _TiedScale(base_layer.BaseLayer):
-  """x * shared, where `shared` is a variable this layer TRACKS (an
-  attribute), as a tied embedding and softmax, or an ALBERT block, do."""
-
-  def __init__(self, params, parent_path=None):
-    super().__init__(params, parent_path)
-    self.shared = _SHARED['v']
-
-  def FProp(self, x, training=False):
-    return x * self.shared
-
-  @classmethod
-  def FPropMeta(cls, p, shape):
-    return base_layer.LayerMeta(1, (shape,), 0)
 
 
 def _Fc(i, dout=8):
@@ -37,14 +19,14 @@ def _Fc(i, dout=8):
 
 
 def _Layers():
-  return [_Fc(0), _TiedScale.Params().Set(name='t0'), _Fc(1),
-          _TiedScale.Params().Set(name='t1'), _Fc(2),
-          _TiedScale.Params().Set(name='t2'), _Fc(3, 5)]
+  return [_Fc(0), test_utils.TiedScale.Params().Set(name='t0'), _Fc(1),
+          test_utils.TiedScale.Params().Set(name='t1'), _Fc(2),
+          test_utils.TiedScale.Params().Set(name='t2'), _Fc(3, 5)]
 
 
 def _LossFn(logits, labels):
   # The loss reads the shared variable too (a temperature, say).
-  logits = logits * tf.reduce_mean(_SHARED['v'])
+  logits = logits * tf.reduce_mean(test_utils.SHARED['v'])
   return loss_lib.LossTerms(losses.SoftmaxCrossEntropy(logits, labels))
 
 
@@ -52,14 +34,14 @@ class SharedVariablesTest(tf.test.TestCase):
 
   def setUp(self):
     super().setUp()
-    _SHARED['v'] = tf.Variable(tf.fill([8], 1.25), name='shared')
+    test_utils.SHARED['v'] = tf.Variable(tf.fill([8], 1.25), name='shared')
     self.x = tf.random.stateless_normal([6, 8], [5, 5])
     self.y = tf.constant([0, 1, 2, 3, 4, 0])
     seq = core.SequentialLayer.Params().Set(
         name='net', layers=_Layers()).Instantiate()
     # tf.Module lists the variable once although three layers track it.
     self.assertLen([v for v in seq.trainable_variables
-                    if v is _SHARED['v']], 1)
+                    if v is test_utils.SHARED['v']], 1)
     with tf.GradientTape() as tape:
       loss, _ = loss_lib.ReduceTerms(_LossFn(seq.FProp(self.x), self.y))
     self.want = tape.gradient(loss, seq.trainable_variables)

@@ -31,22 +31,6 @@ _DOC = os.path.join(os.path.dirname(__file__), '..', '..', 'docs',
                     'pipeline.md')
 _BEGIN = '<!-- support matrix: written by tests/pipeline/support_test.py -->'
 _END = '<!-- end of support matrix -->'
-_SHARED = {}
-
-
-class _Tied(base_layer.BaseLayer):
-  """x * shared: a variable this layer tracks, as other layers do."""
-
-  def __init__(self, params, parent_path=None):
-    super().__init__(params, parent_path)
-    self.shared = _SHARED['v']
-
-  def FProp(self, x, training=False):
-    return x * self.shared
-
-  @classmethod
-  def FPropMeta(cls, p, shape):
-    return base_layer.LayerMeta(1, (shape,), 0)
 
 
 class _Fork(base_layer.BaseLayer):
@@ -77,11 +61,12 @@ def _Layers():
   return [
       embedding.EmbeddingLayer.Params().Set(name='emb', vocab_size=20,
                                             embedding_dim=8),
-      fc(0), bn(0, False), _Tied.Params().Set(name='t0'),
+      fc(0), bn(0, False), test_utils.TiedScale.Params().Set(name='t0'),
       core.DropoutLayer.Params().Set(name='drop0', keep_prob=0.7),
-      _Tied.Params().Set(name='t1'), fc(1), _Fork.Params().Set(name='fork'),
+      test_utils.TiedScale.Params().Set(name='t1'), fc(1),
+      _Fork.Params().Set(name='fork'),
       _Join.Params().Set(name='join'), bn(1, True), fc(2),
-      _Tied.Params().Set(name='t2'),
+      test_utils.TiedScale.Params().Set(name='t2'),
       core.DropoutLayer.Params().Set(name='drop1', keep_prob=0.8),
       fc(3, dout=5)]
 
@@ -93,7 +78,7 @@ def _Balance(v):
 def _LossFn(logits, labels):
   # Per example: the mean over its 3 positions; the loss reads the shared
   # variable too.
-  logits = logits * tf.reduce_mean(_SHARED['v'])
+  logits = logits * tf.reduce_mean(test_utils.SHARED['v'])
   per_token = losses.SoftmaxCrossEntropy(logits, labels)
   return loss_lib.LossTerms(tf.reduce_mean(per_token, 1),
                             1.0 + tf.cast(labels[:, 0], tf.float32))
@@ -133,7 +118,7 @@ class SupportTest(tf.test.TestCase):
 
   def setUp(self):
     super().setUp()
-    _SHARED['v'] = tf.Variable(tf.fill([8], 1.1), name='shared')
+    test_utils.SHARED['v'] = tf.Variable(tf.fill([8], 1.1), name='shared')
 
   def _Models(self, name, v, remat, execution):
     seq = core.SequentialLayer.Params().Set(

@@ -17,8 +17,9 @@ from tools import benchmark_tables as tables  # pylint: disable=g-import-not-at-
 _TINY = lib.ModelSpec(num_blocks=4, dim=8, batch_size=16)
 _ROW_KEYS = ('pipeline', 'num_partitions', 'num_micro_batches', 'remat',
              'mode', 'num_replicas', 'single_core', 'schedule',
-             'num_virtual_stages', 'loss_inside', 'examples_per_sec',
-             'peak_memory_bytes', 'seconds_per_step_rounds')
+             'num_virtual_stages', 'loss_inside', 'dtype', 'jit_compile',
+             'execution', 'examples_per_sec', 'peak_memory_bytes',
+             'seconds_per_step_rounds')
 _SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 
 

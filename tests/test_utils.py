@@ -2,9 +2,12 @@
 
 import collections
 import os
+import shutil
 import socket
+import tempfile
 import threading
 
+from absl import flags
 import numpy as np
 import tensorflow as tf
 
@@ -51,6 +54,23 @@ class TiedScale(base_layer.BaseLayer):
   @classmethod
   def FPropMeta(cls, p, shape):
     return base_layer.LayerMeta(1, (shape,), 0)
+
+
+class FlagsParsedTestCase(tf.test.TestCase):
+  """A TestCase for code that reads absl flags (pytest parses none: they
+  count as parsed) with a temporary directory `root` for the class."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    cls.root = tempfile.mkdtemp()
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
 
 
 def LogSoftmax(x):

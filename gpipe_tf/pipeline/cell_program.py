@@ -116,6 +116,12 @@ class _NoPiece:
 _NO_PIECE = _NoPiece()
 
 
+def _Fill(specs: Sequence[Any], values: Sequence[Any]) -> list:
+  """`values` at the non-None places of `specs`, None elsewhere."""
+  values = iter(values)
+  return [None if s is None else next(values) for s in specs]
+
+
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
              xs: Sequence[Any], training: bool) -> Any:
   with random_seeds.StepSeedScope(seed):
@@ -134,7 +140,7 @@ def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
     def _Body(seed, *xs):
       with normalization.DeferMovingStats():
         y = _RunCell(cell, in_struct, seed,
-                     CellProgram._Fill(in_specs, xs), training)  # pylint: disable=protected-access
+                     _Fill(in_specs, xs), training)
       holder['y'] = y
       return [x for x in tf.nest.flatten(y) if x is not None]
 
@@ -245,11 +251,6 @@ class CellProgram:
     return self._splittable
 
   # ---- Tracing -------------------------------------------------------------
-  @staticmethod
-  def _Fill(specs: Sequence[Any], values: Sequence[Any]) -> list:
-    values = iter(values)
-    return [None if s is None else next(values) for s in specs]
-
   def _Forward(self, seed: tf.Tensor, xs: list) -> Any:
     return _RunCell(self.cell, self.in_struct, seed, xs, self.training)
 
@@ -258,8 +259,8 @@ class CellProgram:
     args = list(args)
     graph = tf.compat.v1.get_default_graph()
     seed = args.pop(0)
-    xs = self._Fill(in_specs, args[:len([s for s in in_specs if s])])
-    args = args[len([s for s in in_specs if s]):]
+    num_x = len([s for s in in_specs if s is not None])
+    xs, args = _Fill(in_specs, args[:num_x]), args[num_x:]
     t = self.tensors
     t['seed'], t['x'] = [seed], xs
     wanted = [self.training and input_grads and cell_lib.IsFloat(x)
@@ -271,7 +272,7 @@ class CellProgram:
       flat_y = tf.nest.flatten(y)
       if self.head is not None:
         n_labels = len([s for s in self.head.label_specs if s])
-        t['labels'] = self._Fill(self.head.label_specs, args[:n_labels])
+        t['labels'] = _Fill(self.head.label_specs, args[:n_labels])
         args = args[n_labels:]
         labels = tf.nest.pack_sequence_as(self.head.label_struct,
                                           t['labels'])

@@ -178,8 +178,9 @@ def RunLossAndGradients(cells: Sequence[Any],
   bn_stats.Apply()
   grads = run.Gradients()
   with tf.device(cells[-1].device):
-    loss, metrics = loss_lib.Means(run.LossSums())
-    scale = 1.0 / tf.maximum(run.LossSums().weight, 1e-12)
+    sums = run.LossSums()
+    loss, metrics = loss_lib.Means(sums)
+    scale = 1.0 / tf.maximum(sums.weight, 1e-12)
   out = []
   for v in variables:
     if v.ref() not in grads:

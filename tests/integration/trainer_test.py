@@ -257,20 +257,8 @@ class TrainerSplitsTheCpuTest(tf.test.TestCase):
     self.assertNotIn('Split the CPU', log)
 
 
-class TrainerCliTest(tf.test.TestCase):
+class TrainerCliTest(test_utils.FlagsParsedTestCase):
   """Bad input to the binary, through its main() in this process."""
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    if not FLAGS.is_parsed():
-      FLAGS.mark_as_parsed()  # Under pytest nothing parsed the flags.
-    cls.root = tempfile.mkdtemp()
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.root, ignore_errors=True)
-    super().tearDownClass()
 
   def _MainError(self, **flag_values):
     with flagsaver.flagsaver(**flag_values):

@@ -8,13 +8,10 @@ import glob  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import itertools
 import os
 import re
-import shutil
-import tempfile
 from unittest import mock
 
 from absl import flags
 from absl.testing import flagsaver
-import tensorflow as tf
 
 from gpipe_tf import trainer
 from gpipe_tf.train import loop
@@ -36,19 +33,7 @@ def _ProgressLines(logs):
           if m]
 
 
-class ProgressAndProfileTest(tf.test.TestCase):
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    if not FLAGS.is_parsed():
-      FLAGS.mark_as_parsed()  # Under pytest nothing parsed the flags.
-    cls.root = tempfile.mkdtemp()
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.root, ignore_errors=True)
-    super().tearDownClass()
+class ProgressAndProfileTest(test_utils.FlagsParsedTestCase):
 
   def testTrainerFlagWritesTheProfileAndLinesGiveTheEta(self):
     logdir = os.path.join(self.root, 'profiled')

@@ -10,6 +10,10 @@ import tensorflow as tf
 from gpipe_tf import errors
 from gpipe_tf.layers import core
 
+__all__ = ['COSTS', 'CostEstimateError', 'DEFAULT_PROFILE_BATCH_SIZE',
+           'InferInputShapes', 'LayerCosts', 'LayerMetas', 'ProfileBatchSize',
+           'ProfileCosts']
+
 COSTS = ('flops', 'params', 'profile')
 # Examples per micro-batch cost='profile' times at when nothing says more.
 DEFAULT_PROFILE_BATCH_SIZE = 8

@@ -34,6 +34,9 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 
+__all__ = ['LossFn', 'LossNotSplittableError', 'LossTerms', 'Means',
+           'ReduceTerms', 'Sums', 'Total', 'WeightedSums']
+
 
 class LossNotSplittableError(errors.Error, ValueError):
   """A loss_fn result that cannot be split per micro-batch."""

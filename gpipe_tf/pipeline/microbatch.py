@@ -19,6 +19,9 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 
+__all__ = ['BatchSize', 'Merge', 'MicroBatchError', 'MicroBatchSizes', 'Split',
+           'SplitLike']
+
 
 class MicroBatchError(errors.Error, ValueError):
   """The inputs cannot be split into the requested micro-batches."""

@@ -22,6 +22,9 @@ from typing import TypeVar
 
 from gpipe_tf import errors
 
+__all__ = ['CellCosts', 'CheckDevices', 'PartitionBalanced', 'PartitionError',
+           'RecomputeWeights', 'SplitByBalance', 'ValidateBalance']
+
 T = TypeVar('T')
 
 # Comparisons of cell costs are made with this tolerance relative to the total cost

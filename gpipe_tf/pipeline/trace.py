@@ -1,9 +1,10 @@
 """Records when each pipeline action really started and ended, from inside a real step.
 
 Pass a ``ScheduleTrace`` to ``PipeliningLayer.FProp(..., trace=t)`` or
-``ComputeLossAndGradients(..., trace=t)``: every action (F, B, W, BW of a
-stage on a micro-batch) gets a ``tf.timestamp()`` that runs once the action's
-inputs are ready and one that runs once its outputs are. The stamps only
+``ComputeLossAndGradients(..., trace=t)``: the interpreter stamps every
+action (F, B, W, BW of a stage on a micro-batch) with a ``tf.timestamp()``
+that runs once the step's inputs are ready and one that runs once its
+outputs are, and hands them to ``Record``. The stamps only
 observe: nothing waits for them, so a trace never adds an ordering the engine
 did not pin itself (a stamp may run a little after the moment it marks).
 Return ``t.Tensors()`` from the step; ``Timeline.FromValues`` gives per-action
@@ -13,18 +14,22 @@ intervals, the measured bubble fraction, an ASCII chart and a Chrome-trace
 Build a traced step with ``TracedStep`` (``tf.compat.v1.wrap_function``), NOT
 ``tf.function``: ``tf.timestamp`` is a stateful op, and tf.function chains all
 stateful ops in program order (automatic control dependencies), which would
-serialise every action and show a schedule that never overlaps.
+serialise every action and show a schedule that never overlaps. A side
+effect that nothing fetches (a BatchNorm moving-statistics update) does not
+run in such a step either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import tensorflow as tf
 
 from gpipe_tf.pipeline import schedule as schedule_lib
+
+__all__ = ['ScheduleTrace', 'Timeline', 'TracedStep']
 
 
 class ScheduleTrace:
@@ -35,22 +40,6 @@ class ScheduleTrace:
     self.actions: list[schedule_lib.Action] = []
     self._starts: list[tf.Tensor] = []
     self._ends: list[tf.Tensor | None] = []
-
-  def Start(self, action: schedule_lib.Action, inputs: Sequence[Any]) -> None:
-    """Stamps the start of `action` once `inputs` are ready."""
-    with tf.control_dependencies([t for t in inputs if t is not None]):
-      stamp = tf.timestamp()
-    self.actions.append(action)
-    self._starts.append(stamp)
-    self._ends.append(None)
-
-  def End(self, action: schedule_lib.Action, outputs: Sequence[Any]) -> None:
-    """Stamps the end of `action` once `outputs` (and its start stamp) are."""
-    i = self.actions.index(action)
-    with tf.control_dependencies([t for t in outputs if t is not None] +
-                                 [self._starts[i]]):
-      stamp = tf.timestamp()
-    self._ends[i] = stamp
 
   def Record(self, action: schedule_lib.Action, start: tf.Tensor,
              end: tf.Tensor) -> None:

@@ -24,3 +24,7 @@ from gpipe_tf.pipeline.schedule.simulate import SimResult
 from gpipe_tf.pipeline.schedule.simulate import Simulate
 from gpipe_tf.pipeline.schedule.table import Schedule
 from gpipe_tf.pipeline.schedule.vshape import VStageDevices  # Registers zbv, dualpipe_v.
+
+__all__ = ['Action', 'B', 'BW', 'Dump', 'DumpTorch', 'F', 'Load', 'Make',
+           'Names', 'Register', 'Schedule', 'ScheduleError', 'SimResult',
+           'Simulate', 'VStageDevices', 'W']

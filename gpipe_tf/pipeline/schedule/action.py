@@ -19,6 +19,9 @@ import numbers
 
 from gpipe_tf import errors
 
+__all__ = ['Action', 'B', 'BW', 'CheckIndex', 'F', 'KINDS', 'ScheduleError',
+           'W']
+
 F = 'F'
 B = 'B'
 W = 'W'

@@ -17,6 +17,8 @@ import dataclasses
 
 from gpipe_tf.pipeline.schedule import action as action_lib
 
+__all__ = ['Replay', 'Replayed']
+
 Action = action_lib.Action
 
 

@@ -22,6 +22,8 @@ from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import replay as replay_lib
 from gpipe_tf.pipeline.schedule import table
 
+__all__ = ['SimResult', 'Simulate']
+
 Action = action_lib.Action
 ScheduleError = action_lib.ScheduleError
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import replay as replay_lib
 
+__all__ = ['Schedule', 'UNIT_TICKS']
+
 Action = action_lib.Action
 ScheduleError = action_lib.ScheduleError
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW

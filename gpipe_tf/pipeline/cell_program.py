@@ -52,7 +52,7 @@ from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-__all__ = ['CellProgram', 'LossHead', 'OutputsOf', 'Piece']
+__all__ = ['CellProgram', 'LossHead', 'NestKey', 'OutputsOf', 'Piece']
 
 GROUPS = ('seed', 'x', 'labels', 'dy', 'pinned', 'saved', 'wcut',
           'y', 'bn', 'sums', 'dx', 'dws')
@@ -128,11 +128,16 @@ def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
     return cell.Run(structure, xs, training)
 
 
+def NestKey(nest: Any) -> str:
+  """A hashable key of a nest's structure (its leaves ignored)."""
+  return repr(tf.nest.map_structure(lambda _: 0, nest))
+
+
 def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
               seed_spec: tf.TensorSpec, training: bool) -> tuple[Any, list]:
   """(output nest, flat output specs) of the cell's forward on `in_specs`,
   from a trace of the forward alone (cached on the cell)."""
-  key = ('outputs', repr(tf.nest.map_structure(lambda _: 0, in_struct)),
+  key = ('outputs', NestKey(in_struct),
          tuple(map(repr, in_specs)), training, precision.CurrentPolicy())
   if key not in cell.programs:
     holder = {}

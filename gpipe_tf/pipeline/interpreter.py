@@ -161,7 +161,7 @@ class Interpreter:
       structs.append(struct)
       specs.append(out_specs)
     label_key = None if head is None else (
-        head, repr(tf.nest.map_structure(lambda _: 0, labels)),
+        head, program_lib.NestKey(labels),
         tuple(map(repr, loss_head.label_specs)))
     programs = [None] * len(self.cells)
     for s in reversed(range(len(self.cells))):
@@ -169,7 +169,7 @@ class Interpreter:
       dy_present = None
       if training and s < last:
         dy_present = [g is not None for g in programs[s + 1].tensors['dx']]
-      key = (repr(tf.nest.map_structure(lambda _: 0, structs[s])),
+      key = (program_lib.NestKey(structs[s]),
              tuple(map(repr, specs[s])), training,
              label_key if s == last else None, input_grads or s > 0,
              None if dy_present is None else tuple(dy_present),
@@ -194,8 +194,11 @@ class Interpreter:
     backward)."""
     slots = self.slots[-1]
     with tf.device(self.cells[-1].device):
-      dys = [None if ta is None else (g if g is not None else tf.zeros_like(y))
-             for ta, g, y in zip(slots.dy, dys, self.Outputs())]
+      if any(g is None for ta, g in zip(slots.dy, dys) if ta is not None):
+        outputs = self.Outputs()  # Only for the shape of a zero gradient.
+        dys = [g if g is not None or ta is None else tf.zeros_like(y)
+               for ta, g, y in zip(slots.dy, dys, outputs)]
+      dys = [g if ta is not None else None for ta, g in zip(slots.dy, dys)]
       self.slots[-1] = slots._replace(dy=self.Split(dys, read_once=True))
 
   # ---- Running -------------------------------------------------------------

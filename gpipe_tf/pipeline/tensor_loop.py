@@ -14,17 +14,8 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 __all__ = ['Compact', 'Filler', 'HasBatch', 'NoAutomaticControlDependencies',
-           'Relaxed', 'RunTicks', 'RunningSums', 'Select', 'SpecOf',
+           'RunTicks', 'RunningSums', 'Select', 'SpecOf',
            'TensorArrayOf']
-
-
-def Relaxed(x: tf.Tensor) -> tf.Tensor:
-  """`x` with its batch dimension unknown: a loop carries micro-batches of
-  different sizes (N not divisible by M) in one variable."""
-  if x.shape.rank is None or x.shape.rank == 0:
-    return x
-  return tf.compat.v1.placeholder_with_default(
-      x, [None] + x.shape.as_list()[1:])
 
 
 def Filler(spec: Any) -> tf.Tensor:

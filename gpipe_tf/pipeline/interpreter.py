@@ -1,7 +1,7 @@
 """Runs a tick program (schedule/ticks.py) over the cells' pieces: the one interpreter of every schedule.
 
-Every stage keeps, on its own device, one slot per micro-batch (a
-TensorArray) for each tensor its steps pass on to later steps::
+Every stage keeps, on its own device, one slot per micro-batch for each
+tensor its steps pass on to later steps::
 
     x       its forward input        written by the stage before (or split
                                      from the mini-batch, stage 0)
@@ -12,13 +12,14 @@ TensorArray) for each tensor its steps pass on to later steps::
     wcut    what its W reads from its B
 
 plus the running sums of its weight gradients, BatchNorm statistics and (last
-stage) loss sums. A tick first moves what neighbours made in the previous
-tick into the slots (only boundary tensors cross devices), then every device
-runs the step the program gives it (``tf.switch_case`` over the device's
-steps; branch 0 idles)::
+stage) loss sums; saved, pinned, wcut and the sums are packed, one TensorList
+per dtype (slots.Layout). A tick first moves what neighbours made in the
+previous tick into the slots (only boundary tensors cross devices), then every
+device runs the step the program gives it (in the loop, a ``tf.switch_case``
+per stage over that stage's steps; branch 0 idles)::
 
-    tick t:  receive(x, dy)  ->  device 0: switch(branch[0][t])
-                                 device 1: switch(branch[1][t]) ...
+    tick t:  receive(x, dy)  ->  device 0: switch(stage 0's branch at t)
+                                 device 1: switch(stage 1's branch at t) ...
 
 ``execution='loop'`` builds one ``tf.while_loop`` over the ticks: the
 step's graph holds one copy of each step, whatever M is. ``'unrolled'`` runs
@@ -100,7 +101,7 @@ class Interpreter:
     self.labels: list = []
     self.sizes: Any = None
     self.batch: int | None = None
-    self.running: dict[int, tl.RunningSums] = {}
+    self.layouts: dict[int, slots_lib.Layout | None] = {}
 
   # ---- Set-up --------------------------------------------------------------
   def Split(self, flat: Sequence[Any], read_once: bool = False) -> list:
@@ -183,7 +184,7 @@ class Interpreter:
     self.programs = programs
     self.slots = []
     for s, cell in enumerate(self.cells):
-      slots, self.running[s] = slots_lib.Make(
+      slots, self.layouts[s] = slots_lib.Make(
           self.programs, s, cell.device, self.m, training, head is not None,
           input_grads, self.batch)
       self.slots.append(slots)
@@ -259,10 +260,9 @@ class Interpreter:
       if not steps:
         continue
       with tf.device(self.cells[on_d[0]].device):
-        index = slots_lib.Gather(program.branch[d], t)
         m = slots_lib.Gather(program.micro[d], t)
-        state = [slots[s] for s in on_d]
-        if isinstance(index, int):
+        if isinstance(t, int):
+          index = program.branch[d][t]
           if index == 0:
             continue
           step = steps[index - 1]
@@ -272,42 +272,64 @@ class Interpreter:
                                                  slots[step.stage])
           done[d] = _Finished(made) or done.get(d, [])
           continue
-        compact = tl.Compact(state)
+        # One switch per stage over that stage's steps (branch 0 idles),
+        # chained on the device's token: a switch costs executor ops per
+        # branch and per state tensor at every tick, so V stages' switches
+        # of a few branches and their own state each cost less than one
+        # switch over all of the device's steps and state.
+        token = slots[on_d[0]].token
+        for s in on_d:
+          mine = [j for j, step in enumerate(steps) if step.stage == s]
+          if not mine:
+            continue
+          row = [1 + mine.index(b - 1) if b and (b - 1) in mine else 0
+                 for b in program.branch[d]]
+          state = slots[s]._replace(token=token)
+          compact = tl.Compact(state)
 
-        def _Branch(step, state=state, compact=compact, on_d=on_d, m=m):
-          # The device's previous step has finished (its token), and the
-          # next one waits for this one's: ticks overlap across devices,
-          # never on one.
-          new = list(state)
-          j = on_d.index(step.stage)
-          with _After([x.token for x in state]):
-            new[j], made = self._Step(step, m, t, state[j])
-          with _After(_Finished(made)):
-            new[j] = new[j]._replace(token=tf.identity(new[j].token))
-          return compact.Values(new)
+          def _Branch(step, state=state, compact=compact, m=m):
+            # The device's previous step has finished (its token), and the
+            # next one waits for this one's: ticks overlap across devices,
+            # never on one.
+            with _After([state.token]):
+              new, made = self._Step(step, m, t, state)
+            with _After(_Finished(made)):
+              new = new._replace(token=tf.identity(new.token))
+            return compact.Values(new)
 
-        branches = [compact.Values] + [
-            lambda step=step, run=_Branch: run(step) for step in steps]
-        new = compact.Pack(tf.switch_case(index, branches))
-        for s, value in zip(on_d, new):
-          slots[s] = value
+          branches = [compact.Values] + [
+              lambda step=steps[j], run=_Branch: run(step) for j in mine]
+          slots[s] = compact.Pack(tf.switch_case(
+              slots_lib.Gather(row, t), branches))
+          token = slots[s].token
     return tuple(slots)
 
   def _Receive(self, program: ticks_lib.TickProgram, s: int, t: Any,
                slots: list) -> slots_lib.Slots:
-    """Stage s takes in what its neighbours made at tick t-1."""
+    """Stage s takes in what its neighbours made at tick t-1.
+
+    In the loop every tick writes: a tick without a receipt writes into
+    the spare slot M, which no step reads. A conditional write would cost
+    more than the write: its predicate, pivot and data cross devices as
+    live or dead tensors at every tick whether or not anything arrives.
+    """
     mine = slots[s]
     if s > 0 and mine.x is not None and any(m >= 0 for m in
                                              program.got_y[s]):
-      m = slots_lib.Gather(program.got_y[s], t)
-      mine = mine._replace(x=slots_lib.When(
-          m, lambda: slots_lib.Write(mine.x, m, slots[s - 1].y), mine.x))
+      m = slots_lib.Gather(self._Spare(program.got_y[s]), t)
+      if not isinstance(m, int) or m != self.m:
+        mine = mine._replace(x=slots_lib.Write(mine.x, m, slots[s - 1].y))
     if s + 1 < len(slots) and mine.dy is not None and any(
         x >= 0 for x in program.got_dx[s]):
-      m = slots_lib.Gather(program.got_dx[s], t)
-      mine = mine._replace(dy=slots_lib.When(
-          m, lambda: slots_lib.Write(mine.dy, m, slots[s + 1].dx), mine.dy))
+      m = slots_lib.Gather(self._Spare(program.got_dx[s]), t)
+      if not isinstance(m, int) or m != self.m:
+        mine = mine._replace(dy=slots_lib.Write(mine.dy, m,
+                                                slots[s + 1].dx))
     return mine
+
+  def _Spare(self, row: Sequence[int]) -> tuple[int, ...]:
+    """A receipt row with 'none' (-1) sent to the spare slot M."""
+    return tuple(self.m if m < 0 else m for m in row)
 
   def _Step(self, step: ticks_lib.Step, m: Any, t: Any,
             mine: slots_lib.Slots) -> tuple[slots_lib.Slots, list]:
@@ -324,10 +346,14 @@ class Interpreter:
     if 'labels' in piece.feeds:
       feeds['labels'] = slots_lib.Read(self.labels, m)
     new = {}
-    for group in ('dy', 'saved', 'pinned', 'wcut'):
-      if group in piece.feeds:  # Each is read by one step: taken.
-        feeds[group], new[group] = slots_lib.Take(
-            getattr(mine, group), m, program.Specs(group))
+    layout = self.layouts[s]
+    if 'dy' in piece.feeds:  # Each of these is read by one step: taken.
+      feeds['dy'], new['dy'] = slots_lib.Take(mine.dy, m,
+                                              program.Specs('dy'))
+    for group in ('saved', 'pinned', 'wcut'):
+      if group in piece.feeds:
+        feeds[group], new[group] = getattr(layout, group).Take(
+            getattr(mine, group), m)
     if mine.stamps is not None:
       with tf.control_dependencies(
           [x for g in feeds.values() for x in g if isinstance(x, tf.Tensor)]):
@@ -340,10 +366,11 @@ class Interpreter:
         new['y'] = out['y']
     for group in ('saved', 'pinned', 'wcut'):
       if group in out:
-        new[group] = slots_lib.Write(new.get(group, getattr(mine, group)),
-                                     m, out[group])
+        new[group] = getattr(layout, group).Write(
+            new.get(group, getattr(mine, group)), m, out[group])
     if 'bn' in out:
-      new['bn'] = [a + b for a, b in zip(mine.bn, out['bn'])]
+      new['bn'] = layout.bn.Write(mine.bn, 0, [
+          a + b for a, b in zip(layout.bn.Read(mine.bn), out['bn'])])
     if 'sums' in out:
       new['sums'] = [a + b for a, b in zip(mine.sums, out['sums'])]
     if 'dx' in out:
@@ -353,10 +380,9 @@ class Interpreter:
         new['dx'] = [None if old is None else g
                      for old, g in zip(mine.dx, out['dx'])]
     if 'dws' in out:
-      running = self.running[s]
-      new['acc'] = running.Write(mine.acc, [
+      new['acc'] = layout.acc.Write(mine.acc, 0, [
           None if g is None else (g if prev is None else prev + g)
-          for g, prev in zip(out['dws'], running.Read(mine.acc))])
+          for g, prev in zip(out['dws'], layout.acc.Read(mine.acc))])
     made = [x for group in out.values() for x in group if x is not None]
     if mine.stamps is not None:
       with tf.control_dependencies(_Finished(made) + [start]):
@@ -389,7 +415,7 @@ class Interpreter:
     grads: dict = {}
     for s, program in enumerate(self.programs):
       with tf.device(self.cells[s].device):
-        sums = self.running[s].Read(self.slots[s].acc)
+        sums = self.layouts[s].acc.Read(self.slots[s].acc)
       for v, g in zip(program.variables, sums):
         if g is None:
           continue
@@ -402,6 +428,10 @@ class Interpreter:
   def AddBatchNormStats(self, deferred: Any) -> None:
     """Hands every stage's BatchNorm sums to `deferred`
     (normalization.DeferredMovingStats), to move once per step."""
-    for program, slots in zip(self.programs, self.slots):
+    for s, (program, slots) in enumerate(zip(self.programs, self.slots)):
+      if not program.bn_layers:
+        continue
+      with tf.device(self.cells[s].device):
+        bn = self.layouts[s].bn.Read(slots.bn)
       for i, layer in enumerate(program.bn_layers):
-        deferred.Add(layer, *slots.bn[3 * i:3 * i + 3])
+        deferred.Add(layer, *bn[3 * i:3 * i + 3])

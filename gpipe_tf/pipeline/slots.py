@@ -6,24 +6,26 @@ docstring for what each slot holds and who writes it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
 
 from gpipe_tf.pipeline import tensor_loop as tl
 
-__all__ = ['Gather', 'Make', 'Read', 'Slots', 'Take', 'When', 'Write']
+__all__ = ['Gather', 'Layout', 'Make', 'Read', 'Slots', 'Take', 'Write']
 
 
 class Slots(NamedTuple):
   """One stage's state while a program runs (None where it has none).
 
   Attributes:
-    x, dy, saved, pinned, wcut: per tensor, a TensorArray of M slots.
+    x, dy: per tensor, a TensorArray of M slots (M + 1 where a neighbour
+      writes them).
+    saved, pinned, wcut: their M slots per tensor, packed (Layout).
     y: the output of its latest F (stages before the last).
     dx: the input gradient of its latest B or BW (stages after the first).
-    acc: tensor_loop.RunningSums lists of its weight gradients.
-    bn: its BatchNorm sufficient statistics, summed.
+    acc: its weight gradients, summed (packed: Layout).
+    bn: its BatchNorm sufficient statistics, summed (packed: Layout).
     sums: the loss sums (last stage, loss inside).
     out: per output, a TensorArray of M slots (last stage, loss outside).
     dx0: per input, a TensorArray of M slots (stage 0, input gradients).
@@ -50,13 +52,6 @@ class Slots(NamedTuple):
 def Gather(row: Sequence[int], t: Any) -> Any:
   """row[t]: a Python int when t is one (unrolled), else a gather."""
   return row[t] if isinstance(t, int) else tf.gather(tf.constant(row), t)
-
-
-def When(m: Any, run: Callable[[], Any], keep: Any) -> Any:
-  """run() where m >= 0 (a receipt), else keep."""
-  if isinstance(m, int):
-    return run() if m >= 0 else keep
-  return tl.Select(m >= 0, run, keep)
 
 
 def Read(slots: Sequence[Any], m: Any) -> list:
@@ -106,36 +101,55 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any]
   return values, emptied
 
 
+class Layout(NamedTuple):
+  """Where a stage's packed slots keep each tensor (tensor_loop.Packed):
+  its weight-gradient sums (`acc`), BatchNorm sums (`bn`), and the
+  per-micro-batch `saved`, `pinned` and `wcut` tensors. None in inference.
+  """
+  acc: tl.Packed
+  bn: tl.Packed
+  saved: tl.Packed
+  pinned: tl.Packed
+  wcut: tl.Packed
+
+
 def Make(programs: Sequence[Any], s: int, device: str, m: int,
          training: bool, loss_inside: bool, input_grads: bool,
-         batch: int | None) -> tuple[Slots, tl.RunningSums | None]:
+         batch: int | None) -> tuple[Slots, Layout | None]:
   """Stage s's empty slots on `device` (M = `m`; `batch` examples per
-  micro-batch, None when sizes vary), and the RunningSums of its weight
-  gradients (None in inference)."""
+  micro-batch, None when sizes vary), and the Layout of its packed ones
+  (None in inference)."""
   program, last = programs[s], len(programs) - 1
   with tf.device(device):
-    x = None if s == 0 else _Arrays(programs[s - 1].out_specs, m)
+    # Slots a neighbour writes have a spare slot M (Interpreter._Receive).
+    x = None if s == 0 else _Arrays(programs[s - 1].out_specs, m + 1)
     y = None if s == last else [tl.Filler(v) if v else None
                                 for v in program.out_specs]
     token = tf.zeros([])
     if not training:
       return Slots(x=x, y=y, out=_Arrays(program.out_specs, m)
                    if s == last else None, token=token), None
-    running = tl.RunningSums([None if d is None else tf.zeros(d.shape,
-                                                              d.dtype)
-                              for d in program.Specs('dws')])
+    layout = Layout(
+        acc=tl.Packed(program.Specs('dws')), bn=tl.Packed(program.Specs('bn')),
+        **{group: tl.Packed(program.Specs(group), m)
+           for group in ('saved', 'pinned', 'wcut')})
+
+    def _Zeros(packed):
+      return packed.Initial([None if d is None else tf.zeros(d.shape, d.dtype)
+                             for d in packed.specs])
+
     return Slots(
         x=x,
         dy=None if loss_inside and s == last else _Arrays(
-            program.Specs('dy'), m, read_once=True),
-        saved=_Arrays(program.Specs('saved'), m, read_once=True),
-        pinned=_Arrays(program.Specs('pinned'), m, read_once=True),
-        wcut=_Arrays(program.Specs('wcut'), m, read_once=True),
+            program.Specs('dy'), m + (s < last), read_once=True),
+        saved=layout.saved.Initial(),
+        pinned=layout.pinned.Initial(),
+        wcut=layout.wcut.Initial(),
         y=y,
         dx=None if s == 0 else [tl.Filler(v) if v else None
                                 for v in program.Specs('dx')],
-        acc=running.Initial(),
-        bn=[tf.zeros(v.shape, v.dtype) for v in program.Specs('bn')],
+        acc=_Zeros(layout.acc),
+        bn=_Zeros(layout.bn),
         sums=([tf.zeros(v.shape, v.dtype) for v in program.Specs('sums')]
               if loss_inside and s == last else None),
         out=(_Arrays(program.out_specs, m)
@@ -143,4 +157,4 @@ def Make(programs: Sequence[Any], s: int, device: str, m: int,
         dx0=(_Arrays([None if g is None else tl.SpecOf(g, batch)
                       for g in program.tensors['dx']], m)
              if s == 0 and input_grads else None),
-        token=token), running
+        token=token), layout

@@ -1,8 +1,8 @@
 """tf.while_loop plumbing for the pipeline: nests with None leaves, per-micro-batch slots, running sums, the tick loop.
 
 The interpreter (interpreter.py) keeps every stage's per-micro-batch tensors in
-TensorArrays and its running sums in TensorLists carried by one
-``tf.while_loop`` over clock ticks; this module holds those pieces, which
+TensorArrays or packed TensorLists, and its running sums in packed TensorLists,
+carried by one ``tf.while_loop`` over clock ticks; this module holds those pieces, which
 know nothing of schedules or cells.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 __all__ = ['Compact', 'Filler', 'HasBatch', 'NoAutomaticControlDependencies',
-           'RunTicks', 'RunningSums', 'Select', 'SpecOf',
+           'Packed', 'RunTicks', 'SpecOf',
            'TensorArrayOf']
 
 
@@ -78,73 +78,105 @@ class Compact:
     return tf.nest.pack_sequence_as(self.nest, full)
 
 
-def Select(pred: tf.Tensor, run: Callable[[], Any], keep: Any) -> Any:
-  """tf.cond(pred, run, lambda: keep), for nests with None leaves."""
-  compact = Compact(keep)
-  values = tf.cond(pred, lambda: compact.Values(run()), compact.Values)
-  for value in values:
-    # Run eagerly, a TensorArray a write returns warns unless it is used,
-    # and the last tick's writes are only read after the loop.
-    getattr(value, 'mark_used', lambda: None)()
-  return compact.Pack(values)
-
-
-class RunningSums:
-  """Running sums of many tensors (a cell's weight gradients) carried by a
-  loop as one TensorList per dtype instead of one loop variable each.
+class Packed:
+  """Many tensors, each with `size` slots (one per micro-batch), kept as
+  one TensorList per dtype instead of one loop variable each: a cell's
+  weight-gradient sums and BatchNorm sums (size 1), the activations a kept
+  forward stashes for its backward (size M).
 
   Every loop variable costs a few executor ops per tick whether or not the
-  tick changes it (the loop's Merge, Switch and NextIteration, and a tf.cond's
-  or tf.switch_case's Switch and Merge): with a Transformer cell's 30 or so
-  gradients, tens of thousands of small ops per step. A TensorList holds
-  references to its tensors, so reading and writing an item copies no data.
+  tick changes it (the loop's Merge, Switch and NextIteration, and a
+  tf.switch_case's Switch, Merge and an Identity per branch): with a
+  Transformer cell's 30 or so gradients and as many stashed activations,
+  tens of thousands of small ops per step. A TensorList holds references to
+  its tensors, so reading and writing an item copies no data.
 
   Args:
-    zeros: per sum, its zero value, or None for one that is not kept.
+    specs: per tensor, its TensorSpec, or None for one that is not kept.
+    size: slots per tensor.
   """
 
-  def __init__(self, zeros: Sequence[tf.Tensor | None]) -> None:
-    self.zeros = list(zeros)
+  def __init__(self, specs: Sequence[Any], size: int = 1) -> None:
+    self.specs = list(specs)
+    self.size = size
     self.dtypes: list[tf.DType] = []
-    self.where: list[tuple[int, int] | None] = []   # (list, item) per sum
-    sizes: list[int] = []
-    for z in self.zeros:
-      if z is None:
+    self.where: list[tuple[int, int] | None] = []   # (list, item) per spec
+    self.counts: list[int] = []
+    for spec in self.specs:
+      if spec is None:
         self.where.append(None)
         continue
-      if z.dtype not in self.dtypes:
-        self.dtypes.append(z.dtype)
-        sizes.append(0)
-      i = self.dtypes.index(z.dtype)
-      self.where.append((i, sizes[i]))
-      sizes[i] += 1
-    self.sizes = sizes
+      if spec.dtype not in self.dtypes:
+        self.dtypes.append(spec.dtype)
+        self.counts.append(0)
+      i = self.dtypes.index(spec.dtype)
+      self.where.append((i, self.counts[i]))
+      self.counts[i] += 1
 
-  def Initial(self) -> list[tf.Tensor]:
-    """The lists holding every sum's zero (built where the caller places
-    them)."""
+  def Initial(self, values: Sequence[Any] | None = None) -> list[tf.Tensor]:
+    """The lists (built where the caller places them), with slot 0 of
+    every tensor set to its value in `values` if given."""
     lists = [tf.raw_ops.TensorListReserve(
-        element_shape=tf.constant(-1, tf.int32), num_elements=n,
-        element_dtype=dtype) for dtype, n in zip(self.dtypes, self.sizes)]
-    return self.Write(lists, self.zeros)
+        element_shape=tf.constant(-1, tf.int32), num_elements=n * self.size,
+        element_dtype=dtype) for dtype, n in zip(self.dtypes, self.counts)]
+    return lists if values is None else self.Write(lists, 0, values)
 
-  def Read(self, lists: Sequence[tf.Tensor]) -> list[tf.Tensor | None]:
-    """Every sum (None where not kept), with its static shape."""
-    return [None if w is None else tf.raw_ops.TensorListGetItem(
-        input_handle=lists[w[0]], index=w[1],
-        element_shape=tf.constant(z.shape.as_list(), tf.int32),
-        element_dtype=z.dtype)
-            for w, z in zip(self.where, self.zeros)]
+  def _Index(self, m: Any, where: tuple[int, int]) -> Any:
+    return m * self.counts[where[0]] + where[1]
 
-  def Write(self, lists: Sequence[tf.Tensor],
-            values: Sequence[tf.Tensor | None]) -> list[tf.Tensor]:
-    """`lists` with every kept sum replaced by its value in `values`."""
+  def Read(self, lists: Sequence[tf.Tensor], m: Any = 0
+           ) -> list[tf.Tensor | None]:
+    """Slot m of every tensor (None where not kept), with its static
+    shape."""
+    values = []
+    for w, spec in zip(self.where, self.specs):
+      if w is None:
+        values.append(None)
+        continue
+      shape = spec.shape
+      value = tf.raw_ops.TensorListGetItem(
+          input_handle=lists[w[0]], index=self._Index(m, w),
+          element_shape=tf.constant(
+              -1 if shape.rank is None else
+              [-1 if d is None else d for d in shape.as_list()], tf.int32),
+          element_dtype=spec.dtype)
+      value.set_shape(shape)
+      values.append(value)
+    return values
+
+  def Write(self, lists: Sequence[tf.Tensor], m: Any,
+            values: Sequence[Any]) -> list[tf.Tensor]:
+    """`lists` with slot m of every kept tensor set to its value."""
     lists = list(lists)
     for w, value in zip(self.where, values):
       if w is not None:
         lists[w[0]] = tf.raw_ops.TensorListSetItem(
-            input_handle=lists[w[0]], index=w[1], item=value)
+            input_handle=lists[w[0]], index=self._Index(m, w), item=value)
     return lists
+
+  def Take(self, lists: Sequence[tf.Tensor], m: Any
+           ) -> tuple[list, list[tf.Tensor]]:
+    """(slot m of every tensor, the lists with those slots emptied).
+
+    Emptying frees a tensor once its reader is done: a TensorList keeps
+    every item, read or not, until it is overwritten, so a kept forward's
+    activations would otherwise live until the end of the step and no
+    schedule's memory bound would hold.
+    """
+    values = self.Read(lists, m)
+    empties = []
+    for value in values:
+      if value is None or not value.shape.rank:
+        empties.append(None)  # Scalars are left: they hold no memory.
+        continue
+      empties.append(tf.zeros(tf.concat([[0], tf.shape(value)[1:]], 0),
+                              value.dtype))
+    emptied = list(lists)
+    for w, empty in zip(self.where, empties):
+      if empty is not None:
+        emptied[w[0]] = tf.raw_ops.TensorListSetItem(
+            input_handle=emptied[w[0]], index=self._Index(m, w), item=empty)
+    return values, emptied
 
 
 def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:

@@ -1,0 +1,79 @@
+"""Tests of gpipe_tf/pipeline/tensor_loop.py: packed slots."""
+
+import numpy as np
+import tensorflow as tf
+
+from gpipe_tf.pipeline import tensor_loop as tl
+
+
+class PackedTest(tf.test.TestCase):
+
+  def _Specs(self):
+    return [tf.TensorSpec([None, 3], tf.float32), None,
+            tf.TensorSpec([2], tf.int32), tf.TensorSpec([], tf.float32)]
+
+  def testWriteReadEveryTensorOfEveryMicroBatch(self):
+    packed = tl.Packed(self._Specs(), size=3)
+    self.assertLen(packed.Initial(), 2)  # One list per dtype.
+    lists = packed.Initial()
+    values = {}
+    for m in range(3):
+      values[m] = [tf.fill([m + 1, 3], float(m)), None,
+                   tf.constant([m, -m]), tf.constant(10.0 + m)]
+      lists = packed.Write(lists, m, values[m])
+    for m in (2, 0, 1):
+      got = packed.Read(lists, m)
+      self.assertIsNone(got[1])
+      for g, v in zip(got, values[m]):
+        if v is not None:
+          self.assertAllEqual(g, v)
+
+  def testReadHasTheStaticShapeOfItsSpec(self):
+    packed = tl.Packed(self._Specs(), size=2)
+
+    lists = packed.Initial()
+    got = packed.Read(packed.Write(lists, 1, [
+        tf.zeros([4, 3]), None, tf.zeros([2], tf.int32), tf.zeros([])]), 1)
+    self.assertEqual([g.shape.as_list() for g in got if g is not None],
+                     [[4, 3], [2], []])
+
+  def testTakeEmptiesTheSlotItRead(self):
+    packed = tl.Packed(self._Specs(), size=2)
+    lists = packed.Write(packed.Initial(), 1, [
+        tf.ones([5, 3]), None, tf.constant([1, 2]), tf.constant(3.0)])
+    lists = packed.Write(lists, 0, [
+        tf.ones([2, 3]), None, tf.constant([7, 8]), tf.constant(9.0)])
+    values, emptied = packed.Take(lists, 1)
+    self.assertAllEqual(values[0], np.ones([5, 3]))
+
+    def _Raw(m, i):  # The item as stored, whatever its shape.
+      w, spec = packed.where[i], packed.specs[i]
+      return tf.raw_ops.TensorListGetItem(
+          input_handle=emptied[w[0]], index=m * packed.counts[w[0]] + w[1],
+          element_shape=tf.constant(-1), element_dtype=spec.dtype)
+
+    self.assertEqual(_Raw(1, 0).shape, [0, 3])  # Emptied: the tensor is freed.
+    self.assertEqual(_Raw(1, 2).shape, [0])
+    self.assertAllEqual(_Raw(1, 3), 3.0)        # A scalar is left as it was.
+    self.assertAllEqual(packed.Read(emptied, 0)[2], [7, 8])  # Others kept.
+
+  def testSumsInAWhileLoop(self):
+    packed = tl.Packed([tf.TensorSpec([2], tf.float32),
+                        tf.TensorSpec([], tf.float32)])
+
+    @tf.function
+    def _Run():
+      def _Body(i, lists):
+        a, b = packed.Read(lists)
+        return i + 1, packed.Write(lists, 0, [a + 1.0, b + 2.0])
+      lists = packed.Initial([tf.zeros([2]), tf.zeros([])])
+      _, lists = tf.while_loop(lambda i, _: i < 4, _Body, (0, lists))
+      return packed.Read(lists)
+
+    a, b = _Run()
+    self.assertAllEqual(a, [4.0, 4.0])
+    self.assertAllEqual(b, 8.0)
+
+
+if __name__ == '__main__':
+  tf.test.main()

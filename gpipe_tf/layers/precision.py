@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
 from gpipe_tf import errors
 
-__all__ = ['POLICIES', 'ComputeDtype', 'CurrentPolicy', 'Policy',
-           'PolicyError', 'RunLayer', 'ToFloat32']
+__all__ = ['POLICIES', 'AsLayerInputs', 'ComputeDtype', 'CurrentPolicy',
+           'Policy', 'PolicyError', 'RunLayer', 'ToFloat32']
 
 POLICIES = {'float32': tf.float32, 'mixed_bfloat16': tf.bfloat16,
             'mixed_float16': tf.float16}
@@ -75,6 +75,17 @@ def Policy(policy: str | None) -> Iterator[str]:
 def _Cast(xs: tuple, dtype: tf.DType) -> tuple:
   return tuple(tf.cast(x, dtype) if isinstance(x, tf.Tensor) and
                x.dtype.is_floating and x.dtype != dtype else x for x in xs)
+
+
+def AsLayerInputs(layer: Any, xs: Sequence[Any]) -> list:
+  """The flat tensors `xs` cast as RunLayer casts `layer`'s inputs under
+  the policy in force (unchanged under float32, and for a KEEP_FLOAT32
+  layer). A pipeline casts its inputs so before it splits them into
+  micro-batches, so that the micro-batches it holds are 16-bit."""
+  policy = CurrentPolicy()
+  if policy == 'float32' or getattr(layer, 'KEEP_FLOAT32', False):
+    return list(xs)
+  return list(_Cast(tuple(xs), POLICIES[policy]))
 
 
 def ToFloat32(x: Any) -> Any:

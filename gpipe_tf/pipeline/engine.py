@@ -26,6 +26,7 @@ import tensorflow as tf
 from gpipe_tf import errors
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
+from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import interpreter as interpreter_lib
 from gpipe_tf.pipeline import loss as loss_lib
@@ -46,11 +47,15 @@ def _StepSeed() -> tf.Tensor:
   return random_seeds.NewStepSeed() if seed is None else seed
 
 
-def _Leaves(inputs: Any) -> tuple[list, list[int]]:
-  """The flat leaves of `inputs` (tensors, None stays None) and the indices
-  of the non-None ones."""
+def _Leaves(cells: Sequence[Any], inputs: Any) -> tuple[list, list[int]]:
+  """The flat leaves of `inputs` (tensors, None stays None), cast as the
+  first layer will cast them under the precision policy (so that the
+  micro-batches the first stage holds are 16-bit), and the indices of the
+  non-None ones."""
   flat = [None if x is None else tf.convert_to_tensor(x)
           for x in tf.nest.flatten(inputs)]
+  with tf.device(cells[0].device):
+    flat = precision.AsLayerInputs(cells[0].layers[0], flat)
   return flat, [i for i, x in enumerate(flat) if x is not None]
 
 
@@ -91,7 +96,7 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
         'forward, so the loss must be computed inside the pipeline: train with '
         'PipeliningLayer.ComputeLossAndGradients(inputs, labels, loss_fn) (the '
         "tasks do this for you), or use schedule='gpipe'.")
-  flat, idx = _Leaves(inputs)
+  flat, idx = _Leaves(cells, inputs)
   run = interpreter_lib.Interpreter(cells, schedule, _StepSeed(), execution,
                                     trace)
   if not training:
@@ -165,7 +170,7 @@ def RunLossAndGradients(cells: Sequence[Any],
     micro-batches and over every use of the variable (in any cell or in the
     loss).
   """
-  flat, _ = _Leaves(inputs)
+  flat, _ = _Leaves(cells, inputs)
   run = interpreter_lib.Interpreter(cells, schedule, _StepSeed(), execution,
                                     trace)
   run.Build(inputs, flat, True, head=loss_fn, labels=labels,

@@ -95,8 +95,7 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any]
     value.set_shape(spec.shape)
     values.append(value)
     if spec.shape.rank:
-      empty = tf.zeros(tf.concat([[0], tf.shape(value)[1:]], 0), spec.dtype)
-      ta = ta.write(m, empty)
+      ta = ta.write(m, tl.Empty(value))
     emptied.append(ta)
   return values, emptied
 

@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-__all__ = ['Compact', 'Filler', 'HasBatch', 'NoAutomaticControlDependencies',
-           'Packed', 'RunTicks', 'SpecOf',
+__all__ = ['Compact', 'Empty', 'Filler', 'HasBatch',
+           'NoAutomaticControlDependencies', 'Packed', 'RunTicks', 'SpecOf',
            'TensorArrayOf']
 
 
@@ -29,6 +29,12 @@ def Filler(spec: Any) -> tf.Tensor:
   zeros = tf.zeros([0] + [d or 0 for d in shape.as_list()[1:]], spec.dtype)
   return tf.compat.v1.placeholder_with_default(zeros,
                                                [None] * shape.rank)
+
+
+def Empty(value: tf.Tensor) -> tf.Tensor:
+  """A tensor of no examples with `value`'s other dimensions: what a slot
+  read once holds after its read, so that the value it held is freed."""
+  return tf.zeros(tf.concat([[0], tf.shape(value)[1:]], 0), value.dtype)
 
 
 def SpecOf(x: Any, batch: int | None) -> tf.TensorSpec | None:
@@ -158,19 +164,12 @@ class Packed:
            ) -> tuple[list, list[tf.Tensor]]:
     """(slot m of every tensor, the lists with those slots emptied).
 
-    Emptying frees a tensor once its reader is done: a TensorList keeps
-    every item, read or not, until it is overwritten, so a kept forward's
-    activations would otherwise live until the end of the step and no
-    schedule's memory bound would hold.
+    Emptying frees a tensor once its reader is done (why: slots.Take).
     """
     values = self.Read(lists, m)
-    empties = []
-    for value in values:
-      if value is None or not value.shape.rank:
-        empties.append(None)  # Scalars are left: they hold no memory.
-        continue
-      empties.append(tf.zeros(tf.concat([[0], tf.shape(value)[1:]], 0),
-                              value.dtype))
+    # Scalars are left: they hold no memory.
+    empties = [Empty(v) if v is not None and v.shape.rank else None
+               for v in values]
     emptied = list(lists)
     for w, empty in zip(self.where, empties):
       if empty is not None:

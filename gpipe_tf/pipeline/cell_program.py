@@ -199,6 +199,13 @@ class CellProgram:
     dy_present: without a head, per flat output whether a gradient is fed
       to it (default: every float output); see OutputsOf for its specs.
     jit_compile: compile every piece with XLA.
+    split: whether a schedule will run this program's backward as B then W.
+      If not, each op's input and weight gradients are gated (made
+      available together, tf.gradients' gate_gradients): the executor then
+      computes a layer's weight gradient before it moves on to the layer
+      below, instead of running the input-gradient chain ahead and keeping
+      every layer's output gradient alive until its weight-gradient matmul
+      runs. The gates tie B to W, so a program that is split is not gated.
 
   Attributes:
     out_struct, out_specs: the outputs' nest and flat specs.
@@ -212,12 +219,13 @@ class CellProgram:
                training: bool, head: LossHead | None = None,
                input_grads: bool = True,
                dy_present: Sequence[bool] | None = None,
-               jit_compile: bool = False) -> None:
+               jit_compile: bool = False, split: bool = True) -> None:
     self.cell = cell
     self.in_struct = in_struct
     self.training = training
     self.head = head
     self.jit_compile = jit_compile
+    self.split = split
     self.tensors: dict[str, list] = {g: [] for g in GROUPS}
     self._pieces: dict[tuple, Piece] = {}
     in_specs = list(in_specs)
@@ -246,8 +254,8 @@ class CellProgram:
     without zero-bubble's overlap. Found on first use (only schedules with
     W ask)."""
     if self._splittable is None:
-      self._splittable = self.training
-      if self.training:
+      self._splittable = self.training and self.split
+      if self._splittable:
         try:
           self._pieces[(ticks_lib.W, False, False)] = self._Prune(
               ('wcut',), ('dws',))
@@ -311,8 +319,13 @@ class CellProgram:
                  for o, p in zip(flat_y, self._dy_present)]
       pairs = [(o, g) for o, g in zip(flat_y, t['dy']) if g is not None]
       targets, grads_in = [o for o, _ in pairs], [g for _, g in pairs]
-    grads = (tape.gradient(targets, sources, output_gradients=grads_in)
-             if targets else [None] * len(sources))
+    if not targets:
+      grads = [None] * len(sources)
+    elif self.split:
+      grads = tape.gradient(targets, sources, output_gradients=grads_in)
+    else:
+      grads = tf.compat.v1.gradients(targets, sources, grad_ys=grads_in,
+                                     gate_gradients=True)
     grads = iter(grads)
     t['dx'] = [next(grads) if w else None for w in wanted]
     t['dws'] = [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]

@@ -28,10 +28,11 @@ def _Cell(batch_norm=False):
   return cell_lib.Cell(0, seq.layers, '/device:CPU:0')
 
 
-def _Program(cell, input_grads=True):
+def _Program(cell, input_grads=True, split=True):
   return cell_program.CellProgram(
       cell, (0,), [tf.TensorSpec([4, 8], tf.float32)],
-      tf.TensorSpec([2], tf.int64), True, input_grads=input_grads)
+      tf.TensorSpec([2], tf.int64), True, input_grads=input_grads,
+      split=split)
 
 
 def _MatMuls(piece):
@@ -124,6 +125,27 @@ class CellProgramTest(tf.test.TestCase):
     p = _Program(cell)
     self.assertLen(p.variables, 2 * _NUM_LAYERS)
     self.assertLen({v.ref() for v in p.variables}, len(p.variables))
+
+  def testUnsplitProgramGatesEachLayersGradients(self):
+    # Not split: an op's input gradient is released only with its weight
+    # gradient (so layers' output gradients do not pile up), and the result
+    # is the split program's.
+    gated = _Program(self.cell, split=False)
+    self.assertTrue(self.program.splittable)
+    self.assertFalse(gated.splittable)
+
+    def _Gates(program):  # Ops that wait for both gradients of a MatMul.
+      return [op for op in program._wrapped.graph.get_operations()  # pylint: disable=protected-access
+              if [c.type for c in op.control_inputs] == ['MatMul'] * 2]
+
+    self.assertEmpty(_Gates(self.program))
+    self.assertLen(_Gates(gated), _NUM_LAYERS)
+    feeds = dict(seed=[self.seed], x=self.x, dy=self.dy, pinned=[])
+    want = self.program.Piece(_Step(ticks.BW))(**feeds)
+    got = gated.Piece(_Step(ticks.BW))(**feeds)
+    for group in ('dx', 'dws'):
+      for g, w in zip(got[group], want[group]):
+        self.assertAllClose(g, w, rtol=1e-6, atol=1e-7)
 
 
 if __name__ == '__main__':

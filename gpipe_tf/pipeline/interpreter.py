@@ -165,7 +165,9 @@ class Interpreter:
         head, program_lib.NestKey(labels),
         tuple(map(repr, loss_head.label_specs)))
     programs = [None] * len(self.cells)
-    split = any(act.kind == W for act in self.schedule.Order())
+    # The stages whose backward the schedule runs as B then W.
+    split = {act.stage for row in self.schedule.actions for act in row
+             if act.kind == W}
     for s in reversed(range(len(self.cells))):
       cell = self.cells[s]
       dy_present = None
@@ -175,12 +177,12 @@ class Interpreter:
              tuple(map(repr, specs[s])), training,
              label_key if s == last else None, input_grads or s > 0,
              None if dy_present is None else tuple(dy_present),
-             precision.CurrentPolicy(), jit_compile, split)
+             precision.CurrentPolicy(), jit_compile, s in split)
       if key not in cell.programs:
         cell.programs[key] = program_lib.CellProgram(
             cell, structs[s], specs[s], seed_spec, training,
             loss_head if s == last else None, input_grads or s > 0,
-            dy_present, jit_compile, split)
+            dy_present, jit_compile, s in split)
       programs[s] = cell.programs[key]
     self.programs = programs
     self.slots = []

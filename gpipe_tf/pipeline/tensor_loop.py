@@ -1,9 +1,9 @@
 """tf.while_loop plumbing for the pipeline: nests with None leaves, per-micro-batch slots, running sums, the tick loop.
 
 The interpreter (interpreter.py) keeps every stage's per-micro-batch tensors in
-TensorArrays or packed TensorLists, and its running sums in packed TensorLists,
-carried by one ``tf.while_loop`` over clock ticks; this module holds those pieces, which
-know nothing of schedules or cells.
+TensorArrays or packed TensorLists, and its running sums in packed
+TensorLists, carried by one ``tf.while_loop`` over clock ticks; this module
+holds those pieces, which know nothing of schedules or cells.
 """
 
 from __future__ import annotations
@@ -152,10 +152,11 @@ class Packed:
 
   def Write(self, lists: Sequence[tf.Tensor], m: Any,
             values: Sequence[Any]) -> list[tf.Tensor]:
-    """`lists` with slot m of every kept tensor set to its value."""
+    """`lists` with slot m of every kept tensor set to its value (a None
+    value leaves its slot as it was)."""
     lists = list(lists)
     for w, value in zip(self.where, values):
-      if w is not None:
+      if w is not None and value is not None:
         lists[w[0]] = tf.raw_ops.TensorListSetItem(
             input_handle=lists[w[0]], index=self._Index(m, w), item=value)
     return lists
@@ -168,14 +169,9 @@ class Packed:
     """
     values = self.Read(lists, m)
     # Scalars are left: they hold no memory.
-    empties = [Empty(v) if v is not None and v.shape.rank else None
-               for v in values]
-    emptied = list(lists)
-    for w, empty in zip(self.where, empties):
-      if empty is not None:
-        emptied[w[0]] = tf.raw_ops.TensorListSetItem(
-            input_handle=emptied[w[0]], index=self._Index(m, w), item=empty)
-    return values, emptied
+    return values, self.Write(lists, m, [
+        Empty(v) if v is not None and v.shape.rank else None
+        for v in values])
 
 
 def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:

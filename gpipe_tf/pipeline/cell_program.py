@@ -184,6 +184,50 @@ def _Ancestors(tensors: Sequence[Any], within: set) -> set:
   return seen
 
 
+def _TrainableReads(graph: tf.Graph, variables: Sequence[tf.Variable]):
+  """A predicate: whether a tensor of `graph` is a read of one of
+  `variables`, or a cast of one (a 16-bit read of a float32 master)."""
+  trainable = {id(v.handle) for v in variables}
+  captured = {id(internal): external
+              for external, internal in graph.captures}
+
+  def _Reads(x: tf.Tensor) -> bool:
+    if x.op.type == 'Cast':
+      x = x.op.inputs[0]
+    if x.op.type != 'ReadVariableOp':
+      return False
+    return id(captured.get(id(x.op.inputs[0]))) in trainable
+  return _Reads
+
+
+def _CastsJustInTime(graph: tf.Graph, backward: Sequence[tf.Operation],
+                     reads_trainable: Any) -> None:
+  """Gives each backward op that reads a cast of a trainable variable (the
+  16-bit weights under a mixed policy) a cast of its own, made once the
+  op's other inputs exist.
+
+  The forward's cast depends on nothing but the variable, so a piece that
+  runs the backward would compute every layer's cast as it starts and keep
+  them all until the backward reaches each layer: in bfloat16 that is a
+  cell's weights over again, held beside the activations at the step's
+  peak. A cast that waits for the gradient arriving at its layer lives
+  only as long as that layer's backward. (Forward ops read their casts in
+  order, so the forward's casts are left as they are.)
+  """
+  later = set(backward)
+  for op in backward:
+    for i, x in enumerate(list(op.inputs)):
+      if x.op.type != 'Cast' or x.op in later or not reads_trainable(x):
+        continue
+      after = [y.op for j, y in enumerate(op.inputs)
+               if j != i and y.op.type not in ('Const', 'ReadVariableOp')]
+      if not after:
+        continue
+      with graph.as_default(), tf.control_dependencies(after):
+        late = tf.cast(x.op.inputs[0], x.dtype, name='late_cast')
+      op._update_input(i, late)  # pylint: disable=protected-access
+
+
 class CellProgram:
   """A cell's step for one input signature, traced once; see the module.
 
@@ -326,6 +370,8 @@ class CellProgram:
     else:
       grads = tf.compat.v1.gradients(targets, sources, grad_ys=grads_in,
                                      gate_gradients=True)
+    _CastsJustInTime(graph, graph.get_operations()[self._mark:],
+                     _TrainableReads(graph, self.variables))
     grads = iter(grads)
     t['dx'] = [next(grads) if w else None for w in wanted]
     t['dws'] = [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]
@@ -344,16 +390,7 @@ class CellProgram:
     forward = set(op for op in ops[:self._mark]
                   if op.type != 'Placeholder' or id(op) in inputs)
     backward = set(ops[self._mark:])
-    trainable = {id(v.handle) for v in self.variables}
-    captured = {id(internal): external
-                for external, internal in graph.captures}
-
-    def _ReadsTrainable(x):
-      if x.op.type == 'Cast':  # A 16-bit read of a float32 master.
-        x = x.op.inputs[0]
-      if x.op.type != 'ReadVariableOp':
-        return False
-      return id(captured.get(id(x.op.inputs[0]))) in trainable
+    _ReadsTrainable = _TrainableReads(graph, self.variables)
 
     def _Stashable(x):
       return (x.dtype != tf.resource and x.op.type != 'Const' and

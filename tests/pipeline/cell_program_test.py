@@ -1,5 +1,7 @@
 """A cell's step traced once and pruned into pieces: each piece computes exactly its share (cell_program.py)."""
 
+from unittest import mock
+
 import test_utils  # pylint: disable=g-bad-import-order
 
 test_utils.SetUpDevices()
@@ -8,6 +10,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
+from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline.schedule import ticks
@@ -146,6 +149,45 @@ class CellProgramTest(tf.test.TestCase):
     for group in ('dx', 'dws'):
       for g, w in zip(got[group], want[group]):
         self.assertAllClose(g, w, rtol=1e-6, atol=1e-7)
+
+  def testBackwardCastsEachWeightWhenItsGradientArrives(self):
+    # Under a 16-bit policy the backward's MatMuls read the weights' casts.
+    # Each reads a cast of its own, made after the gradient it multiplies,
+    # not the forward's (which a piece would make as it starts and keep
+    # until the backward reaches its layer); the gradients are unchanged.
+    x = [tf.cast(self.x[0], tf.bfloat16)]
+    dy = [tf.cast(self.dy[0], tf.bfloat16)]
+
+    def _Bf16Program():
+      with precision.Policy('mixed_bfloat16'):
+        return cell_program.CellProgram(
+            self.cell, (0,), [tf.TensorSpec([4, 8], tf.bfloat16)],
+            tf.TensorSpec([2], tf.int64), True, split=False)
+
+    p = _Bf16Program()
+    with mock.patch.object(cell_program, '_CastsJustInTime',
+                           lambda *args: None):
+      early = _Bf16Program()
+    graph = p._wrapped.graph  # pylint: disable=protected-access
+    backward = set(graph.get_operations()[p._mark:])  # pylint: disable=protected-access
+    reads = []
+    for op in backward:
+      if op.type != 'MatMul':
+        continue
+      for x_in in op.inputs:
+        if x_in.op.type == 'Cast' and x_in.op.inputs[0].op.type == (
+            'ReadVariableOp'):
+          reads.append(x_in.op)
+          others = [y.op for y in op.inputs if y is not x_in]
+          self.assertIn(x_in.op, backward)
+          self.assertEqual(x_in.op.control_inputs, others)
+    self.assertLen(reads, _NUM_LAYERS)  # dx = dy @ W^T, once per layer.
+    feeds = dict(seed=[self.seed], x=x, dy=dy, pinned=[])
+    got = p.Piece(_Step(ticks.BW))(**feeds)
+    want = early.Piece(_Step(ticks.BW))(**feeds)
+    for group in ('dx', 'dws'):
+      for g, w in zip(got[group], want[group]):
+        self.assertAllEqual(g, w)
 
 
 if __name__ == '__main__':

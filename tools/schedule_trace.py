@@ -7,7 +7,10 @@ step and
   * prints an ASCII timeline, one row per device (forwards as micro-batch
     digits, backwards as letters, weight-gradient passes as capitals), and
     the measured bubble fraction beside the simulated one (the schedule
-    replayed with unit-time passes, Timeline.SimulatedBubble);
+    replayed with unit-time passes, Timeline.SimulatedBubble), and how busy
+    the process kept the machine's cores (process CPU time over cores x wall
+    time): where logical devices share the cores (a split CPU), a device's
+    idle time is not the cores', so it is the cores' that costs time;
   * writes a PNG (matplotlib), one row per device, every action a bar
     labelled by its pass and micro-batch (and stage when a device holds
     several);
@@ -30,7 +33,9 @@ M and V.
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+import time
+from typing import NamedTuple, Sequence
 
 from absl import app
 from absl import flags
@@ -67,12 +72,33 @@ _COLORS = {schedule_lib.F: '#4c78a8', schedule_lib.B: '#f58518',
            schedule_lib.BW: '#e45756', schedule_lib.W: '#54a24b'}
 
 
+class Traced(NamedTuple):
+  """What Trace measured.
+
+  Attributes:
+    timeline: the last traced step's timeline.
+    devices: the K devices' names.
+    cores_busy: the process's CPU time over (cores x wall time) during
+      ``steps`` more steps: 1.0 when every core worked all the time. Threads
+      that spin while they wait for work count as busy.
+  """
+  timeline: trace_lib.Timeline
+  devices: list[str]
+  cores_busy: float
+
+
+def _Cores() -> int:
+  if hasattr(os, 'sched_getaffinity'):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
 def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
           num_micro_batches: int, num_virtual_stages: int = 1,
           remat: str = 'always', num_blocks: int = 16, dim: int = 256,
-          batch_size: int = 1024, steps: int = 3
-          ) -> tuple[trace_lib.Timeline, list[str]]:
-  """Runs ``steps`` traced training steps; returns the last one's timeline.
+          batch_size: int = 1024, steps: int = 3) -> Traced:
+  """Runs ``steps`` traced training steps, keeps the last one's timeline,
+  then times ``steps`` more for how busy they keep the cores.
 
   Args:
     schedule: a registered name or a Schedule (whose K, M and V must agree
@@ -84,8 +110,8 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
     steps: steps to run (the first ones warm up).
 
   Returns:
-    (timeline, the K devices' names): the cells run on the first K default
-    devices (split the CPU first on a CPU-only host).
+    Traced: the cells run on the first K default devices (split the CPU
+    first on a CPU-only host).
   """
   blocks = [layers.FCLayer.Params().Set(name=f'block{i}', input_dim=dim,
                                         output_dim=dim)
@@ -113,7 +139,11 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
   for _ in range(steps):  # Warm up; keep the last step.
     _, (starts, ends) = step()
   timeline = trace_lib.Timeline.FromValues(trace, starts.numpy(), ends.numpy())
-  return timeline, pipe.devices
+  wall, cpu = time.perf_counter(), time.process_time()
+  for _ in range(steps):
+    step()[1][1].numpy()
+  wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+  return Traced(timeline, pipe.devices, cpu / (wall * _Cores()))
 
 
 def _PerExampleLoss(outputs, labels):
@@ -121,15 +151,19 @@ def _PerExampleLoss(outputs, labels):
   return loss_lib.LossTerms(tf.reduce_mean(tf.square(outputs), axis=-1))
 
 
-def Report(timeline: trace_lib.Timeline) -> str:
-  """The ASCII timeline and the measured bubble beside the simulated one."""
+def Report(timeline: trace_lib.Timeline,
+           cores_busy: float | None = None) -> str:
+  """The ASCII timeline, the measured bubble beside the simulated one, and
+  (if given) how busy the cores were."""
   sched = timeline.schedule
+  busy = '' if cores_busy is None else (
+      f'; cores busy {100 * cores_busy:.0f}% of {_Cores()}')
   return (f'{timeline.ToAscii()}\n'
           f'schedule {sched.name}: K={sched.num_devices} '
           f'M={sched.num_micro_batches} stages={sched.num_stages}; makespan '
           f'{1000 * timeline.makespan:.1f} ms, measured bubble '
           f'{timeline.BubbleFraction():.2f}, simulated (unit-time F, B, W) '
-          f'{timeline.SimulatedBubble():.2f}')
+          f'{timeline.SimulatedBubble():.2f}{busy}')
 
 
 def Draw(timeline: trace_lib.Timeline, device_names: Sequence[str],
@@ -172,10 +206,10 @@ def main(argv):
     k, m = schedule.num_devices, schedule.num_micro_batches
     v = schedule.num_stages // k
   devices_lib.SplitCpu(k)
-  timeline, device_names = Trace(
+  timeline, device_names, cores_busy = Trace(
       schedule, k, m, v, _REMAT.value, _NUM_BLOCKS.value, _DIM.value,
       _BATCH.value)
-  print(Report(timeline))
+  print(Report(timeline, cores_busy))
   if _OUT.value:
     Draw(timeline, device_names, _OUT.value)
     print(f'wrote {_OUT.value}')

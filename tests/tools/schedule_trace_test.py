@@ -30,8 +30,10 @@ class ScheduleTraceTest(tf.test.TestCase):
     for name, k, m, v in (('1f1b', 2, 4, 1), ('zb_h1', 3, 4, 1),
                           ('interleaved_1f1b', 2, 2, 2)):
       with self.subTest(schedule=name):
-        timeline, devices = schedule_trace.Trace(name, k, m, v, **_TINY)
+        timeline, devices, busy = schedule_trace.Trace(name, k, m, v,
+                                                       **_TINY)
         self.assertLen(devices, k)
+        self.assertBetween(busy, 0.01, 1.1)
         events = _ChromeTrace(timeline, self.get_temp_dir())
         tracks = {e['tid']: e['args']['name'] for e in events
                   if e['ph'] == 'M'}
@@ -43,8 +45,10 @@ class ScheduleTraceTest(tf.test.TestCase):
               e['args']['micro_batch']) for e in work],
             [(d, a.kind, a.stage, a.micro_batch)
              for d, row in enumerate(expected.actions) for a in row])
-        report = schedule_trace.Report(timeline)
+        report = schedule_trace.Report(timeline, 0.5)
         self.assertLen(report.splitlines(), k + 1)
+        self.assertTrue(report.endswith(
+            f'; cores busy 50% of {schedule_trace._Cores()}'))  # pylint: disable=protected-access
         self.assertIn(f'schedule {name}: K={k} M={m} stages={k * v}', report)
         self.assertIn('simulated (unit-time F, B, W) '
                       f'{schedule_lib.Simulate(expected).bubble_fraction:.2f}',
@@ -64,6 +68,7 @@ class ScheduleTraceTest(tf.test.TestCase):
         cwd=test_utils.REPO_ROOT, capture_output=True, text=True, check=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')).stdout
     self.assertIn('schedule zb_h1: K=2 M=3 stages=2', out)
+    self.assertRegex(out, r'cores busy \d+% of \d+')
     with open(png, 'rb') as f:
       self.assertEqual(f.read(8), b'\x89PNG\r\n\x1a\n')
     with open(trace) as f:

@@ -38,7 +38,7 @@ loop.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -201,10 +201,12 @@ def _TrainableReads(graph: tf.Graph, variables: Sequence[tf.Variable]):
 
 
 def _CastsJustInTime(graph: tf.Graph, backward: Sequence[tf.Operation],
-                     reads_trainable: Any) -> None:
+                     reads_trainable: Callable[[tf.Tensor], bool]) -> None:
   """Gives each backward op that reads a cast of a trainable variable (the
   16-bit weights under a mixed policy) a cast of its own, made once the
-  op's other inputs exist.
+  op's other backward inputs exist (the gradient arriving at its layer).
+  Only backward ops are waited on: a control edge to a forward op would
+  pull that op into pieces that are fed its output instead.
 
   The forward's cast depends on nothing but the variable, so a piece that
   runs the backward would compute every layer's cast as it starts and keep
@@ -220,7 +222,7 @@ def _CastsJustInTime(graph: tf.Graph, backward: Sequence[tf.Operation],
       if x.op.type != 'Cast' or x.op in later or not reads_trainable(x):
         continue
       after = [y.op for j, y in enumerate(op.inputs)
-               if j != i and y.op.type not in ('Const', 'ReadVariableOp')]
+               if j != i and y.op in later]
       if not after:
         continue
       with graph.as_default(), tf.control_dependencies(after):

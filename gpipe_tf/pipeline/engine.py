@@ -173,11 +173,12 @@ def RunLossAndGradients(cells: Sequence[Any],
   flat, _ = _Leaves(cells, inputs)
   run = interpreter_lib.Interpreter(cells, schedule, _StepSeed(), execution,
                                     trace)
+  program = ticks_lib.Lower(schedule, fused=ticks_lib.Fusable(schedule),
+                            joined=ticks_lib.Joinable(schedule), keep=keep)
   run.Build(inputs, flat, True, head=loss_fn, labels=labels,
             input_grads=False, loss_scale=loss_scale,
-            jit_compile=jit_compile)
-  run.Run(ticks_lib.Lower(schedule, fused=ticks_lib.Fusable(schedule),
-                          keep=keep))
+            jit_compile=jit_compile, split=ticks_lib.SplitStages(program))
+  run.Run(program)
   bn_stats = normalization.DeferredMovingStats()
   run.AddBatchNormStats(bn_stats)
   bn_stats.Apply()

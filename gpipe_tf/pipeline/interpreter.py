@@ -126,7 +126,8 @@ class Interpreter:
             head: Callable[[Sequence[Any]], Any] | None = None,
             labels: Any = None, input_grads: bool = True,
             loss_scale: tf.Tensor | None = None,
-            jit_compile: bool = False) -> None:
+            jit_compile: bool = False,
+            split: frozenset[int] | None = None) -> None:
     """Splits the inputs (and labels), traces every cell's program in
     forward order and makes every stage's slots.
 
@@ -139,6 +140,9 @@ class Interpreter:
       loss_scale: with the loss inside, a float32 scalar the loss is
         multiplied by before it is differentiated (float16 training).
       jit_compile: compile the cells' pieces with XLA.
+      split: the stages whose backward the tick programs to run will split
+        into B and a later W (ticks.SplitStages); default: every stage the
+        schedule gives a W action.
     """
     with tf.device(self.cells[0].device):
       self.inputs = self.Split(flat)
@@ -165,9 +169,10 @@ class Interpreter:
         head, program_lib.NestKey(labels),
         tuple(map(repr, loss_head.label_specs)))
     programs = [None] * len(self.cells)
-    # The stages whose backward the schedule runs as B then W.
-    split = {act.stage for row in self.schedule.actions for act in row
-             if act.kind == W}
+    if split is None:
+      split = {act.stage for row in self.schedule.actions for act in row
+               if act.kind == W}
+    self.split = frozenset(split)
     for s in reversed(range(len(self.cells))):
       cell = self.cells[s]
       dy_present = None
@@ -177,12 +182,12 @@ class Interpreter:
              tuple(map(repr, specs[s])), training,
              label_key if s == last else None, input_grads or s > 0,
              None if dy_present is None else tuple(dy_present),
-             precision.CurrentPolicy(), jit_compile, s in split)
+             precision.CurrentPolicy(), jit_compile, s in self.split)
       if key not in cell.programs:
         cell.programs[key] = program_lib.CellProgram(
             cell, structs[s], specs[s], seed_spec, training,
             loss_head if s == last else None, input_grads or s > 0,
-            dy_present, jit_compile, s in split)
+            dy_present, jit_compile, s in self.split)
       programs[s] = cell.programs[key]
     self.programs = programs
     self.slots = []
@@ -208,6 +213,11 @@ class Interpreter:
   # ---- Running -------------------------------------------------------------
   def Run(self, program: ticks_lib.TickProgram) -> None:
     """Runs a tick program, updating every stage's slots."""
+    unsplit = ticks_lib.SplitStages(program) - self.split
+    if unsplit:
+      raise ValueError(f'stages {sorted(unsplit)} run a split backward but '
+                       'were built unsplit: pass Build the program\'s '
+                       'ticks.SplitStages')
     if self.trace is not None:
       for s, cell in enumerate(self.cells):
         with tf.device(cell.device):
@@ -229,11 +239,13 @@ class Interpreter:
         starts, ends = self.slots[act.stage].stamps
         start, end = starts.read(t), ends.read(t)
         actions = [act]
-        if act.kind == F and (act.stage, act.micro_batch) in program.fused:
+        pair = (act.stage, act.micro_batch)
+        if (act.kind == F and pair in program.fused) or (
+            act.kind == B and pair in program.joined):
           actions += [a for a in program.tick
-                      if a.kind in (B, BW) and program.tick[a] == t and
-                      (a.stage, a.micro_batch) == (act.stage,
-                                                   act.micro_batch)]
+                      if a.kind in (B, BW, W) and a != act and
+                      program.tick[a] == t and
+                      (a.stage, a.micro_batch) == pair]
         for a in actions:
           self.trace.Record(a, start, end)
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import trace as trace_lib
@@ -97,6 +98,20 @@ class InterpreterTest(tf.test.TestCase):
       never = _StepPeak(remat='never', execution=execution)
       always = _StepPeak(remat='always', execution=execution)
       self.assertLess(always, 0.75 * never, (execution, always, never))
+
+  def testAWThatFollowsItsBRunsWithItAsOneGatedBackward(self):
+    # ZB-H1, K=2: stage 0's every W directly follows its B, so stage 0 runs
+    # one BW per micro-batch from a gated program, as in 1F1B; the last
+    # stage's W are deferred, so its program is split into B and W.
+    pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
+                 num_micro_batches=4, schedule='zb_h1')
+    x = tf.random.stateless_normal([8, 8], [1, 2])
+    tf.function(lambda: pipe.ComputeLossAndGradients(
+        x, tf.zeros([8], tf.int32), _LossFn)[2])()
+    split = [{p.split for p in cell.programs.values()
+              if isinstance(p, cell_program.CellProgram)}
+             for cell in pipe.cells]
+    self.assertEqual(split, [{False}, {True}])
 
   def testUnrolledPinsEveryDevicesOrder(self):
     self.assertEmpty(_OrderViolations())

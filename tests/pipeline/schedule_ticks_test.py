@@ -19,17 +19,20 @@ def _Layouts():
 
 
 def _Run(table, sched, d):
-  """Device d's actions in tick order (a fused pair's backward after its F)."""
+  """Device d's actions in tick order (a fused pair's backward after its F,
+  a joined pair's W after its B)."""
   out = []
   for act in table.grid[d]:
     if act is None:
       continue
     out.append(act)
-    if act.kind == schedule.F and (act.stage,
-                                   act.micro_batch) in table.fused:
+    pair = (act.stage, act.micro_batch)
+    if act.kind == schedule.F and pair in table.fused:
       out += [a for a in sched.actions[d] if a.kind in (schedule.B,
                                                         schedule.BW) and
-              (a.stage, a.micro_batch) == (act.stage, act.micro_batch)]
+              (a.stage, a.micro_batch) == pair]
+    if out[-1].kind == schedule.B and pair in table.joined:
+      out.append(schedule.Action(schedule.W, *pair))
   return out
 
 
@@ -37,9 +40,12 @@ class LowerTest(unittest.TestCase):
 
   def testEveryActionKeepsItsOrderAndRunsAtItsEarliestTick(self):
     for sched in _Layouts():
-      for fused in (frozenset(), ticks.Fusable(sched)):
-        with self.subTest(sched=sched, fused=bool(fused)):
-          table = ticks.Lower(sched, fused=fused)
+      for fused, joined in ((frozenset(), frozenset()),
+                            (ticks.Fusable(sched), frozenset()),
+                            (ticks.Fusable(sched), ticks.Joinable(sched))):
+        with self.subTest(sched=sched, fused=bool(fused),
+                          joined=bool(joined)):
+          table = ticks.Lower(sched, fused=fused, joined=joined)
           for d, acts in enumerate(sched.actions):
             # W included: zero-bubble's weight gradients run where the
             # schedule put them.
@@ -136,6 +142,46 @@ class LowerTest(unittest.TestCase):
     self.assertEqual(
         [ticks.Lower(sched).num_ticks,
          ticks.Lower(sched, fused=ticks.Fusable(sched)).num_ticks], [22, 20])
+
+  def testJoinedPairRunsInItsBsTickAsOneBackward(self):
+    # ZB-H1, K=2: every W of stage 0 directly follows its B; the last
+    # stage's are deferred by one micro-batch (they fill its bubble).
+    sched = schedule.Make('zb_h1', 2, 8)
+    self.assertEqual(ticks.Joinable(sched), {(0, m) for m in range(8)})
+    with self.assertRaisesRegex(schedule.ScheduleError,
+                                r"cannot join \[\(1, 0\)\]"):
+      ticks.Lower(sched, joined={(1, 0)})
+    for sched in _Layouts():
+      joined = ticks.Joinable(sched)
+      fused = ticks.Fusable(sched)
+      with self.subTest(sched=sched):
+        table = ticks.Lower(sched, fused=fused, joined=joined)
+        alone = ticks.Lower(sched, fused=fused)
+        self.assertLessEqual(table.num_ticks, alone.num_ticks)
+        for act, t in table.tick.items():
+          pair = (act.stage, act.micro_batch)
+          if act.kind != schedule.W or pair not in joined:
+            continue
+          self.assertEqual(t, table.tick[schedule.Action(schedule.B, *pair)])
+          d = sched.DeviceOf(act.stage)
+          step = table.steps[d][table.branch[d][t] - 1]
+          if pair in fused:
+            self.assertEqual((step.kind, step.split), (ticks.FB, False))
+          else:
+            self.assertEqual(step.kind, schedule.BW)
+        # A stage is split (its program ungated) only where a W stays apart.
+        apart = {a.stage for a in table.tick if a.kind == schedule.W and
+                 (a.stage, a.micro_batch) not in joined}
+        self.assertEqual(ticks.SplitStages(table), apart)
+    sched = schedule.Make('zb_h1', 2, 8)
+    table = ticks.Lower(sched, fused=ticks.Fusable(sched),
+                        joined=ticks.Joinable(sched))
+    self.assertEqual(
+        [table.num_ticks, ticks.Lower(sched, fused=ticks.Fusable(sched))
+         .num_ticks], [17, 24])
+    self.assertEqual(ticks.SplitStages(table), {1})
+    self.assertEqual(table.ToAscii().splitlines()[0].split()[:5],
+                     ['dev', '0:', 'F0', 'F1', 'BW0'])
 
   def testToAscii(self):
     table = ticks.Lower(schedule.Make('1f1b', 2, 3),

@@ -24,6 +24,13 @@ A *fused* pair (s, m) runs F(s, m), the loss and its backward as one step
 pairs whose backward directly follows their F on the device (Fusable) can
 be fused, since that backward reads nothing but the loss of its own forward.
 
+A *joined* pair (s, m) runs B(s, m) and W(s, m) as one BW step in B's tick,
+where W directly follows its B on the device (Joinable): the order is the
+schedule's, and the backward computes each layer's input and weight
+gradients together instead of stashing what W reads until the next tick.
+ZB-H1's first stages, whose W follow their B at once, then run as 1F1B's;
+a W the schedule defers still runs where it put it.
+
 A *phase* lowers part of a schedule: 'forward' its F actions (inference, or
 the forward of a tape-driven fill-drain step), 'backward' the rest (their F
 having run in an earlier loop), 'all' everything (the loss inside).
@@ -39,7 +46,8 @@ from typing import Callable
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['FB', 'PHASES', 'Fusable', 'Lower', 'Step', 'TickProgram']
+__all__ = ['FB', 'PHASES', 'Fusable', 'Joinable', 'Lower', 'SplitStages',
+           'Step', 'TickProgram']
 
 Action = action_lib.Action
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
@@ -76,6 +84,8 @@ class TickProgram:
     grid: grid[d][t] is device d's action at tick t, None when it idles (a
       fused pair shows as its F).
     fused: the (stage, micro-batch) pairs run as one FB step.
+    joined: the (stage, micro-batch) pairs whose B and W run as one BW step
+      (W has its B's tick).
     steps: steps[d] lists device d's distinct steps; branch j + 1 runs
       steps[d][j].
     branch: branch[d][t], 0 when device d idles at tick t.
@@ -89,6 +99,7 @@ class TickProgram:
   tick: dict[Action, int]
   grid: tuple[tuple[Action | None, ...], ...]
   fused: frozenset[tuple[int, int]]
+  joined: frozenset[tuple[int, int]]
   steps: tuple[tuple[Step, ...], ...]
   branch: tuple[tuple[int, ...], ...]
   micro: tuple[tuple[int, ...], ...]
@@ -96,16 +107,18 @@ class TickProgram:
   got_dx: tuple[tuple[int, ...], ...]
 
   def ToAscii(self) -> str:
-    """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3',
-    'FB3' (fused), '..' idle."""
+    """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3'
+    (a BW, or a joined B and W), 'FB3' (fused), '..' idle."""
     rows = []
     for d, row in enumerate(self.grid):
       cells = []
       for act in row:
         if act is None:
           cells.append('..')
-        elif (act.stage, act.micro_batch) in self.fused:
+        elif act.kind == F and (act.stage, act.micro_batch) in self.fused:
           cells.append(f'FB{act.micro_batch}')
+        elif act.kind == B and (act.stage, act.micro_batch) in self.joined:
+          cells.append(f'BW{act.micro_batch}')
         else:
           cells.append(act.label)
       width = max(len(c) for c in cells)
@@ -121,6 +134,24 @@ def Fusable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:
                    if s == last)
 
 
+def Joinable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:
+  """The pairs Lower can join: (s, m) whose W directly follows B(s, m) on
+  its device."""
+  pairs = set()
+  for acts in schedule.actions:
+    for b, w in zip(acts, acts[1:]):
+      if (b.kind == B and w.kind == W and
+          (b.stage, b.micro_batch) == (w.stage, w.micro_batch)):
+        pairs.add((b.stage, b.micro_batch))
+  return frozenset(pairs)
+
+
+def SplitStages(program: 'TickProgram') -> frozenset[int]:
+  """The stages some step of `program` runs as B then a later W."""
+  return frozenset(step.stage for row in program.steps for step in row
+                   if step.kind in (B, W) or (step.kind == FB and step.split))
+
+
 def _InPhase(act: Action, phase: str) -> bool:
   if phase == 'forward':
     return act.kind == F
@@ -130,7 +161,8 @@ def _InPhase(act: Action, phase: str) -> bool:
 
 
 def _Ticks(schedule: table.Schedule, phase: str,
-           fused: frozenset[tuple[int, int]]) -> dict[Action, int]:
+           fused: frozenset[tuple[int, int]],
+           joined: frozenset[tuple[int, int]]) -> dict[Action, int]:
   tick: dict[Action, int] = {}
   last = [-1] * schedule.num_devices
   for act in schedule.Order():
@@ -139,6 +171,9 @@ def _Ticks(schedule: table.Schedule, phase: str,
     pair = (act.stage, act.micro_batch)
     if act.kind in (B, BW) and pair in fused:
       tick[act] = tick[Action(F, *pair)]
+      continue
+    if act.kind == W and pair in joined:
+      tick[act] = tick[Action(B, *pair)]
       continue
     d = schedule.DeviceOf(act.stage)
     t = last[d] + 1
@@ -152,6 +187,7 @@ def _Ticks(schedule: table.Schedule, phase: str,
 
 def Lower(schedule: table.Schedule, *, phase: str = 'all',
           fused: frozenset[tuple[int, int]] = frozenset(),
+          joined: frozenset[tuple[int, int]] = frozenset(),
           keep: Callable[[int, int], bool] = lambda s, m: True
           ) -> TickProgram:
   """Lowers (a phase of) a validated schedule to its tick program.
@@ -161,12 +197,14 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
     phase: 'all', 'forward' or 'backward' (module docstring).
     fused: (stage, micro-batch) pairs to run as one FB step; a subset of
       Fusable(schedule), and only with phase 'all'.
+    joined: (stage, micro-batch) pairs whose B and W run as one BW step; a
+      subset of Joinable(schedule).
     keep: keep(s, m) is True when F(s, m) keeps its activations for its
       backward, False when the backward recomputes them.
 
   Raises:
     ScheduleError: the schedule is not valid (Schedule.Validate), the phase
-      is unknown, or a fused pair is not fusable.
+      is unknown, or a fused pair is not fusable or a joined one joinable.
   """
   schedule.Validate()
   if phase not in PHASES:
@@ -180,7 +218,13 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
         f'cannot fuse {sorted(fused - Fusable(schedule))}: only the last '
         "stage's pairs whose backward directly follows their F on the device "
         f'can run as one action ({sorted(Fusable(schedule))} here).')
-  tick = _Ticks(schedule, phase, fused)
+  joined = frozenset(joined)
+  if not joined <= Joinable(schedule):
+    raise table.ScheduleError(
+        f'cannot join {sorted(joined - Joinable(schedule))}: only a B '
+        'directly followed by its W on the device can run with it as one '
+        f'action ({sorted(Joinable(schedule))} here).')
+  tick = _Ticks(schedule, phase, fused, joined)
   num_ticks = 1 + max(tick.values(), default=-1)
   k, num_stages = schedule.num_devices, schedule.num_stages
   grid = [[None] * num_ticks for _ in range(k)]
@@ -199,10 +243,15 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
         got_dx[s - 1][t + 1] = m
     if act.kind in (B, BW) and (s, m) in fused:
       continue  # Runs inside its F's step.
+    if act.kind == W and (s, m) in joined:
+      continue  # Runs inside its B's step.
     if act.kind == F and (s, m) in fused:
-      step = Step(FB, s, True, schedule.SplitBackward(s, m))
+      step = Step(FB, s, True, schedule.SplitBackward(s, m) and
+                  (s, m) not in joined)
     elif act.kind == W:
       step = Step(W, s)
+    elif act.kind == B and (s, m) in joined:
+      step = Step(BW, s, bool(keep(s, m)))
     else:
       step = Step(act.kind, s, bool(keep(s, m)))
     if step not in steps[d]:
@@ -211,7 +260,7 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
     branch[d][t] = 1 + steps[d].index(step)
     micro[d][t] = m
   return TickProgram(
-      num_ticks, tick, tuple(tuple(r) for r in grid), fused,
+      num_ticks, tick, tuple(tuple(r) for r in grid), fused, joined,
       tuple(tuple(r) for r in steps), tuple(tuple(r) for r in branch),
       tuple(tuple(r) for r in micro), tuple(tuple(r) for r in got_y),
       tuple(tuple(r) for r in got_dx))

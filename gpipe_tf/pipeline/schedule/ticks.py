@@ -28,8 +28,8 @@ A *joined* pair (s, m) runs B(s, m) and W(s, m) as one BW step in B's tick,
 where W directly follows its B on the device (Joinable): the order is the
 schedule's, and the backward computes each layer's input and weight
 gradients together instead of stashing what W reads until the next tick.
-ZB-H1's first stages, whose W follow their B at once, then run as 1F1B's;
-a W the schedule defers still runs where it put it.
+ZB-H1's first stage, whose W all follow their B at once, then runs as
+1F1B's; a W the schedule defers still runs where it put it.
 
 A *phase* lowers part of a schedule: 'forward' its F actions (inference, or
 the forward of a tape-driven fill-drain step), 'backward' the rest (their F
@@ -82,7 +82,7 @@ class TickProgram:
     tick: the tick of every action of the phase (a fused pair's backward
       has its F's tick).
     grid: grid[d][t] is device d's action at tick t, None when it idles (a
-      fused pair shows as its F).
+      fused pair shows as its F, a joined pair as its B).
     fused: the (stage, micro-batch) pairs run as one FB step.
     joined: the (stage, micro-batch) pairs whose B and W run as one BW step
       (W has its B's tick).

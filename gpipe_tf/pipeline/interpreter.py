@@ -46,8 +46,6 @@ from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 __all__ = ['EXECUTIONS', 'Interpreter']
 
 EXECUTIONS = ('loop', 'unrolled')
-F, B, W, BW, FB = (ticks_lib.F, ticks_lib.B, ticks_lib.W, ticks_lib.BW,
-                   ticks_lib.FB)
 
 
 def _Finished(made: Sequence[tf.Tensor]) -> list:
@@ -171,7 +169,7 @@ class Interpreter:
     programs = [None] * len(self.cells)
     if split is None:
       split = {act.stage for row in self.schedule.actions for act in row
-               if act.kind == W}
+               if act.kind == ticks_lib.W}
     self.split = frozenset(split)
     for s in reversed(range(len(self.cells))):
       cell = self.cells[s]
@@ -231,22 +229,14 @@ class Interpreter:
 
   def _Record(self, program: ticks_lib.TickProgram) -> None:
     """Hands every action's stamps to the trace (a fused pair's backward
-    shares its F's)."""
-    for d, row in enumerate(program.grid):
+    shares its F's, a joined pair's W its B's)."""
+    for row in program.grid:
       for t, act in enumerate(row):
         if act is None:
           continue
         starts, ends = self.slots[act.stage].stamps
         start, end = starts.read(t), ends.read(t)
-        actions = [act]
-        pair = (act.stage, act.micro_batch)
-        if (act.kind == F and pair in program.fused) or (
-            act.kind == B and pair in program.joined):
-          actions += [a for a in program.tick
-                      if a.kind in (B, BW, W) and a != act and
-                      program.tick[a] == t and
-                      (a.stage, a.micro_batch) == pair]
-        for a in actions:
+        for a in program.Runs(act):
           self.trace.Record(a, start, end)
 
   def _Execute(self, program: ticks_lib.TickProgram) -> None:

@@ -106,6 +106,18 @@ class TickProgram:
   got_y: tuple[tuple[int, ...], ...]
   got_dx: tuple[tuple[int, ...], ...]
 
+  def Runs(self, act: Action) -> list[Action]:
+    """The actions grid entry `act` runs in its tick: itself, a fused
+    pair's backward after its F, a joined pair's W after its B."""
+    pair = (act.stage, act.micro_batch)
+    runs = [act]
+    if act.kind == F and pair in self.fused:
+      runs += [a for a in (Action(B, *pair), Action(BW, *pair))
+               if a in self.tick]
+    if runs[-1].kind == B and pair in self.joined:
+      runs.append(Action(W, *pair))
+    return runs
+
   def ToAscii(self) -> str:
     """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3'
     (a BW, or a joined B and W), 'FB3' (fused), '..' idle."""

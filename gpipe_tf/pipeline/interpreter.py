@@ -41,6 +41,7 @@ from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import slots as slots_lib
 from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = ['EXECUTIONS', 'Interpreter']
@@ -87,6 +88,7 @@ class Interpreter:
       trace.schedule = schedule
     self.schedule = schedule
     self.execution = execution
+    self.budget = periods.DefaultBudget(schedule.num_stages)
     self.m = schedule.num_micro_batches
     self.seed = seed
     self.seeds = []
@@ -241,24 +243,62 @@ class Interpreter:
 
   def _Execute(self, program: ticks_lib.TickProgram) -> None:
     if self.execution == 'loop':
-      self.slots = list(tl.RunTicks(program.num_ticks,
-                                    lambda t, *st: self._Tick(program, t, st),
-                                    tuple(self.slots),
-                                    self.schedule.num_devices))
-      return
+      plan = periods.Fold(periods.Columns(program), self.budget)
+    else:
+      plan = (periods.Segment(periods.STATIC, 0, program.num_ticks, 1),)
     done: dict[int, list] = {}
     slots = tuple(self.slots)
-    for t in range(program.num_ticks):
-      slots = self._Tick(program, t, slots, done)
+    for seg in plan:
+      if seg.kind == periods.STATIC:
+        for t in range(seg.start, seg.end):
+          slots = self._Tick(program, t, t, slots, done)
+        continue
+      slots = self._Tokens(slots, done)
+      if seg.kind == periods.REPEAT:
+        body = lambda i, *st, seg=seg: self._Period(program, seg, i, st)
+      else:
+        body = lambda i, *st, seg=seg: self._Tick(program, None,
+                                                  seg.start + i, st)
+      slots = tl.RunTicks(seg.repeats, body, slots, self.schedule.num_devices)
+      done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
+              for d in range(self.schedule.num_devices)}
     self.slots = list(slots)
 
-  def _Tick(self, program: ticks_lib.TickProgram, t: Any,
-            slots: Sequence[slots_lib.Slots],
-            done: dict | None = None) -> tuple:
+  def _Tokens(self, slots: Sequence[slots_lib.Slots], done: dict) -> tuple:
+    """`slots` with each device's token (kept by its first stage) made once
+    the device's steps in `done` have finished: what orders a loop's steps
+    after those built before it."""
+    slots = list(slots)
+    for d, finished in done.items():
+      s = self.schedule.StagesOn(d)[0]
+      with tf.device(self.cells[s].device), _After(finished):
+        slots[s] = slots[s]._replace(token=tf.identity(slots[s].token))
+    return tuple(slots)
+
+  def _Period(self, program: ticks_lib.TickProgram, seg: periods.Segment,
+              i: tf.Tensor, slots: Sequence[slots_lib.Slots]) -> tuple:
+    """Iteration i of a REPEAT segment: its period's ticks, straight-line,
+    each device's steps after its token and its token after them."""
+    done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
+            for d in range(self.schedule.num_devices)}
+    first = seg.start + i * seg.period
+    for j in range(seg.period):
+      slots = self._Tick(program, seg.start + j, first + j, slots, done)
+    return self._Tokens(slots, done)
+
+  def _Tick(self, program: ticks_lib.TickProgram, col: int | None, t: Any,
+            slots: Sequence[slots_lib.Slots], done: dict | None = None
+            ) -> tuple:
+    """Builds tick t (an int, or a loop's tensor).
+
+    With `col` (a tick whose column, periods.Columns, tick t shares) each
+    device's step is picked now and ordered after its steps in `done`;
+    without, by a tf.switch_case per stage, ordered on the device's token.
+    """
     slots = list(slots)
     for s, cell in enumerate(self.cells):
       with tf.device(cell.device):
-        slots[s] = self._Receive(program, s, t, slots)
+        slots[s] = self._Receive(program, s, col, t, slots)
     for d in range(self.schedule.num_devices):
       on_d = self.schedule.StagesOn(d)
       steps = program.steps[d]
@@ -266,13 +306,14 @@ class Interpreter:
         continue
       with tf.device(self.cells[on_d[0]].device):
         m = slots_lib.Gather(program.micro[d], t)
-        if isinstance(t, int):
-          index = program.branch[d][t]
+        if col is not None:
+          index = program.branch[d][col]
           if index == 0:
             continue
           step = steps[index - 1]
+          at = f'mb{m}' if isinstance(m, int) else f't{col}'
           with _After(done.get(d, [])), tf.name_scope(
-              f'stage{step.stage}_{step.kind}_mb{m}'):
+              f'stage{step.stage}_{step.kind}_{at}'):
             slots[step.stage], made = self._Step(step, m, t,
                                                  slots[step.stage])
           done[d] = _Finished(made) or done.get(d, [])
@@ -307,34 +348,38 @@ class Interpreter:
           slots[s] = compact.Pack(tf.switch_case(
               slots_lib.Gather(row, t), branches))
           token = slots[s].token
+        # The device's next tick starts after its last stage's switch.
+        slots[on_d[0]] = slots[on_d[0]]._replace(token=token)
     return tuple(slots)
 
-  def _Receive(self, program: ticks_lib.TickProgram, s: int, t: Any,
-               slots: list) -> slots_lib.Slots:
+  def _Receive(self, program: ticks_lib.TickProgram, s: int,
+               col: int | None, t: Any, slots: list) -> slots_lib.Slots:
     """Stage s takes in what its neighbours made at tick t-1.
 
-    In the loop every tick writes: a tick without a receipt writes into
-    the spare slot M, which no step reads. A conditional write would cost
-    more than the write: its predicate, pivot and data cross devices as
-    live or dead tensors at every tick whether or not anything arrives.
+    With `col`, only where something arrives. In a SWITCH loop every tick
+    writes: a tick without a receipt writes into the spare slot M, which
+    no step reads. A conditional write would cost more than the write: its
+    predicate, pivot and data cross devices as live or dead tensors at
+    every tick whether or not anything arrives.
     """
     mine = slots[s]
-    if s > 0 and mine.x is not None and any(m >= 0 for m in
-                                             program.got_y[s]):
-      m = slots_lib.Gather(self._Spare(program.got_y[s]), t)
-      if not isinstance(m, int) or m != self.m:
+    if s > 0 and mine.x is not None:
+      m = self._Arrival(program.got_y[s], col, t)
+      if m is not None:
         mine = mine._replace(x=slots_lib.Write(mine.x, m, slots[s - 1].y))
-    if s + 1 < len(slots) and mine.dy is not None and any(
-        x >= 0 for x in program.got_dx[s]):
-      m = slots_lib.Gather(self._Spare(program.got_dx[s]), t)
-      if not isinstance(m, int) or m != self.m:
+    if s + 1 < len(slots) and mine.dy is not None:
+      m = self._Arrival(program.got_dx[s], col, t)
+      if m is not None:
         mine = mine._replace(dy=slots_lib.Write(mine.dy, m,
                                                 slots[s + 1].dx))
     return mine
 
-  def _Spare(self, row: Sequence[int]) -> tuple[int, ...]:
-    """A receipt row with 'none' (-1) sent to the spare slot M."""
-    return tuple(self.m if m < 0 else m for m in row)
+  def _Arrival(self, row: Sequence[int], col: int | None, t: Any) -> Any:
+    """The slot a receipt row writes at tick t (the spare slot M for
+    none), None where no write is built."""
+    if (row[col] < 0) if col is not None else all(m < 0 for m in row):
+      return None
+    return slots_lib.Gather(tuple(self.m if m < 0 else m for m in row), t)
 
   def _Step(self, step: ticks_lib.Step, m: Any, t: Any,
             mine: slots_lib.Slots) -> tuple[slots_lib.Slots, list]:

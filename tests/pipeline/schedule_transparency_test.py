@@ -10,6 +10,7 @@ same K and M: the schedule changes the order of the work, never its result.
 """
 
 import itertools
+from unittest import mock
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -23,6 +24,8 @@ from gpipe_tf.layers import normalization
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline.schedule import periods
+from gpipe_tf.pipeline.schedule import ticks
 
 SCHEDULES = (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1))
 REMATS = ('always', 'except_last', 'never')
@@ -187,15 +190,50 @@ class ScheduleTransparencyTest(tf.test.TestCase):
       unrolled = _Pipe(layers_fn(), 2, 3, 'except_last', execution='unrolled')
       self._AssertSame(want, _TapeLossAndGrads(unrolled, x, y))
 
-  def testLoopExecutionRunsAsOneWhileLoop(self):
+  def testLoopWithoutBudgetRunsAsOneSwitchLoop(self):
+    # No tick may be built on its own: one while loop, a tf.switch_case per
+    # stage and tick picking the step.
     x, y = _Data(12)
-    for name, v in SCHEDULES:
-      with self.subTest(schedule=name):
-        pipe = _Pipe(_MlpLayers(), 2, 3, 'always', name, v)
-        graph = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y)
-                            ).get_concrete_function().graph
-        self.assertLen([op for op in graph.get_operations()
-                        if op.type == 'While'], 1)
+    want = _TapeLossAndGrads(core.SequentialLayer.Params().Set(
+        name='net', layers=_MlpLayers()).Instantiate(), x, y)
+    with mock.patch.object(periods, 'DefaultBudget', lambda s: 0):
+      for name, v in SCHEDULES:
+        with self.subTest(schedule=name):
+          pipe = _Pipe(_MlpLayers(), 2, 3, 'always', name, v)
+          step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))
+          ops = [op.type for op in
+                 step.get_concrete_function().graph.get_operations()]
+          self.assertEqual(ops.count('While'), 1)
+          self._AssertSame(want, step())
+
+  def testLoopFoldsRepeatsIntoWhileLoops(self):
+    # M = 12 is long enough for every schedule's steady state to repeat;
+    # with 8 ticks per stage (the default budget folds only the schedules
+    # of one stage per device) every plan folds: each repeat is one while
+    # loop, the rest built tick by tick, and the numbers are
+    # SequentialLayer's.
+    x, y = _Data(24)
+    want = _TapeLossAndGrads(core.SequentialLayer.Params().Set(
+        name='net', layers=_MlpLayers()).Instantiate(), x, y)
+    budget = lambda num_stages: 8 * num_stages
+    for (name, v), remat in zip(SCHEDULES + (('zbv', 2), ('dualpipe_v', 2)),
+                                itertools.cycle(REMATS)):
+      with self.subTest(schedule=name, remat=remat), mock.patch.object(
+          periods, 'DefaultBudget', budget):
+        pipe = _Pipe(_MlpLayers(), 2, 12, remat, name, v)
+        program = ticks.Lower(pipe.schedule,
+                              fused=ticks.Fusable(pipe.schedule),
+                              joined=ticks.Joinable(pipe.schedule))
+        plan = periods.Fold(periods.Columns(program),
+                            budget(pipe.schedule.num_stages))
+        kinds = [seg.kind for seg in plan]
+        self.assertIn(periods.REPEAT, kinds)
+        self.assertNotIn(periods.SWITCH, kinds)
+        step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))
+        ops = [op.type for op in
+               step.get_concrete_function().graph.get_operations()]
+        self.assertEqual(ops.count('While'), kinds.count(periods.REPEAT))
+        self._AssertSame(want, step())
 
   def testBatchNormMovingStatsMoveOnce(self):
     x, y = _Data(12)

@@ -1,6 +1,8 @@
 """Every cell of the support matrix (support.py) against SequentialLayer, with every feature at once; writes the matrix into docs/pipeline.md."""
 
+import contextlib
 import os
+from unittest import mock
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -21,6 +23,7 @@ from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import support
 from gpipe_tf.pipeline import trace as trace_lib
+from gpipe_tf.pipeline.schedule import periods
 
 SCHEDULES = (('gpipe', 1), ('gpipe', 2), ('1f1b', 1),
              ('interleaved_1f1b', 2), ('zb_h1', 1), ('zbv', 2),
@@ -138,15 +141,20 @@ class SupportTest(tf.test.TestCase):
   def testEveryCell(self):
     ids, labels = _Data()
     remats = ('never', 'except_last', 'always')
-    executions = ('loop', 'unrolled')
+    # 'switch': the loop with no tick built on its own (periods.SWITCH).
+    executions = ('loop', 'unrolled', 'switch')
     for i, (name, v) in enumerate(SCHEDULES):
       sched = schedule_lib.Make(name, K, M, v)
       for j, path in enumerate(support.PATHS):
         remat = remats[(i + j) % 3]
-        execution = executions[(i + j) % 2]
+        execution = executions[(i + 2 * j) % 3]
         with self.subTest(schedule=name, v=v, path=path, remat=remat,
-                          execution=execution):
-          seq, pipe = self._Models(name, v, remat, execution)
+                          execution=execution), contextlib.ExitStack() as ctx:
+          if execution == 'switch':
+            ctx.enter_context(mock.patch.object(periods, 'DefaultBudget',
+                                                lambda s: 0))
+          seq, pipe = self._Models(name, v, remat, execution.replace(
+              'switch', 'loop'))
           reason = support.Refusal(path, sched)
           if reason is not None:
             with self.assertRaises(engine.ScheduleNeedsLossError):

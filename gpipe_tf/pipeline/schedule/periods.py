@@ -1,0 +1,130 @@
+"""Folds a tick program's repeating stretches into loops: the plan by which the interpreter builds a step.
+
+A tick program (ticks.py) of a pipeline schedule repeats itself: once every
+device is busy, the same steps come back every few ticks, only on later
+micro-batches. 1F1B with K = 2, M = 8 (the last stage fused)::
+
+    dev 0: F0  F1  BW0 | F2  BW1 | F3  BW2 | ... | F7  BW6 | BW7
+    dev 1: ..  FB0 FB1 | ..  FB2 | ..  FB3 | ... | ..  FB7 | ..
+           static        repeat: 2 ticks, 6 times          static
+
+What a tick builds is its *column*: the branch each device runs and, per
+stage, whether a neighbour's output or gradient arrives. Which micro-batch
+a step works on is not part of it (the interpreter reads that from the
+program's tables by tick). So a stretch in which a run of columns repeats
+can be built once and run as a ``tf.while_loop``, its ticks laid out as
+straight-line code in the loop's body: no per-tick ``tf.switch_case`` picks
+the steps, and the graph holds the stretch's period, whatever M is.
+
+``Fold`` cuts a program into segments:
+
+* ``STATIC``: ticks built one by one (warm-up, cool-down);
+* ``REPEAT``: `period` ticks built once, run `repeats` times in a loop;
+* ``SWITCH``: one loop iteration per tick, each device's steps picked by a
+  ``tf.switch_case``: a program whose folded ticks still exceed `budget`
+  runs so, its graph holding each device's steps once.
+
+A program of at most `budget` ticks is built whole, as one STATIC segment
+(the unrolled execution builds every program so). A longer one has its
+repeats folded, greedily from the first tick; if the graph would then still
+hold more than `budget` ticks, the whole program runs as one SWITCH loop.
+Every registered schedule's steady state repeats, so what its step builds
+stops growing with M once M is a few times K.
+
+Pure Python; importing it does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+__all__ = ['REPEAT', 'STATIC', 'SWITCH', 'Columns', 'DefaultBudget', 'Fold',
+           'Segment']
+
+STATIC, REPEAT, SWITCH = 'static', 'repeat', 'switch'
+
+
+class Segment(NamedTuple):
+  """Ticks start .. start + period * repeats - 1, built as `kind` says.
+
+  Attributes:
+    kind: STATIC, REPEAT or SWITCH.
+    start: its first tick.
+    period: the ticks one iteration runs (STATIC: all of them, SWITCH: 1).
+    repeats: the iterations (STATIC: 1).
+  """
+  kind: str
+  start: int
+  period: int
+  repeats: int
+
+  @property
+  def end(self) -> int:
+    """The tick after its last."""
+    return self.start + self.period * self.repeats
+
+
+def DefaultBudget(num_stages: int) -> int:
+  """The ticks a step's graph may hold: 4 per stage, about what a
+  schedule's warm-up and cool-down take at M = K (so that building a step
+  at a large M costs about what it costs at a small one)."""
+  return 4 * num_stages
+
+
+def Columns(program: Any) -> list[tuple]:
+  """What each tick of a ticks.TickProgram builds: per device its branch,
+  per stage whether an output and a gradient arrive."""
+  return [tuple(row[t] for row in program.branch) +
+          tuple(row[t] >= 0 for row in program.got_y) +
+          tuple(row[t] >= 0 for row in program.got_dx)
+          for t in range(program.num_ticks)]
+
+
+def _BestRepeat(columns: Sequence[tuple], i: int,
+                max_period: int) -> tuple[int, int]:
+  """(period, repeats) of the run of repeats starting at tick i that saves
+  the most built ticks (period * (repeats - 1)); the shorter period on a
+  tie; (1, 1) when none repeats."""
+  n = len(columns)
+  best, saved = (1, 1), 0
+  for p in range(1, min(max_period, (n - i) // 2) + 1):
+    first = columns[i:i + p]
+    r = 1
+    while i + (r + 1) * p <= n and columns[i + r * p:i + (r + 1) * p] == first:
+      r += 1
+    if r > 1 and p * (r - 1) > saved:
+      best, saved = (p, r), p * (r - 1)
+  return best
+
+
+def Fold(columns: Sequence[tuple], budget: int) -> tuple[Segment, ...]:
+  """Cuts ticks with these Columns into segments (module docstring).
+
+  Args:
+    columns: Columns(program).
+    budget: the most ticks the graph may hold (DefaultBudget); 0 runs every
+      program as one SWITCH loop.
+
+  Returns:
+    Segments in tick order, covering every tick once.
+  """
+  n = len(columns)
+  if n == 0:
+    return ()
+  if n <= budget:
+    return (Segment(STATIC, 0, n, 1),)
+  segments: list[Segment] = []
+  built, i = 0, 0
+  while i < n and built <= budget:
+    p, r = _BestRepeat(columns, i, budget)
+    if r > 1:
+      segments.append(Segment(REPEAT, i, p, r))
+    elif segments and segments[-1].kind == STATIC:
+      segments[-1] = segments[-1]._replace(period=segments[-1].period + 1)
+    else:
+      segments.append(Segment(STATIC, i, 1, 1))
+    built += p
+    i += p * r
+  if built > budget:
+    return (Segment(SWITCH, 0, 1, n),)
+  return tuple(segments)

@@ -13,20 +13,13 @@ tensor its steps pass on to later steps::
 
 plus the running sums of its weight gradients, BatchNorm statistics and (last
 stage) loss sums; saved, pinned, wcut and the sums are packed, one TensorList
-per dtype (slots.Layout). A tick first moves what neighbours made in the
-previous tick into the slots (only boundary tensors cross devices), then every
-device runs the step the program gives it (in the loop, a ``tf.switch_case``
-per stage over that stage's steps; branch 0 idles)::
-
-    tick t:  receive(x, dy)  ->  device 0: switch(stage 0's branch at t)
-                                 device 1: switch(stage 1's branch at t) ...
-
-``execution='loop'`` builds one ``tf.while_loop`` over the ticks: the
-step's graph holds one copy of each step, whatever M is. ``'unrolled'`` runs
-the same body once per tick in Python, branches picked when the graph is
-built and each device's steps chained by control dependencies: a graph that
-grows with M, for small cells where a loop iteration costs more than the
-work in it. Both run the same pieces in the same order.
+per dtype (slots.Layout). A step of stage s on micro-batch m reads its slots
+at m, runs one piece of the cell's program (cell_program.py) and writes what
+it made back (``_Step``); tick_graph.py builds the ticks that order the
+steps: ``execution='loop'`` folds the program's repeats into while loops
+(schedule/periods.py), so the step's graph stops growing with M;
+``'unrolled'`` builds every tick on its own, a graph that grows with M, kept
+as the loop's reference. Both run the same pieces in the same order.
 """
 
 from __future__ import annotations
@@ -41,28 +34,12 @@ from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import slots as slots_lib
 from gpipe_tf.pipeline import tensor_loop as tl
-from gpipe_tf.pipeline.schedule import periods
+from gpipe_tf.pipeline import tick_graph
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = ['EXECUTIONS', 'Interpreter']
 
 EXECUTIONS = ('loop', 'unrolled')
-
-
-def _Finished(made: Sequence[tf.Tensor]) -> list:
-  """Tensors that exist once every one of `made` is computed. A control
-  dependency on a function call's output itself waits only for the call's
-  side effects once TensorFlow inlines the call, not for its data; one on
-  an identity of it waits for the data."""
-  return [tf.identity(x) for x in made if isinstance(x, tf.Tensor)]
-
-
-def _After(done: Sequence[tf.Tensor]) -> Any:
-  """Unrolled: a device's step starts after its previous step (a control
-  dependency); without it the dataflow executor would run the steps of a
-  device in whatever order their inputs allow, and neither a schedule's
-  order nor its memory bound would hold."""
-  return tf.control_dependencies(list(done))
 
 
 class Interpreter:
@@ -87,8 +64,8 @@ class Interpreter:
     if trace is not None and trace.schedule is None:
       trace.schedule = schedule
     self.schedule = schedule
-    self.execution = execution
-    self.budget = periods.DefaultBudget(schedule.num_stages)
+    self.graph = tick_graph.TickGraph([c.device for c in self.cells],
+                                      schedule, execution, self._Step)
     self.m = schedule.num_micro_batches
     self.seed = seed
     self.seeds = []
@@ -225,7 +202,7 @@ class Interpreter:
                                         element_shape=[])
                          for _ in range(2))
         self.slots[s] = self.slots[s]._replace(stamps=stamps)
-    self._Execute(program)
+    self.slots = self.graph.Build(program, self.slots)
     if self.trace is not None:
       self._Record(program)
 
@@ -240,146 +217,6 @@ class Interpreter:
         start, end = starts.read(t), ends.read(t)
         for a in program.Runs(act):
           self.trace.Record(a, start, end)
-
-  def _Execute(self, program: ticks_lib.TickProgram) -> None:
-    if self.execution == 'loop':
-      plan = periods.Fold(periods.Columns(program), self.budget)
-    else:
-      plan = (periods.Segment(periods.STATIC, 0, program.num_ticks, 1),)
-    done: dict[int, list] = {}
-    slots = tuple(self.slots)
-    for seg in plan:
-      if seg.kind == periods.STATIC:
-        for t in range(seg.start, seg.end):
-          slots = self._Tick(program, t, t, slots, done)
-        continue
-      slots = self._Tokens(slots, done)
-      if seg.kind == periods.REPEAT:
-        body = lambda i, *st, seg=seg: self._Period(program, seg, i, st)
-      else:
-        body = lambda i, *st, seg=seg: self._Tick(program, None,
-                                                  seg.start + i, st)
-      slots = tl.RunTicks(seg.repeats, body, slots, self.schedule.num_devices)
-      done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
-              for d in range(self.schedule.num_devices)}
-    self.slots = list(slots)
-
-  def _Tokens(self, slots: Sequence[slots_lib.Slots], done: dict) -> tuple:
-    """`slots` with each device's token (kept by its first stage) made once
-    the device's steps in `done` have finished: what orders a loop's steps
-    after those built before it."""
-    slots = list(slots)
-    for d, finished in done.items():
-      s = self.schedule.StagesOn(d)[0]
-      with tf.device(self.cells[s].device), _After(finished):
-        slots[s] = slots[s]._replace(token=tf.identity(slots[s].token))
-    return tuple(slots)
-
-  def _Period(self, program: ticks_lib.TickProgram, seg: periods.Segment,
-              i: tf.Tensor, slots: Sequence[slots_lib.Slots]) -> tuple:
-    """Iteration i of a REPEAT segment: its period's ticks, straight-line,
-    each device's steps after its token and its token after them."""
-    done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
-            for d in range(self.schedule.num_devices)}
-    first = seg.start + i * seg.period
-    for j in range(seg.period):
-      slots = self._Tick(program, seg.start + j, first + j, slots, done)
-    return self._Tokens(slots, done)
-
-  def _Tick(self, program: ticks_lib.TickProgram, col: int | None, t: Any,
-            slots: Sequence[slots_lib.Slots], done: dict | None = None
-            ) -> tuple:
-    """Builds tick t (an int, or a loop's tensor).
-
-    With `col` (a tick whose column, periods.Columns, tick t shares) each
-    device's step is picked now and ordered after its steps in `done`;
-    without, by a tf.switch_case per stage, ordered on the device's token.
-    """
-    slots = list(slots)
-    for s, cell in enumerate(self.cells):
-      with tf.device(cell.device):
-        slots[s] = self._Receive(program, s, col, t, slots)
-    for d in range(self.schedule.num_devices):
-      on_d = self.schedule.StagesOn(d)
-      steps = program.steps[d]
-      if not steps:
-        continue
-      with tf.device(self.cells[on_d[0]].device):
-        m = slots_lib.Gather(program.micro[d], t)
-        if col is not None:
-          index = program.branch[d][col]
-          if index == 0:
-            continue
-          step = steps[index - 1]
-          at = f'mb{m}' if isinstance(m, int) else f't{col}'
-          with _After(done.get(d, [])), tf.name_scope(
-              f'stage{step.stage}_{step.kind}_{at}'):
-            slots[step.stage], made = self._Step(step, m, t,
-                                                 slots[step.stage])
-          done[d] = _Finished(made) or done.get(d, [])
-          continue
-        # One switch per stage over that stage's steps (branch 0 idles),
-        # chained on the device's token: a switch costs executor ops per
-        # branch and per state tensor at every tick, so V stages' switches
-        # of a few branches and their own state each cost less than one
-        # switch over all of the device's steps and state.
-        token = slots[on_d[0]].token
-        for s in on_d:
-          mine = [j for j, step in enumerate(steps) if step.stage == s]
-          if not mine:
-            continue
-          row = [1 + mine.index(b - 1) if b and (b - 1) in mine else 0
-                 for b in program.branch[d]]
-          state = slots[s]._replace(token=token)
-          compact = tl.Compact(state)
-
-          def _Branch(step, state=state, compact=compact, m=m):
-            # The device's previous step has finished (its token), and the
-            # next one waits for this one's: ticks overlap across devices,
-            # never on one.
-            with _After([state.token]):
-              new, made = self._Step(step, m, t, state)
-            with _After(_Finished(made)):
-              new = new._replace(token=tf.identity(new.token))
-            return compact.Values(new)
-
-          branches = [compact.Values] + [
-              lambda step=steps[j], run=_Branch: run(step) for j in mine]
-          slots[s] = compact.Pack(tf.switch_case(
-              slots_lib.Gather(row, t), branches))
-          token = slots[s].token
-        # The device's next tick starts after its last stage's switch.
-        slots[on_d[0]] = slots[on_d[0]]._replace(token=token)
-    return tuple(slots)
-
-  def _Receive(self, program: ticks_lib.TickProgram, s: int,
-               col: int | None, t: Any, slots: list) -> slots_lib.Slots:
-    """Stage s takes in what its neighbours made at tick t-1.
-
-    With `col`, only where something arrives. In a SWITCH loop every tick
-    writes: a tick without a receipt writes into the spare slot M, which
-    no step reads. A conditional write would cost more than the write: its
-    predicate, pivot and data cross devices as live or dead tensors at
-    every tick whether or not anything arrives.
-    """
-    mine = slots[s]
-    if s > 0 and mine.x is not None:
-      m = self._Arrival(program.got_y[s], col, t)
-      if m is not None:
-        mine = mine._replace(x=slots_lib.Write(mine.x, m, slots[s - 1].y))
-    if s + 1 < len(slots) and mine.dy is not None:
-      m = self._Arrival(program.got_dx[s], col, t)
-      if m is not None:
-        mine = mine._replace(dy=slots_lib.Write(mine.dy, m,
-                                                slots[s + 1].dx))
-    return mine
-
-  def _Arrival(self, row: Sequence[int], col: int | None, t: Any) -> Any:
-    """The slot a receipt row writes at tick t (the spare slot M for
-    none), None where no write is built."""
-    if (row[col] < 0) if col is not None else all(m < 0 for m in row):
-      return None
-    return slots_lib.Gather(tuple(self.m if m < 0 else m for m in row), t)
 
   def _Step(self, step: ticks_lib.Step, m: Any, t: Any,
             mine: slots_lib.Slots) -> tuple[slots_lib.Slots, list]:
@@ -435,7 +272,7 @@ class Interpreter:
           for g, prev in zip(out['dws'], layout.acc.Read(mine.acc))])
     made = [x for group in out.values() for x in group if x is not None]
     if mine.stamps is not None:
-      with tf.control_dependencies(_Finished(made) + [start]):
+      with tf.control_dependencies(tick_graph.Finished(made) + [start]):
         end = tf.timestamp()
       new['stamps'] = (mine.stamps[0].write(t, start),
                        mine.stamps[1].write(t, end))

@@ -15,6 +15,7 @@ from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import tick_graph
 from gpipe_tf.pipeline import trace as trace_lib
 
 
@@ -117,7 +118,7 @@ class InterpreterTest(tf.test.TestCase):
 
   def testUnrolledPinsEveryDevicesOrder(self):
     self.assertEmpty(_OrderViolations())
-    with mock.patch.object(interpreter, '_After',
+    with mock.patch.object(tick_graph, '_After',
                            lambda done: contextlib.nullcontext()):
       self.assertNotEmpty(_OrderViolations())
 

@@ -1,0 +1,213 @@
+"""Builds a tick program into a step's graph: tick by tick, as while loops over its repeats, or as one switch loop.
+
+The plan (schedule/periods.py) says which. Every tick first moves what
+neighbours made in the previous tick into the slots (only boundary tensors
+cross devices), then every device runs the step the program gives it::
+
+    tick t:  receive(x, dy)  ->  device 0: stage 0's step at t
+                                 device 1: stage 1's step at t ...
+
+A tick built on its own (STATIC, and each tick of a REPEAT loop's body)
+picks each device's step when the graph is built and chains it after the
+device's previous step by a control dependency; a SWITCH loop picks it at
+run time, with one ``tf.switch_case`` per stage over that stage's steps
+(branch 0 idles), chained on the device's token. Loops carry every stage's
+slots (slots.py) and its token; which micro-batch a step works on is read
+from the program's tables by tick, so one body serves every iteration.
+What a step does with its slots is the interpreter's (interpreter.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from gpipe_tf.pipeline import slots as slots_lib
+from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline.schedule import periods
+from gpipe_tf.pipeline.schedule import ticks as ticks_lib
+
+__all__ = ['Finished', 'TickGraph']
+
+
+def Finished(made: Sequence[tf.Tensor]) -> list:
+  """Tensors that exist once every one of `made` is computed. A control
+  dependency on a function call's output itself waits only for the call's
+  side effects once TensorFlow inlines the call, not for its data; one on
+  an identity of it waits for the data."""
+  return [tf.identity(x) for x in made if isinstance(x, tf.Tensor)]
+
+
+def _After(done: Sequence[tf.Tensor]) -> Any:
+  """A tick built on its own: a device's step starts after its previous
+  step (a control dependency); without it the dataflow executor would run the steps of a
+  device in whatever order their inputs allow, and neither a schedule's
+  order nor its memory bound would hold."""
+  return tf.control_dependencies(list(done))
+
+
+class TickGraph:
+  """Builds tick programs over the stages' slots.
+
+  Args:
+    devices: stage s's device.
+    schedule: the validated schedule.
+    execution: 'loop' (the plan periods.Fold makes) or 'unrolled' (every
+      tick on its own).
+    step: step(ticks.Step, m, t, slots) -> (the stage's new slots, the
+      tensors the step made): runs one step of a stage on micro-batch m
+      (an int, or a tensor in a loop) at tick t.
+  """
+
+  def __init__(self, devices: Sequence[str], schedule: Any, execution: str,
+               step: Callable[..., tuple[slots_lib.Slots, list]]) -> None:
+    self.devices = list(devices)
+    self.schedule = schedule
+    self.execution = execution
+    self.step = step
+    self.m = schedule.num_micro_batches
+    self.budget = periods.DefaultBudget(schedule.num_stages)
+
+  def Build(self, program: ticks_lib.TickProgram,
+            slots: Sequence[slots_lib.Slots]) -> list[slots_lib.Slots]:
+    """Builds `program` over every stage's `slots`; returns the slots after
+    its last tick."""
+    if self.execution == 'loop':
+      plan = periods.Fold(periods.Columns(program), self.budget)
+    else:
+      plan = (periods.Segment(periods.STATIC, 0, program.num_ticks, 1),)
+    done: dict[int, list] = {}
+    slots = tuple(slots)
+    for seg in plan:
+      if seg.kind == periods.STATIC:
+        for t in range(seg.start, seg.end):
+          slots = self._Tick(program, t, t, slots, done)
+        continue
+      slots = self._Tokens(slots, done)
+      if seg.kind == periods.REPEAT:
+        body = lambda i, *st, seg=seg: self._Period(program, seg, i, st)
+      else:
+        body = lambda i, *st, seg=seg: self._Tick(program, None,
+                                                  seg.start + i, st)
+      slots = tl.RunTicks(seg.repeats, body, slots, self.schedule.num_devices)
+      done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
+              for d in range(self.schedule.num_devices)}
+    return list(slots)
+
+  def _Tokens(self, slots: Sequence[slots_lib.Slots], done: dict) -> tuple:
+    """`slots` with each device's token (kept by its first stage) made once
+    the device's steps in `done` have finished: what orders a loop's steps
+    after those built before it."""
+    slots = list(slots)
+    for d, finished in done.items():
+      s = self.schedule.StagesOn(d)[0]
+      with tf.device(self.devices[s]), _After(finished):
+        slots[s] = slots[s]._replace(token=tf.identity(slots[s].token))
+    return tuple(slots)
+
+  def _Period(self, program: ticks_lib.TickProgram, seg: periods.Segment,
+              i: tf.Tensor, slots: Sequence[slots_lib.Slots]) -> tuple:
+    """Iteration i of a REPEAT segment: its period's ticks, straight-line,
+    each device's steps after its token and its token after them."""
+    done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
+            for d in range(self.schedule.num_devices)}
+    first = seg.start + i * seg.period
+    for j in range(seg.period):
+      slots = self._Tick(program, seg.start + j, first + j, slots, done)
+    return self._Tokens(slots, done)
+
+  def _Tick(self, program: ticks_lib.TickProgram, col: int | None, t: Any,
+            slots: Sequence[slots_lib.Slots], done: dict | None = None
+            ) -> tuple:
+    """Builds tick t (an int, or a loop's tensor).
+
+    With `col` (a tick whose column, periods.Columns, tick t shares) each
+    device's step is picked now and ordered after its steps in `done`;
+    without, by a tf.switch_case per stage, ordered on the device's token.
+    """
+    slots = list(slots)
+    for s, device in enumerate(self.devices):
+      with tf.device(device):
+        slots[s] = self._Receive(program, s, col, t, slots)
+    for d in range(self.schedule.num_devices):
+      on_d = self.schedule.StagesOn(d)
+      steps = program.steps[d]
+      if not steps:
+        continue
+      with tf.device(self.devices[on_d[0]]):
+        m = slots_lib.Gather(program.micro[d], t)
+        if col is not None:
+          index = program.branch[d][col]
+          if index == 0:
+            continue
+          step = steps[index - 1]
+          at = f'mb{m}' if isinstance(m, int) else f't{col}'
+          with _After(done.get(d, [])), tf.name_scope(
+              f'stage{step.stage}_{step.kind}_{at}'):
+            slots[step.stage], made = self.step(step, m, t,
+                                                 slots[step.stage])
+          done[d] = Finished(made) or done.get(d, [])
+          continue
+        # One switch per stage over that stage's steps (branch 0 idles),
+        # chained on the device's token: a switch costs executor ops per
+        # branch and per state tensor at every tick, so V stages' switches
+        # of a few branches and their own state each cost less than one
+        # switch over all of the device's steps and state.
+        token = slots[on_d[0]].token
+        for s in on_d:
+          mine = [j for j, step in enumerate(steps) if step.stage == s]
+          if not mine:
+            continue
+          row = [1 + mine.index(b - 1) if b and (b - 1) in mine else 0
+                 for b in program.branch[d]]
+          state = slots[s]._replace(token=token)
+          compact = tl.Compact(state)
+
+          def _Branch(step, state=state, compact=compact, m=m):
+            # The device's previous step has finished (its token), and the
+            # next one waits for this one's: ticks overlap across devices,
+            # never on one.
+            with _After([state.token]):
+              new, made = self.step(step, m, t, state)
+            with _After(Finished(made)):
+              new = new._replace(token=tf.identity(new.token))
+            return compact.Values(new)
+
+          branches = [compact.Values] + [
+              lambda step=steps[j], run=_Branch: run(step) for j in mine]
+          slots[s] = compact.Pack(tf.switch_case(
+              slots_lib.Gather(row, t), branches))
+          token = slots[s].token
+        # The device's next tick starts after its last stage's switch.
+        slots[on_d[0]] = slots[on_d[0]]._replace(token=token)
+    return tuple(slots)
+
+  def _Receive(self, program: ticks_lib.TickProgram, s: int,
+               col: int | None, t: Any, slots: list) -> slots_lib.Slots:
+    """Stage s takes in what its neighbours made at tick t-1.
+
+    With `col`, only where something arrives. In a SWITCH loop every tick
+    writes: a tick without a receipt writes into the spare slot M, which
+    no step reads. A conditional write would cost more than the write: its
+    predicate, pivot and data cross devices as live or dead tensors at
+    every tick whether or not anything arrives.
+    """
+    mine = slots[s]
+    if s > 0 and mine.x is not None:
+      m = self._Arrival(program.got_y[s], col, t)
+      if m is not None:
+        mine = mine._replace(x=slots_lib.Write(mine.x, m, slots[s - 1].y))
+    if s + 1 < len(slots) and mine.dy is not None:
+      m = self._Arrival(program.got_dx[s], col, t)
+      if m is not None:
+        mine = mine._replace(dy=slots_lib.Write(mine.dy, m,
+                                                slots[s + 1].dx))
+    return mine
+
+  def _Arrival(self, row: Sequence[int], col: int | None, t: Any) -> Any:
+    """The slot a receipt row writes at tick t (the spare slot M for
+    none), None where no write is built."""
+    if (row[col] < 0) if col is not None else all(m < 0 for m in row):
+      return None
+    return slots_lib.Gather(tuple(self.m if m < 0 else m for m in row), t)

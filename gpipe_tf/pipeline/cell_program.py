@@ -93,6 +93,8 @@ class Piece:
     self.fetches = fetches
     self.program = program
     self._kept = kept   # per feed group: its tensors, None where not fed
+    # What a call of it adds to a step's graph once inlined.
+    self.num_ops = len(function.graph.get_operations())
 
   def __call__(self, **feeds: Sequence[Any]) -> dict[str, list]:
     args = []
@@ -108,6 +110,7 @@ class _NoPiece:
   """The W of a cell whose B computed the whole backward: nothing to run."""
   feeds: tuple[str, ...] = ()
   fetches: tuple[str, ...] = ()
+  num_ops = 0
 
   def __call__(self, **feeds: Sequence[Any]) -> dict[str, list]:
     return {}

@@ -64,8 +64,9 @@ class Interpreter:
     if trace is not None and trace.schedule is None:
       trace.schedule = schedule
     self.schedule = schedule
-    self.graph = tick_graph.TickGraph([c.device for c in self.cells],
-                                      schedule, execution, self._Step)
+    self.graph = tick_graph.TickGraph(
+        [c.device for c in self.cells], schedule, execution, self._Step,
+        lambda step: self.programs[step.stage].Piece(step).num_ops)
     self.m = schedule.num_micro_batches
     self.seed = seed
     self.seeds = []

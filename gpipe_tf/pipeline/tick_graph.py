@@ -58,23 +58,26 @@ class TickGraph:
     step: step(ticks.Step, m, t, slots) -> (the stage's new slots, the
       tensors the step made): runs one step of a stage on micro-batch m
       (an int, or a tensor in a loop) at tick t.
+    num_ops: num_ops(ticks.Step): the ops one call of the step adds to the
+      graph.
   """
 
   def __init__(self, devices: Sequence[str], schedule: Any, execution: str,
-               step: Callable[..., tuple[slots_lib.Slots, list]]) -> None:
+               step: Callable[..., tuple[slots_lib.Slots, list]],
+               num_ops: Callable[[ticks_lib.Step], int]) -> None:
     self.devices = list(devices)
     self.schedule = schedule
     self.execution = execution
     self.step = step
+    self.num_ops = num_ops
     self.m = schedule.num_micro_batches
-    self.budget = periods.DefaultBudget(schedule.num_stages)
 
   def Build(self, program: ticks_lib.TickProgram,
             slots: Sequence[slots_lib.Slots]) -> list[slots_lib.Slots]:
     """Builds `program` over every stage's `slots`; returns the slots after
     its last tick."""
     if self.execution == 'loop':
-      plan = periods.Fold(periods.Columns(program), self.budget)
+      plan = self.Plan(program)
     else:
       plan = (periods.Segment(periods.STATIC, 0, program.num_ticks, 1),)
     done: dict[int, list] = {}
@@ -94,6 +97,15 @@ class TickGraph:
       done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
               for d in range(self.schedule.num_devices)}
     return list(slots)
+
+  def Plan(self, program: ticks_lib.TickProgram) -> tuple:
+    """The segments 'loop' builds `program` as (periods.Fold), each tick
+    costing the ops of the steps it runs."""
+    ops = [[self.num_ops(step) for step in steps] for steps in program.steps]
+    costs = [1 + sum(ops[d][row[t] - 1] for d, row in enumerate(program.branch)
+                     if row[t]) for t in range(program.num_ticks)]
+    return periods.Fold(periods.Columns(program), periods.DEFAULT_BUDGET,
+                        costs)
 
   def _Tokens(self, slots: Sequence[slots_lib.Slots], done: dict) -> tuple:
     """`slots` with each device's token (kept by its first stage) made once

@@ -19,8 +19,8 @@ def _Program(name, k, m, v=1):
 def _Plan(name, k, m, v=1, per_stage=None):
   sched, program = _Program(name, k, m, v)
   columns = periods.Columns(program)
-  budget = (periods.DefaultBudget(sched.num_stages) if per_stage is None
-            else per_stage * sched.num_stages)
+  # Every tick costs 1: budgets in ticks.
+  budget = (4 if per_stage is None else per_stage) * sched.num_stages
   return columns, periods.Fold(columns, budget), budget
 
 
@@ -68,9 +68,9 @@ class FoldTest(unittest.TestCase):
             self.assertEqual(plan, (S(periods.SWITCH, 0, 1, len(columns)),))
 
   def testGraphStopsGrowingWithMicroBatches(self):
-    # Past a few times K, the plan has the same segments at any M; the
-    # default budget folds the one-stage-per-device schedules, a budget of 8
-    # ticks per stage every library schedule.
+    # Past a few times K, the plan has the same segments at any M; 4 ticks
+    # per stage fold the one-stage-per-device schedules, 8 every library
+    # schedule.
     for (name, v), k, per_stage in itertools.product(_LIBRARY, (2, 4),
                                                      (None, 8)):
       with self.subTest(schedule=name, k=k, v=v, per_stage=per_stage):
@@ -82,6 +82,18 @@ class FoldTest(unittest.TestCase):
         kinds = {kind for kind, _ in shapes.pop()}
         if per_stage == 8 or (v == 1 and (k, name) != (4, 'zb_h1')):
           self.assertIn(periods.REPEAT, kinds)
+
+  def testCostsWeighTheTicks(self):
+    # 'ab' twice (a and b cost 10 each), then 'c' 6 times (1 each): 46 in
+    # all, 21 folded.
+    columns = [('a',), ('b',), ('a',), ('b',)] + [('c',)] * 6
+    self.assertEqual(periods.Fold(columns, 21, [10] * 4 + [1] * 6),
+                     (S(periods.REPEAT, 0, 2, 2), S(periods.REPEAT, 4, 1, 6)))
+    # Built whole when every tick fits; a switch loop when the fold does not.
+    self.assertEqual(periods.Fold(columns, 46, [10] * 4 + [1] * 6),
+                     (S(periods.STATIC, 0, 10, 1),))
+    self.assertEqual(periods.Fold(columns, 20, [10] * 4 + [1] * 6),
+                     (S(periods.SWITCH, 0, 1, 10),))
 
   def testShortProgramsAreBuiltWhole(self):
     columns, plan, budget = _Plan('gpipe', 4, 4)

@@ -196,7 +196,7 @@ class ScheduleTransparencyTest(tf.test.TestCase):
     x, y = _Data(12)
     want = _TapeLossAndGrads(core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate(), x, y)
-    with mock.patch.object(periods, 'DefaultBudget', lambda s: 0):
+    with mock.patch.object(periods, 'DEFAULT_BUDGET', 0):
       for name, v in SCHEDULES:
         with self.subTest(schedule=name):
           pipe = _Pipe(_MlpLayers(), 2, 3, 'always', name, v)
@@ -207,26 +207,26 @@ class ScheduleTransparencyTest(tf.test.TestCase):
           self._AssertSame(want, step())
 
   def testLoopFoldsRepeatsIntoWhileLoops(self):
-    # M = 12 is long enough for every schedule's steady state to repeat;
-    # with 8 ticks per stage (the default budget folds only the schedules
-    # of one stage per device) every plan folds: each repeat is one while
-    # loop, the rest built tick by tick, and the numbers are
-    # SequentialLayer's.
+    # M = 12 is long enough for every schedule's steady state to repeat.
+    # With a budget of 8 ticks per stage (this model's steps are too small
+    # for the default budget in ops to fold them) every plan folds: each
+    # repeat is one while loop, the rest built tick by tick, and the
+    # numbers are SequentialLayer's.
     x, y = _Data(24)
     want = _TapeLossAndGrads(core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate(), x, y)
-    budget = lambda num_stages: 8 * num_stages
+    fold = periods.Fold
     for (name, v), remat in zip(SCHEDULES + (('zbv', 2), ('dualpipe_v', 2)),
                                 itertools.cycle(REMATS)):
+      pipe = _Pipe(_MlpLayers(), 2, 12, remat, name, v)
+      budget = 8 * pipe.schedule.num_stages
       with self.subTest(schedule=name, remat=remat), mock.patch.object(
-          periods, 'DefaultBudget', budget):
-        pipe = _Pipe(_MlpLayers(), 2, 12, remat, name, v)
+          periods, 'Fold', lambda columns, _, __, b=budget: fold(columns, b)):
         program = ticks.Lower(pipe.schedule,
                               fused=ticks.Fusable(pipe.schedule),
                               joined=ticks.Joinable(pipe.schedule))
-        plan = periods.Fold(periods.Columns(program),
-                            budget(pipe.schedule.num_stages))
-        kinds = [seg.kind for seg in plan]
+        kinds = [seg.kind for seg in
+                 periods.Fold(periods.Columns(program), None, None)]
         self.assertIn(periods.REPEAT, kinds)
         self.assertNotIn(periods.SWITCH, kinds)
         step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))

@@ -151,8 +151,7 @@ class SupportTest(tf.test.TestCase):
         with self.subTest(schedule=name, v=v, path=path, remat=remat,
                           execution=execution), contextlib.ExitStack() as ctx:
           if execution == 'switch':
-            ctx.enter_context(mock.patch.object(periods, 'DefaultBudget',
-                                                lambda s: 0))
+            ctx.enter_context(mock.patch.object(periods, 'DEFAULT_BUDGET', 0))
           seq, pipe = self._Models(name, v, remat, execution.replace(
               'switch', 'loop'))
           reason = support.Refusal(path, sched)

@@ -24,12 +24,14 @@ the steps, and the graph holds the stretch's period, whatever M is.
   ``tf.switch_case``: a program whose folded ticks still exceed `budget`
   runs so, its graph holding each device's steps once.
 
-A program of at most `budget` ticks is built whole, as one STATIC segment
-(the unrolled execution builds every program so). A longer one has its
-repeats folded, greedily from the first tick; if the graph would then still
-hold more than `budget` ticks, the whole program runs as one SWITCH loop.
-Every registered schedule's steady state repeats, so what its step builds
-stops growing with M once M is a few times K.
+What each tick adds to the graph is its *cost* (the interpreter counts the
+ops of the steps it runs). A program whose ticks cost at most `budget` is
+built whole, as one STATIC segment (the unrolled execution builds every
+program so). A longer one has its repeats folded, greedily from the first
+tick; if what the graph then holds still costs more than `budget`, the
+whole program runs as one SWITCH loop. Every registered schedule's steady
+state repeats, so what its step builds stops growing with M once M is a few
+times K.
 
 Pure Python; importing it does not import TensorFlow.
 """
@@ -38,10 +40,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
-__all__ = ['REPEAT', 'STATIC', 'SWITCH', 'Columns', 'DefaultBudget', 'Fold',
-           'Segment']
+__all__ = ['DEFAULT_BUDGET', 'MAX_PERIOD', 'REPEAT', 'STATIC', 'SWITCH',
+           'Columns', 'Fold', 'Segment']
 
 STATIC, REPEAT, SWITCH = 'static', 'repeat', 'switch'
+MAX_PERIOD = 64  # The longest period looked for, in ticks.
 
 
 class Segment(NamedTuple):
@@ -64,11 +67,13 @@ class Segment(NamedTuple):
     return self.start + self.period * self.repeats
 
 
-def DefaultBudget(num_stages: int) -> int:
-  """The ticks a step's graph may hold: 4 per stage, about what a
-  schedule's warm-up and cool-down take at M = K (so that building a step
-  at a large M costs about what it costs at a small one)."""
-  return 4 * num_stages
+# The ops of steps a step's graph may hold. A 4-device pipeline of 8
+# Transformer blocks (tools.trace_cost) builds 15,500-18,800 at M = 4 under
+# every registered schedule, and 19,400-20,500 at M = 32 folded under gpipe
+# and 1f1b (28,300 under zb_h1, 48,200 under interleaved_1f1b, V = 2: those
+# run as switch loops); a pipeline of small cells (the FC benchmark's, 4,000
+# to 8,000 at M = 8) is built whole, as unrolled.
+DEFAULT_BUDGET = 24_000
 
 
 def Columns(program: Any) -> list[tuple]:
@@ -80,11 +85,11 @@ def Columns(program: Any) -> list[tuple]:
           for t in range(program.num_ticks)]
 
 
-def _BestRepeat(columns: Sequence[tuple], i: int,
+def _BestRepeat(columns: Sequence[tuple], costs: Sequence[int], i: int,
                 max_period: int) -> tuple[int, int]:
   """(period, repeats) of the run of repeats starting at tick i that saves
-  the most built ticks (period * (repeats - 1)); the shorter period on a
-  tie; (1, 1) when none repeats."""
+  the most cost (its period's cost times repeats - 1); the shorter period
+  on a tie; (1, 1) when none repeats."""
   n = len(columns)
   best, saved = (1, 1), 0
   for p in range(1, min(max_period, (n - i) // 2) + 1):
@@ -92,38 +97,42 @@ def _BestRepeat(columns: Sequence[tuple], i: int,
     r = 1
     while i + (r + 1) * p <= n and columns[i + r * p:i + (r + 1) * p] == first:
       r += 1
-    if r > 1 and p * (r - 1) > saved:
-      best, saved = (p, r), p * (r - 1)
+    gain = sum(costs[i:i + p]) * (r - 1)
+    if r > 1 and gain > saved:
+      best, saved = (p, r), gain
   return best
 
 
-def Fold(columns: Sequence[tuple], budget: int) -> tuple[Segment, ...]:
+def Fold(columns: Sequence[tuple], budget: int,
+         costs: Sequence[int] | None = None) -> tuple[Segment, ...]:
   """Cuts ticks with these Columns into segments (module docstring).
 
   Args:
     columns: Columns(program).
-    budget: the most ticks the graph may hold (DefaultBudget); 0 runs every
-      program as one SWITCH loop.
+    budget: the most the graph may hold, in the unit of `costs`
+      (DEFAULT_BUDGET ops); 0 runs every program as one SWITCH loop.
+    costs: what building each tick adds to the graph (default: 1 a tick).
 
   Returns:
     Segments in tick order, covering every tick once.
   """
   n = len(columns)
+  costs = [1] * n if costs is None else list(costs)
   if n == 0:
     return ()
-  if n <= budget:
+  if sum(costs) <= budget:
     return (Segment(STATIC, 0, n, 1),)
   segments: list[Segment] = []
   built, i = 0, 0
   while i < n and built <= budget:
-    p, r = _BestRepeat(columns, i, budget)
+    p, r = _BestRepeat(columns, costs, i, MAX_PERIOD)
     if r > 1:
       segments.append(Segment(REPEAT, i, p, r))
     elif segments and segments[-1].kind == STATIC:
       segments[-1] = segments[-1]._replace(period=segments[-1].period + 1)
     else:
       segments.append(Segment(STATIC, i, 1, 1))
-    built += p
+    built += sum(costs[i:i + p])
     i += p * r
   if built > budget:
     return (Segment(SWITCH, 0, 1, n),)

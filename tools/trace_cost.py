@@ -53,6 +53,10 @@ _MODES = flags.DEFINE_list(
     'modes', ['unrolled', 'loop'],
     "Executions to time: 'unrolled', 'loop' (unrolled rows take "
     'minutes at large M).')
+_BUDGET = flags.DEFINE_integer(
+    'loop_budget', None, "The ops of steps the loop may build "
+    '(gpipe_tf.pipeline.schedule.periods.DEFAULT_BUDGET when unset; 0: every '
+    'program one switch loop).')
 _MODE_PARAMS = {'unrolled': dict(execution='unrolled'),
                 'loop': dict(execution='loop')}
 
@@ -132,6 +136,9 @@ def main(argv):
   for mode in _MODES.value:
     if mode not in _MODE_PARAMS:
       raise app.UsageError(f'unknown mode {mode!r}; use {list(_MODE_PARAMS)}')
+  if _BUDGET.value is not None:
+    from gpipe_tf.pipeline.schedule import periods  # pylint: disable=g-import-not-at-top
+    periods.DEFAULT_BUDGET = _BUDGET.value
   rows = []
   for m in _M.value:
     built = [Build(_K.value, int(m), mode) for mode in _MODES.value]

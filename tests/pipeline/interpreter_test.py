@@ -17,6 +17,7 @@ from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import tick_graph
 from gpipe_tf.pipeline import trace as trace_lib
+from gpipe_tf.pipeline.schedule import periods
 
 
 def _Fc(i, din=8, dout=8, act='TANH'):
@@ -65,11 +66,16 @@ class InterpreterTest(tf.test.TestCase):
 
   def testLoopGraphDoesNotGrowWithMicroBatches(self):
     layers = [_Fc(i) for i in range(8)]
+    fold = periods.Fold
     for schedule, v in (('gpipe', 1), ('1f1b', 1), ('zb_h1', 1),
                         ('interleaved_1f1b', 2)):
-      with self.subTest(schedule=schedule):
-        # The loop builds short programs whole, like unrolled; past its
-        # budget (16 ticks here), what it builds is the same at any M.
+      # The loop builds a program whole while it fits its budget, like
+      # unrolled; past it, what it builds is the same at any M. These steps
+      # are too small for the default budget in ops to fold them at these
+      # M: 4 ticks per stage instead.
+      budget = 4 * 2 * v
+      with self.subTest(schedule=schedule), mock.patch.object(
+          periods, 'Fold', lambda columns, _, __, b=budget: fold(columns, b)):
         ops = {}
         for execution, ms in (('loop', (16, 32)), ('unrolled', (4, 16))):
           for m in ms:

@@ -2,8 +2,9 @@
 
 The interpreter (interpreter.py) keeps every stage's per-micro-batch tensors in
 TensorArrays or packed TensorLists, and its running sums in packed
-TensorLists, carried by one ``tf.while_loop`` over clock ticks; this module
-holds those pieces, which know nothing of schedules or cells.
+TensorLists, carried by the ``tf.while_loop``s over ticks that tick_graph.py
+builds (an iteration: one tick, or one period of a repeating stretch); this
+module holds those pieces, which know nothing of schedules or cells.
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ class Packed:
 
 def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
   """state = body(t, *state) for t in range(ticks), as one tf.while_loop
-  that runs up to `overlap` ticks at a time.
+  that runs up to `overlap` iterations at a time (an iteration is a tick,
+  or a period of ticks: tick_graph.py).
 
   None leaves of `state` (an input that gets no gradient, say) stay None
   and are not loop variables.

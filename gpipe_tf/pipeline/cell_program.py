@@ -38,7 +38,7 @@ loop.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -49,6 +49,7 @@ from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell as cell_lib
+from gpipe_tf.pipeline import graph_edit
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
@@ -172,65 +173,6 @@ def _Dense(grad: Any, shape: tf.TensorShape) -> Any:
 def _Specs(tensors: Sequence[Any]) -> list:
   return [None if t is None else tf.TensorSpec(t.shape, t.dtype)
           for t in tensors]
-
-
-def _Ancestors(tensors: Sequence[Any], within: set) -> set:
-  """The ops of `within` that `tensors` depend on (data or control edges)."""
-  seen, stack = set(), [t.op for t in tensors if t is not None]
-  while stack:
-    op = stack.pop()
-    if op in seen or op not in within:
-      continue
-    seen.add(op)
-    stack.extend(i.op for i in op.inputs)
-    stack.extend(op.control_inputs)
-  return seen
-
-
-def _TrainableReads(graph: tf.Graph, variables: Sequence[tf.Variable]):
-  """A predicate: whether a tensor of `graph` is a read of one of
-  `variables`, or a cast of one (a 16-bit read of a float32 master)."""
-  trainable = {id(v.handle) for v in variables}
-  captured = {id(internal): external
-              for external, internal in graph.captures}
-
-  def _Reads(x: tf.Tensor) -> bool:
-    if x.op.type == 'Cast':
-      x = x.op.inputs[0]
-    if x.op.type != 'ReadVariableOp':
-      return False
-    return id(captured.get(id(x.op.inputs[0]))) in trainable
-  return _Reads
-
-
-def _CastsJustInTime(graph: tf.Graph, backward: Sequence[tf.Operation],
-                     reads_trainable: Callable[[tf.Tensor], bool]) -> None:
-  """Gives each backward op that reads a cast of a trainable variable (the
-  16-bit weights under a mixed policy) a cast of its own, made once the
-  op's other backward inputs exist (the gradient arriving at its layer).
-  Only backward ops are waited on: a control edge to a forward op would
-  pull that op into pieces that are fed its output instead.
-
-  The forward's cast depends on nothing but the variable, so a piece that
-  runs the backward would compute every layer's cast as it starts and keep
-  them all until the backward reaches each layer: in bfloat16 that is a
-  cell's weights over again, held beside the activations at the step's
-  peak. A cast that waits for the gradient arriving at its layer lives
-  only as long as that layer's backward. (Forward ops read their casts in
-  order, so the forward's casts are left as they are.)
-  """
-  later = set(backward)
-  for op in backward:
-    for i, x in enumerate(list(op.inputs)):
-      if x.op.type != 'Cast' or x.op in later or not reads_trainable(x):
-        continue
-      after = [y.op for j, y in enumerate(op.inputs)
-               if j != i and y.op in later]
-      if not after:
-        continue
-      with graph.as_default(), tf.control_dependencies(after):
-        late = tf.cast(x.op.inputs[0], x.dtype, name='late_cast')
-      op._update_input(i, late)  # pylint: disable=protected-access
 
 
 class CellProgram:
@@ -375,8 +317,9 @@ class CellProgram:
     else:
       grads = tf.compat.v1.gradients(targets, sources, grad_ys=grads_in,
                                      gate_gradients=True)
-    _CastsJustInTime(graph, graph.get_operations()[self._mark:],
-                     _TrainableReads(graph, self.variables))
+    graph_edit.CastsJustInTime(
+        graph, graph.get_operations()[self._mark:],
+        graph_edit.TrainableReads(graph, self.variables))
     grads = iter(grads)
     t['dx'] = [next(grads) if w else None for w in wanted]
     t['dws'] = [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]
@@ -395,7 +338,7 @@ class CellProgram:
     forward = set(op for op in ops[:self._mark]
                   if op.type != 'Placeholder' or id(op) in inputs)
     backward = set(ops[self._mark:])
-    _ReadsTrainable = _TrainableReads(graph, self.variables)
+    _ReadsTrainable = graph_edit.TrainableReads(graph, self.variables)
 
     def _Stashable(x):
       return (x.dtype != tf.resource and x.op.type != 'Const' and
@@ -412,8 +355,8 @@ class CellProgram:
       return out
 
     dys = {id(g) for g in t['dy'] if g is not None}
-    need_dx = _Ancestors(t['dx'], backward)
-    w_ops = _Ancestors(t['dws'], backward) - need_dx
+    need_dx = graph_edit.Ancestors(t['dx'], backward)
+    w_ops = graph_edit.Ancestors(t['dws'], backward) - need_dx
     t['saved'] = [x for x in _Crossing(backward, backward)
                   if id(x) not in dys]
     t['pinned'] = [op.outputs[0] for op in sorted(forward,

@@ -13,6 +13,7 @@ from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cell_program
+from gpipe_tf.pipeline import graph_edit
 from gpipe_tf.pipeline.schedule import ticks
 
 _NUM_LAYERS = 3
@@ -42,8 +43,7 @@ def _MatMuls(piece):
   """The MatMuls the piece's outputs depend on (prune may copy dead ops in,
   which TensorFlow drops when it instantiates the function)."""
   graph = piece.function.graph
-  live = cell_program._Ancestors(  # pylint: disable=protected-access
-      graph.outputs, set(graph.get_operations()))
+  live = graph_edit.Ancestors(graph.outputs, set(graph.get_operations()))
   return len([op for op in live if op.type == 'MatMul'])
 
 
@@ -165,8 +165,7 @@ class CellProgramTest(tf.test.TestCase):
             tf.TensorSpec([2], tf.int64), True, split=False)
 
     p = _Bf16Program()
-    with mock.patch.object(cell_program, '_CastsJustInTime',
-                           lambda *args: None):
+    with mock.patch.object(graph_edit, 'CastsJustInTime', lambda *args: None):
       early = _Bf16Program()
     graph = p._wrapped.graph  # pylint: disable=protected-access
     backward = set(graph.get_operations()[p._mark:])  # pylint: disable=protected-access

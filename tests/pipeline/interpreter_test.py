@@ -128,6 +128,37 @@ class InterpreterTest(tf.test.TestCase):
                            lambda done: contextlib.nullcontext()):
       self.assertNotEmpty(_OrderViolations())
 
+  def testSwitchLoopStartsADevicesTickAfterItsLastStagesStep(self):
+    # Interleaved, V=2, K=2, as one switch loop: device d runs stages d and
+    # d + 2, one tf.switch_case each, the second chained on the first's
+    # token. The token the first stage's switch waits on at tick t + 1 must
+    # be the one the second stage's switch made at tick t.
+    pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
+                 num_micro_batches=4, schedule='interleaved_1f1b',
+                 num_virtual_stages=2)
+    x = tf.zeros([8, 8])
+    with mock.patch.object(periods, 'DEFAULT_BUDGET', 0):
+      graph = tf.function(lambda: pipe.ComputeLossAndGradients(
+          x, tf.zeros([8], tf.int32), _LossFn)[2]).get_concrete_function(
+          ).graph
+    (loop,) = [op for op in graph.get_operations() if op.type == 'While']
+    body = graph._functions[loop.get_attr('body').name].graph  # pylint: disable=protected-access
+    cases = [op for op in body.get_operations()
+             if op.type in ('Case', 'StatelessCase')]
+    self.assertLen(cases, 4)  # Stages 0 and 2, then 1 and 3.
+
+    def _Source(x):
+      while x.op.type == 'Identity':
+        x = x.op.inputs[0]
+      return x
+
+    for first, last in ((cases[0], cases[1]), (cases[2], cases[3])):
+      # A Case's inputs: the branch, its state's values (the token last,
+      # as in its outputs), then what its branches capture.
+      token_in = _Source(first.inputs[len(first.outputs)])
+      i = [id(t) for t in body.inputs].index(id(token_in))
+      self.assertIs(_Source(body.outputs[i]), last.outputs[-1])
+
   def testTraceRecordsEveryActionInBothExecutions(self):
     pipe_args = dict(num_partitions=2, num_micro_batches=4, schedule='zb_h1')
     x = tf.random.stateless_normal([8, 8], [1, 1])

@@ -1,8 +1,9 @@
-"""Measures what building a pipelined step costs as M grows: unrolled cells, cells traced once, the micro-batch loop.
+"""Measures what building a pipelined step costs as M grows, for each execution of the engine: 'loop' and 'unrolled'.
 
 For a stack of Transformer encoder blocks pipelined over K logical devices,
-and for every M and every execution (``loop``: one tf.while_loop over the
-tick program; ``unrolled``: the same steps, one copy per action),
+and for every M and every execution (``loop``: ticks built whole up to a
+budget, else folded into tf.while_loops (docs/pipeline.md); ``unrolled``:
+the same steps, one copy per action),
 it builds a fresh PipeliningLayer and times (in one process, one
 configuration after another):
 

@@ -124,11 +124,12 @@ class PipeliningLayer(base_layer.BaseLayer):
              'schedule.Schedule, for K devices, M micro-batches and K x V '
              'cells.')
     p.Define('execution', 'loop',
-             "How the interpreter runs the schedule: 'loop' (one "
-             'tf.while_loop over clock ticks: the step graph and its tracing '
-             "do not grow with M) or 'unrolled' (the same steps, one copy per "
-             'action: a graph that grows with M, for small cells where a loop '
-             'iteration costs more than the work in it). Same results and '
+             "How the interpreter builds the schedule: 'loop' (every tick "
+             'while the steps cost at most 24,000 ops, else its repeating '
+             'stretches as tf.while_loops, else one tf.while_loop over the '
+             'ticks: the step graph and its tracing stop growing with M) or '
+             "'unrolled' (every tick, one copy of the steps per action: a "
+             'graph that grows with M, the reference). Same results and '
              'features either way (docs/pipeline.md).')
     p.Define('precision', None,
              "Mixed-precision policy of the cells: 'float32', "

@@ -25,7 +25,8 @@ PATHS = {
 
 FEATURES = (
     "remat 'never', 'except_last' and 'always'",
-    "execution 'loop' and 'unrolled'",
+    "execution 'loop' (built whole, folded, and as one switch loop) and "
+    "'unrolled'",
     'BatchNorm with batch statistics (per micro-batch) and with moving '
     'averages in training',
     'dropout (masks repeat in the recompute)',

@@ -202,10 +202,23 @@ def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
   graph = tf.compat.v1.get_default_graph()
   with NoAutomaticControlDependencies(graph), graph.device(_BesideInput):
     result = tf.while_loop(lambda t, *_: t < ticks, _Body,
-                           [tf.constant(0)] + compact.Values(),
+                           [tf.constant(0)] + [_AnyShape(x) for x in
+                                               compact.Values()],
                            maximum_iterations=ticks,
                            parallel_iterations=overlap)
   return compact.Pack(result[1:])
+
+
+def _AnyShape(x: Any) -> Any:
+  """`x`, with no dimension known if some is not: a loop variable must
+  enter with a shape no more specific than any tick gives it, and steps
+  built before the loop (with micro-batches of several sizes) can give it
+  one more specific than a step in the loop does."""
+  if (not isinstance(x, tf.Tensor) or x.dtype == tf.variant or
+      not x.shape.rank or x.shape.is_fully_defined()):
+    return x
+  with tf.device(x.device):
+    return tf.compat.v1.placeholder_with_default(x, [None] * x.shape.rank)
 
 
 @contextlib.contextmanager

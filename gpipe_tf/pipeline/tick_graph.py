@@ -41,9 +41,9 @@ def Finished(made: Sequence[tf.Tensor]) -> list:
 
 def _After(done: Sequence[tf.Tensor]) -> Any:
   """A tick built on its own: a device's step starts after its previous
-  step (a control dependency); without it the dataflow executor would run the steps of a
-  device in whatever order their inputs allow, and neither a schedule's
-  order nor its memory bound would hold."""
+  step (a control dependency); without it the dataflow executor would run
+  the steps of a device in whatever order their inputs allow, and neither a
+  schedule's order nor its memory bound would hold."""
   return tf.control_dependencies(list(done))
 
 

@@ -141,7 +141,8 @@ class SupportTest(tf.test.TestCase):
   def testEveryCell(self):
     ids, labels = _Data()
     remats = ('never', 'except_last', 'always')
-    # 'switch': the loop with no tick built on its own (periods.SWITCH).
+    # The loop as it builds these small steps (whole), and as one switch
+    # loop (periods.py); testEveryScheduleFolded folds them.
     executions = ('loop', 'unrolled', 'switch')
     for i, (name, v) in enumerate(SCHEDULES):
       sched = schedule_lib.Make(name, K, M, v)
@@ -152,8 +153,8 @@ class SupportTest(tf.test.TestCase):
                           execution=execution), contextlib.ExitStack() as ctx:
           if execution == 'switch':
             ctx.enter_context(mock.patch.object(periods, 'DEFAULT_BUDGET', 0))
-          seq, pipe = self._Models(name, v, remat, execution.replace(
-              'switch', 'loop'))
+          seq, pipe = self._Models(
+              name, v, remat, 'unrolled' if execution == 'unrolled' else 'loop')
           reason = support.Refusal(path, sched)
           if reason is not None:
             with self.assertRaises(engine.ScheduleNeedsLossError):
@@ -181,6 +182,37 @@ class SupportTest(tf.test.TestCase):
               self.assertAllClose(want_out, out, rtol=1e-5, atol=1e-6)
           self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
           self.assertLen(grads, len(want_grads))
+          for a, b in zip(want_grads, grads):
+            self.assertAllClose(a, tf.convert_to_tensor(b), rtol=1e-4,
+                                atol=1e-6)
+          self._AssertSameState(seq, pipe)
+
+  def testEveryScheduleFolded(self):
+    # The loss inside, every feature at once, each program's repeats folded
+    # into while loops (as the loop builds steps too big to build whole):
+    # M = 8 and N = 22 (micro-batches of 3 and 2) give every schedule some.
+    fold, kinds = periods.Fold, set()
+
+    def _Fold(columns, _, __):
+      plan = fold(columns, len(columns) - 1)
+      kinds.update(seg.kind for seg in plan)
+      return plan
+
+    remats = ('never', 'except_last', 'always')
+    with mock.patch.object(periods, 'Fold', _Fold), mock.patch(
+        f'{__name__}.M', 8), mock.patch(f'{__name__}.N', 22):
+      ids, labels = _Data()
+      for i, (name, v) in enumerate(SCHEDULES):
+        kinds.clear()
+        with self.subTest(schedule=name, v=v, remat=remats[i % 3]):
+          seq, pipe = self._Models(name, v, remats[i % 3], 'loop')
+          want_loss, want_grads, _ = _Reference(seq, ids, labels)
+          with random_seeds.StepSeedScope(_SEED):
+            loss, _, grads = tf.function(
+                lambda p=pipe: p.ComputeLossAndGradients(ids, labels,
+                                                         _LossFn))()
+          self.assertIn(periods.REPEAT, kinds)
+          self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
           for a, b in zip(want_grads, grads):
             self.assertAllClose(a, tf.convert_to_tensor(b), rtol=1e-4,
                                 atol=1e-6)

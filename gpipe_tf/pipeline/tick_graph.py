@@ -94,8 +94,7 @@ class TickGraph:
         body = lambda i, *st, seg=seg: self._Tick(program, None,
                                                   seg.start + i, st)
       slots = tl.RunTicks(seg.repeats, body, slots, self.schedule.num_devices)
-      done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
-              for d in range(self.schedule.num_devices)}
+      done = self._TokenWaits(slots)
     return list(slots)
 
   def Plan(self, program: ticks_lib.TickProgram) -> tuple:
@@ -118,12 +117,16 @@ class TickGraph:
         slots[s] = slots[s]._replace(token=tf.identity(slots[s].token))
     return tuple(slots)
 
+  def _TokenWaits(self, slots: Sequence[slots_lib.Slots]) -> dict:
+    """Per device, what its next step waits on: its token."""
+    return {d: [slots[self.schedule.StagesOn(d)[0]].token]
+            for d in range(self.schedule.num_devices)}
+
   def _Period(self, program: ticks_lib.TickProgram, seg: periods.Segment,
               i: tf.Tensor, slots: Sequence[slots_lib.Slots]) -> tuple:
     """Iteration i of a REPEAT segment: its period's ticks, straight-line,
     each device's steps after its token and its token after them."""
-    done = {d: [slots[self.schedule.StagesOn(d)[0]].token]
-            for d in range(self.schedule.num_devices)}
+    done = self._TokenWaits(slots)
     first = seg.start + i * seg.period
     for j in range(seg.period):
       slots = self._Tick(program, seg.start + j, first + j, slots, done)

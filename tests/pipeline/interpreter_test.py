@@ -66,7 +66,6 @@ class InterpreterTest(tf.test.TestCase):
 
   def testLoopGraphDoesNotGrowWithMicroBatches(self):
     layers = [_Fc(i) for i in range(8)]
-    fold = periods.Fold
     for schedule, v in (('gpipe', 1), ('1f1b', 1), ('zb_h1', 1),
                         ('interleaved_1f1b', 2)):
       # The loop builds a program whole while it fits its budget, like
@@ -75,7 +74,7 @@ class InterpreterTest(tf.test.TestCase):
       # M: 4 ticks per stage instead.
       budget = 4 * 2 * v
       with self.subTest(schedule=schedule), mock.patch.object(
-          periods, 'Fold', lambda columns, _, __, b=budget: fold(columns, b)):
+          periods, 'Fold', test_utils.FoldByTicks(lambda _, b=budget: b)):
         ops = {}
         for execution, ms in (('loop', (16, 32)), ('unrolled', (4, 16))):
           for m in ms:

@@ -215,18 +215,17 @@ class ScheduleTransparencyTest(tf.test.TestCase):
     x, y = _Data(24)
     want = _TapeLossAndGrads(core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate(), x, y)
-    fold = periods.Fold
     for (name, v), remat in zip(SCHEDULES + (('zbv', 2), ('dualpipe_v', 2)),
                                 itertools.cycle(REMATS)):
       pipe = _Pipe(_MlpLayers(), 2, 12, remat, name, v)
       budget = 8 * pipe.schedule.num_stages
       with self.subTest(schedule=name, remat=remat), mock.patch.object(
-          periods, 'Fold', lambda columns, _, __, b=budget: fold(columns, b)):
+          periods, 'Fold', test_utils.FoldByTicks(lambda _, b=budget: b)):
         program = ticks.Lower(pipe.schedule,
                               fused=ticks.Fusable(pipe.schedule),
                               joined=ticks.Joinable(pipe.schedule))
         kinds = [seg.kind for seg in
-                 periods.Fold(periods.Columns(program), None, None)]
+                 periods.Fold(periods.Columns(program), None)]
         self.assertIn(periods.REPEAT, kinds)
         self.assertNotIn(periods.SWITCH, kinds)
         step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))

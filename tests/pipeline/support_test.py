@@ -191,19 +191,15 @@ class SupportTest(tf.test.TestCase):
     # The loss inside, every feature at once, each program's repeats folded
     # into while loops (as the loop builds steps too big to build whole):
     # M = 8 and N = 22 (micro-batches of 3 and 2) give every schedule some.
-    fold, kinds = periods.Fold, set()
-
-    def _Fold(columns, _, __):
-      plan = fold(columns, len(columns) - 1)
-      kinds.update(seg.kind for seg in plan)
-      return plan
-
+    plans = []
     remats = ('never', 'except_last', 'always')
-    with mock.patch.object(periods, 'Fold', _Fold), mock.patch(
+    # Every repeat folded: a budget of one tick fewer than the program.
+    fold = test_utils.FoldByTicks(lambda columns: len(columns) - 1, plans)
+    with mock.patch.object(periods, 'Fold', fold), mock.patch(
         f'{__name__}.M', 8), mock.patch(f'{__name__}.N', 22):
       ids, labels = _Data()
       for i, (name, v) in enumerate(SCHEDULES):
-        kinds.clear()
+        plans.clear()
         with self.subTest(schedule=name, v=v, remat=remats[i % 3]):
           seq, pipe = self._Models(name, v, remats[i % 3], 'loop')
           want_loss, want_grads, _ = _Reference(seq, ids, labels)
@@ -211,7 +207,8 @@ class SupportTest(tf.test.TestCase):
             loss, _, grads = tf.function(
                 lambda p=pipe: p.ComputeLossAndGradients(ids, labels,
                                                          _LossFn))()
-          self.assertIn(periods.REPEAT, kinds)
+          self.assertIn(periods.REPEAT,
+                        [seg.kind for plan in plans for seg in plan])
           self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
           for a, b in zip(want_grads, grads):
             self.assertAllClose(a, tf.convert_to_tensor(b), rtol=1e-4,

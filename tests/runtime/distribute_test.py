@@ -134,23 +134,22 @@ class DistributeTest(tf.test.TestCase):
     plain_bn = test_utils.CheckpointValues(root + '/pbn')
     for execution in ('loop', 'unrolled'):
       with self.subTest(execution=execution):
-        name = execution
         # Only the loop plans which ticks to fold into while loops.
         with mock.patch.object(periods, 'Fold', autospec=True,
                                side_effect=periods.Fold) as called:
           loop.train_and_evaluate(_Variant(_Piped, execution=execution),
-                                  root + '/' + name, 'train', max_steps=2,
+                                  root + '/' + execution, 'train', max_steps=2,
                                   num_replicas=2)
         self.assertEqual(called.called, execution == 'loop')
-        values = test_utils.CheckpointValues(root + '/' + name)
+        values = test_utils.CheckpointValues(root + '/' + execution)
         self.assertEqual(sorted(plain), sorted(values))
         for key in plain:  # Weights, Adam slots, global step.
           self.assertAllClose(plain[key], values[key], rtol=1e-4, atol=1e-5,
                               msg=key)
         loop.train_and_evaluate(_Variant(_PipedBatchNorm, execution=execution),
-                                root + '/bn' + name, 'train', max_steps=2,
+                                root + '/bn' + execution, 'train', max_steps=2,
                                 num_replicas=2)
-        values = test_utils.CheckpointValues(root + '/bn' + name)
+        values = test_utils.CheckpointValues(root + '/bn' + execution)
         stats = [k for k in plain_bn if 'moving_' in k]
         self.assertLen(stats, 2)
         for key in stats:

@@ -86,20 +86,20 @@ def Columns(program: Any) -> list[tuple]:
 
 
 def _BestRepeat(columns: Sequence[tuple], costs: Sequence[int], i: int,
-                max_period: int) -> tuple[int, int]:
-  """(period, repeats) of the run of repeats starting at tick i that saves
-  the most cost (its period's cost times repeats - 1); the shorter period
-  on a tie; (1, 1) when none repeats."""
+                max_period: int) -> tuple[int, int, int]:
+  """(period, repeats, the period's cost) of the run of repeats starting at
+  tick i that saves the most cost (its period's cost times repeats - 1);
+  the shorter period on a tie; (1, 1, costs[i]) when none repeats."""
   n = len(columns)
-  best, saved = (1, 1), 0
+  best, saved, cost = (1, 1, costs[i]), 0, 0
   for p in range(1, min(max_period, (n - i) // 2) + 1):
+    cost += costs[i + p - 1]
     first = columns[i:i + p]
     r = 1
     while i + (r + 1) * p <= n and columns[i + r * p:i + (r + 1) * p] == first:
       r += 1
-    gain = sum(costs[i:i + p]) * (r - 1)
-    if r > 1 and gain > saved:
-      best, saved = (p, r), gain
+    if r > 1 and cost * (r - 1) > saved:
+      best, saved = (p, r, cost), cost * (r - 1)
   return best
 
 
@@ -125,14 +125,14 @@ def Fold(columns: Sequence[tuple], budget: int,
   segments: list[Segment] = []
   built, i = 0, 0
   while i < n and built <= budget:
-    p, r = _BestRepeat(columns, costs, i, MAX_PERIOD)
+    p, r, cost = _BestRepeat(columns, costs, i, MAX_PERIOD)
     if r > 1:
       segments.append(Segment(REPEAT, i, p, r))
     elif segments and segments[-1].kind == STATIC:
       segments[-1] = segments[-1]._replace(period=segments[-1].period + 1)
     else:
       segments.append(Segment(STATIC, i, 1, 1))
-    built += sum(costs[i:i + p])
+    built += cost
     i += p * r
   if built > budget:
     return (Segment(SWITCH, 0, 1, n),)

@@ -23,7 +23,8 @@ setuptools.setup(
     ],
     extras_require={
         # The tools' tests draw with matplotlib (tools.schedule_trace --out).
-        'test': ['pytest>=7', 'matplotlib'],
+        # pytest-xdist: the suite runs in two processes (-n 2), one per core.
+        'test': ['pytest>=7', 'pytest-xdist', 'matplotlib'],
         'tools': ['matplotlib'],
     },
 )

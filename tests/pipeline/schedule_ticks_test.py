@@ -43,7 +43,7 @@ class LowerTest(unittest.TestCase):
       for fused, joined in ((frozenset(), frozenset()),
                             (ticks.Fusable(sched), frozenset()),
                             (ticks.Fusable(sched), ticks.Joinable(sched))):
-        with self.subTest(sched=sched, fused=bool(fused),
+        with self.subTest(sched=repr(sched), fused=bool(fused),
                           joined=bool(joined)):
           table = ticks.Lower(sched, fused=fused, joined=joined)
           for d, acts in enumerate(sched.actions):
@@ -122,7 +122,7 @@ class LowerTest(unittest.TestCase):
   def testFusedPairRunsInItsForwardsTick(self):
     for sched in _Layouts():
       fused = ticks.Fusable(sched)
-      with self.subTest(sched=sched):
+      with self.subTest(sched=repr(sched)):
         table = ticks.Lower(sched, fused=fused)
         self.assertLessEqual(table.num_ticks, ticks.Lower(sched).num_ticks)
         for act, t in table.tick.items():
@@ -154,7 +154,7 @@ class LowerTest(unittest.TestCase):
     for sched in _Layouts():
       joined = ticks.Joinable(sched)
       fused = ticks.Fusable(sched)
-      with self.subTest(sched=sched):
+      with self.subTest(sched=repr(sched)):
         table = ticks.Lower(sched, fused=fused, joined=joined)
         alone = ticks.Lower(sched, fused=fused)
         self.assertLessEqual(table.num_ticks, alone.num_ticks)

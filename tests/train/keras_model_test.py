@@ -245,7 +245,7 @@ class PipelineModelErrorsTest(tf.test.TestCase):
         (dict(loss='mse', jit_compile=True), 'jit_compile'),
     ]
     for kwargs, message in cases:
-      with self.subTest(kwargs=kwargs):
+      with self.subTest(kwargs=repr(kwargs)):
         with self.assertRaisesRegex(keras_model.KerasLossError, message):
           self._Model().compile('adam', **kwargs)
 

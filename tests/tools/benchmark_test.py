@@ -130,6 +130,18 @@ class MeasureTest(tf.test.TestCase):
     self.assertIn('| K=2 M=2 remat=never | zb_h1 | loss inside |',
                   tables.Table1(rows))
 
+  def testVShapedSchedulesRunTwoStagesADevice(self):
+    # --virtual_stages is interleaved 1F1B's; zbv and dualpipe_v have one
+    # layout, 2 stages a device, whatever it says.
+    configs = lib.PipelineConfigs([2], [4], ['never'], inference=False,
+                                  schedules=('zbv', 'dualpipe_v'),
+                                  virtual_stages=4)
+    self.assertEqual([c['num_virtual_stages'] for c in configs
+                      if c['pipeline']], [2, 2])
+    rows = lib.Measure(_TINY, configs, num_devices=2, rounds=1,
+                       steps_per_round=1, log=lambda line: None)
+    self.assertTrue(all(row['examples_per_sec'] > 0 for row in rows))
+
   def testLossInsideTakesTheSameStepAsTheTape(self):
     spec = lib.ModelSpec(num_blocks=4, dim=8, batch_size=16, learning_rate=0.5)
     devices = test_utils.devices.LogicalCpus()[:2]

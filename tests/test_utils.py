@@ -37,6 +37,26 @@ def FoldByTicks(budget, plans=None):
   return _Fold
 
 
+def WriteVariableSizeImages(root, num_train=37, num_classes=3, num_test=9,
+                            seed=0):
+  """root/<split>/c<k>/<i>.(jpg|png): RGB and grey images of mixed sizes,
+  example i in class i % num_classes (an image folder of any-size images)."""
+  rng = np.random.default_rng(seed)
+  for split, count in (('train', num_train), ('test', num_test)):
+    for i in range(count):
+      folder = os.path.join(root, split, f'c{i % num_classes}')
+      os.makedirs(folder, exist_ok=True)
+      height, width = rng.integers(6, 40, size=2)
+      image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+      if i % 2:
+        data = tf.io.encode_jpeg(image, quality=95)
+        path = os.path.join(folder, f'{i}.jpg')
+      else:
+        data = tf.io.encode_png(image[..., :1] if i % 4 == 0 else image)
+        path = os.path.join(folder, f'{i}.png')
+      tf.io.write_file(path, data)
+
+
 def FcParams(i, din, dout, act='TANH'):
   """Params of FCLayer 'fc<i>' (din -> dout) for the transparency tests."""
   from gpipe_tf.layers import core  # pylint: disable=g-import-not-at-top

@@ -19,24 +19,6 @@ NUM_TRAIN = 37
 NUM_CLASSES = 3
 
 
-def WriteVariableSizeImages(root, num_train=NUM_TRAIN, num_test=9, seed=0):
-  """root/<split>/c<k>/<i>.(jpg|png): RGB and grey images of mixed sizes."""
-  rng = np.random.default_rng(seed)
-  for split, count in (('train', num_train), ('test', num_test)):
-    for i in range(count):
-      folder = os.path.join(root, split, f'c{i % NUM_CLASSES}')
-      os.makedirs(folder, exist_ok=True)
-      height, width = rng.integers(6, 40, size=2)
-      image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-      if i % 2:
-        data = tf.io.encode_jpeg(image, quality=95)
-        path = os.path.join(folder, f'{i}.jpg')
-      else:
-        data = tf.io.encode_png(image[..., :1] if i % 4 == 0 else image)
-        path = os.path.join(folder, f'{i}.png')
-      tf.io.write_file(path, data)
-
-
 class PlanBlocksTest(tf.test.TestCase):
   """Pure Python: file reads cut into blocks."""
 
@@ -66,7 +48,7 @@ class TFDSStreamingImageInputTest(tf.test.TestCase):
     super().setUpClass()
     cls.root = tempfile.mkdtemp()
     folder = os.path.join(cls.root, 'folder')
-    WriteVariableSizeImages(folder)
+    test_utils.WriteVariableSizeImages(folder, NUM_TRAIN, NUM_CLASSES)
     cls.data_dir = os.path.join(cls.root, 'tfds')
     datasets.PrepareImageFolder(folder, NAME, cls.data_dir, num_shards=3)
 

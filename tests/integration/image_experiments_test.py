@@ -21,7 +21,6 @@ from gpipe_tf.models import amoebanet
 from gpipe_tf.pipeline import PipeliningLayer
 from params.image import digits
 from params.image import imagenet
-import streaming_inputs_test
 
 _IMAGENET = ('AmoebaNetD_18_208', 'AmoebaNetD_18_416', 'AmoebaNetD_18_544',
              'AmoebaNetD_36_544', 'AmoebaNetD_72_512', 'AmoebaNetB_18_512')
@@ -204,7 +203,7 @@ class TransferTest(tf.test.TestCase):
 
   def testStreamedSetsReadImagesOfAnySize(self):
     root = tempfile.mkdtemp(dir=self.get_temp_dir())
-    streaming_inputs_test.WriteVariableSizeImages(os.path.join(root, 'f'))
+    test_utils.WriteVariableSizeImages(os.path.join(root, 'f'))
     datasets.PrepareImageFolder(os.path.join(root, 'f'), 'anysize',
                                 os.path.join(root, 'tfds'))
     for module in ('stanford_cars', 'oxford_pets', 'food101',

@@ -15,6 +15,7 @@ from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline.schedule import ticks
 from gpipe_tf.train import loop
+from gpipe_tf.train import runner as runner_lib
 from params.synthetic import mlp
 
 _TOLERANCE = {'float32': 1e-5, 'mixed_bfloat16': 3e-2,
@@ -163,8 +164,9 @@ class TrainerPrecisionTest(tf.test.TestCase):
                               max_steps=1, precision='half')
 
   def testFloat16OverflowIsSkippedAndTheScaleDrops(self):
-    runner = loop._Runner(mlp.TinyPipelined, self.get_temp_dir() + '/f16',  # pylint: disable=protected-access
-                          1, precision_policy='mixed_float16')
+    runner = runner_lib.Runner(mlp.TinyPipelined,
+                               self.get_temp_dir() + '/f16', 1,
+                               precision_policy='mixed_float16')
     self.assertIsInstance(runner.optimizer,
                           keras.optimizers.LossScaleOptimizer)
     runner.optimizer.dynamic_scale.assign(2.0**60)  # Overflows float16.

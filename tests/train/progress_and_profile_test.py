@@ -1,4 +1,4 @@
-"""Tests of the trainer's progress lines (ETA) and --profile_steps (gpipe_tf.train.loop, trainer)."""
+"""Tests of the trainer's progress lines (ETA) and --profile_steps (gpipe_tf.train.runner, gpipe_tf.train.profiler, trainer)."""
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -15,6 +15,7 @@ from absl.testing import flagsaver
 
 from gpipe_tf import trainer
 from gpipe_tf.train import loop
+from gpipe_tf.train import runner as runner_lib
 from params.synthetic import mlp
 
 FLAGS = flags.FLAGS
@@ -60,7 +61,7 @@ class ProgressAndProfileTest(test_utils.FlagsParsedTestCase):
     clock = mock.Mock()
     clock.time.side_effect = (100.0 * i for i in itertools.count())
     logdir = os.path.join(self.root, 'eta')
-    with mock.patch.object(loop, 'time', clock):
+    with mock.patch.object(runner_lib, 'time', clock):
       with self.assertLogs('absl', 'INFO') as logs:
         loop.train_and_evaluate(mlp.Tiny, logdir, 'train', 20,
                                 log_interval_steps=5)

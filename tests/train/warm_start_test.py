@@ -15,6 +15,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from gpipe_tf.train import checkpoints  # pylint: disable=g-import-not-at-top
 from gpipe_tf.runtime import distribute  # pylint: disable=g-import-not-at-top
 from gpipe_tf.train import loop  # pylint: disable=g-import-not-at-top
+from gpipe_tf.train import runner as runner_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf.train import warm_start  # pylint: disable=g-import-not-at-top
 from params.synthetic import mlp  # pylint: disable=g-import-not-at-top
 
@@ -77,7 +78,7 @@ class WarmStartTest(tf.test.TestCase):
     fresh = _Values(ThreeClasses().Task().Instantiate())
 
     # First start: the model comes from the source, the head is new.
-    runner = loop._Runner(experiment, logdir, 5)  # pylint: disable=protected-access
+    runner = runner_lib.Runner(experiment, logdir, 5)
     self.assertIsNone(runner.Restore())
     start = _Values(runner.task)
     self.assertCountEqual(start, fresh)
@@ -101,7 +102,7 @@ class WarmStartTest(tf.test.TestCase):
     # Resuming restores the run's own checkpoint; the source is not read
     # (it is gone) and the weights are the fine-tuned ones.
     shutil.rmtree(source)
-    runner = loop._Runner(experiment, logdir, 5)  # pylint: disable=protected-access
+    runner = runner_lib.Runner(experiment, logdir, 5)
     self.assertEndsWith(runner.Restore(), 'ckpt-4')
     for name, value in _Values(runner.task).items():
       self.assertAllEqual(value, own[name])
@@ -112,7 +113,7 @@ class WarmStartTest(tf.test.TestCase):
   def testWarmStartFillsEveryReplicasCopy(self):
     experiment = self._FineTune(self.source)
     logdir = os.path.join(self.root, 'replicated')
-    runner = loop._Runner(  # pylint: disable=protected-access
+    runner = runner_lib.Runner(
         experiment, logdir, 5, strategy=distribute.MakeStrategy(2, 1))
     self.assertIsNone(runner.Restore())
     checked = 0

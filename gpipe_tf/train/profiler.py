@@ -18,6 +18,11 @@ class Profiler:
   the Profile tab's step view can tell them apart), stop after step `last`
   or at the latest at ``Stop``. The profile lands in
   ``logdir/plugins/profile/<run>/<host>.xplane.pb``.
+
+  Args:
+    logdir: the TensorBoard log directory the profile is written under.
+    steps: (first, last) global steps to profile, or None for none.
+    enabled: False profiles nothing (a task that is not the chief).
   """
 
   def __init__(self, logdir: str, steps: tuple[int, int] | None,

@@ -122,12 +122,8 @@ def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
   return configs
 
 
-# V-shaped schedules fold the pipeline into a V: 2 stages a device, always.
-_V_SHAPED = ('zbv', 'dualpipe_v')
-
-
 def _VirtualStages(schedule: str, virtual_stages: int) -> int:
-  if schedule in _V_SHAPED:
+  if schedule in schedule_lib.V_SHAPED:  # 2 stages a device, always.
     return 2
   return virtual_stages if schedule == 'interleaved_1f1b' else 1
 

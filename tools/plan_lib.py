@@ -178,15 +178,11 @@ def Candidates(num_devices: int, batch_size: int, num_layers: int,
     micro = [2**i for i in range(int(math.log2(min(n, max_micro_batches))) + 1)]
     for name in names:
       vs = (virtual_stages if name == 'interleaved_1f1b' else
-            (2,) if name in _V_SHAPED else (1,))
+            (2,) if name in schedule_lib.V_SHAPED else (1,))
       for v in (v for v in vs if k * v <= num_layers):
         layouts += [Layout(k, r, m, name, v, remat) for m in micro
                     if _Fits(name, k, m, v) for remat in remats]
   return layouts
-
-
-# Schedules with two stages per device in a V (schedule/vshape.py).
-_V_SHAPED = ('zbv', 'dualpipe_v')
 
 
 def _Fits(name: str, k: int, m: int, v: int) -> bool:

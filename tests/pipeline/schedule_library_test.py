@@ -58,6 +58,18 @@ class RegistryTest(unittest.TestCase):
           'interleaved_1f1b, zbv$', msg=name):
         schedule.Make(name, 2, 4, 2)
 
+  def testVShapedAreTheSchedulesThatTakeTwoStagesOnly(self):
+    # schedule.V_SHAPED (what the tools give V = 2) names exactly the
+    # registered schedules that refuse V = 1 and run V = 2.
+    only_two = []
+    for name in schedule.Names():
+      try:
+        schedule.Make(name, 2, 4, 1)
+      except ScheduleError:
+        schedule.Make(name, 2, 4, 2)
+        only_two.append(name)
+    self.assertCountEqual(schedule.V_SHAPED, only_two)
+
   def testBadSizes(self):
     for sizes in ((0, 1, 1), (1, 0, 1), (1, 1, 0), (-2, 3, 1), (2, 1.5, 1),
                   (True, 2, 1)):

@@ -23,8 +23,9 @@ from gpipe_tf.pipeline.schedule.library import Register
 from gpipe_tf.pipeline.schedule.simulate import SimResult
 from gpipe_tf.pipeline.schedule.simulate import Simulate
 from gpipe_tf.pipeline.schedule.table import Schedule
+from gpipe_tf.pipeline.schedule.vshape import V_SHAPED
 from gpipe_tf.pipeline.schedule.vshape import VStageDevices  # Registers zbv, dualpipe_v.
 
 __all__ = ['Action', 'B', 'BW', 'Dump', 'DumpTorch', 'F', 'Load', 'Make',
            'Names', 'Register', 'Schedule', 'ScheduleError', 'SimResult',
-           'Simulate', 'VStageDevices', 'W']
+           'Simulate', 'V_SHAPED', 'VStageDevices', 'W']

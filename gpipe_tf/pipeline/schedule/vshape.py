@@ -21,12 +21,16 @@ from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import library
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['VStageDevices']
+__all__ = ['V_SHAPED', 'VStageDevices']
 
 Action = action_lib.Action
 Schedule = table.Schedule
 ScheduleError = action_lib.ScheduleError
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
+
+# The schedules this module registers; each runs with num_virtual_stages = 2
+# only.
+V_SHAPED = ('zbv', 'dualpipe_v')
 
 
 def VStageDevices(num_devices: int) -> list[int]:

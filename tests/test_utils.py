@@ -22,21 +22,6 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_TEST_DEVICES = 4
 
 
-def FoldByTicks(budget, plans=None):
-  """A stand-in for periods.Fold that budgets ticks, each costing 1, for
-  tests whose steps are too small for the default budget in ops to fold:
-  `budget(columns)` ticks. The plans it makes are appended to `plans`."""
-  from gpipe_tf.pipeline.schedule import periods  # pylint: disable=g-import-not-at-top
-  fold = periods.Fold
-
-  def _Fold(columns, unused_budget, unused_costs=None):
-    plan = fold(columns, budget(columns))
-    if plans is not None:
-      plans.append(plan)
-    return plan
-  return _Fold
-
-
 def WriteVariableSizeImages(root, num_train=37, num_classes=3, num_test=9,
                             seed=0):
   """root/<split>/c<k>/<i>.(jpg|png): RGB and grey images of mixed sizes,

@@ -139,7 +139,8 @@ _JIT = flags.DEFINE_bool(
     'the plain row.')
 _EXECUTIONS = flags.DEFINE_list(
     'execution', ['loop'],
-    "The interpreter's executions to time: 'loop', 'unrolled'.")
+    "The executions to time (PipeliningLayer.execution): 'loop', "
+    "'unrolled', 'folded', 'switch'.")
 
 
 def main(argv):

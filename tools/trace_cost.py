@@ -52,14 +52,14 @@ _V = flags.DEFINE_integer(
 _REMAT = flags.DEFINE_string('remat', 'always', 'Remat policy.')
 _MODES = flags.DEFINE_list(
     'modes', ['unrolled', 'loop'],
-    "Executions to time: 'unrolled', 'loop' (unrolled rows take "
-    'minutes at large M).')
+    "Executions to time: 'unrolled', 'loop', 'folded', 'switch' "
+    '(PipeliningLayer.execution; unrolled rows take minutes at large M).')
 _BUDGET = flags.DEFINE_integer(
     'loop_budget', None, "The ops of steps the loop may build "
     '(gpipe_tf.pipeline.schedule.periods.DEFAULT_BUDGET when unset; 0: every '
     'program one switch loop).')
-_MODE_PARAMS = {'unrolled': dict(execution='unrolled'),
-                'loop': dict(execution='loop')}
+_MODE_PARAMS = {mode: dict(execution=mode)
+                for mode in ('unrolled', 'loop', 'folded', 'switch')}
 
 
 def Build(k: int, m: int, mode: str) -> tuple[dict, object]:
@@ -78,7 +78,8 @@ def Build(k: int, m: int, mode: str) -> tuple[dict, object]:
       name='net', layers=blocks, num_partitions=k, num_micro_batches=m,
       remat=_REMAT.value, schedule=_SCHEDULE.value,
       num_virtual_stages=_V.value,
-      input_shapes=[(None, t, d), (None, t)], **_MODE_PARAMS[mode]
+      input_shapes=[(None, t, d), (None, t)], **_MODE_PARAMS[mode],
+      **({} if _BUDGET.value is None else dict(loop_budget=_BUDGET.value))
   ).Instantiate()
   x = tf.random.stateless_normal([n, t, d], [1, 2])
   paddings = tf.zeros([n, t])
@@ -137,9 +138,6 @@ def main(argv):
   for mode in _MODES.value:
     if mode not in _MODE_PARAMS:
       raise app.UsageError(f'unknown mode {mode!r}; use {list(_MODE_PARAMS)}')
-  if _BUDGET.value is not None:
-    from gpipe_tf.pipeline.schedule import periods  # pylint: disable=g-import-not-at-top
-    periods.DEFAULT_BUDGET = _BUDGET.value
   rows = []
   for m in _M.value:
     built = [Build(_K.value, int(m), mode) for mode in _MODES.value]

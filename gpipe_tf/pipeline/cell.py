@@ -44,7 +44,9 @@ class Cell:
     device: the device its ops run on.
     variables: the trainable variables its layers track, each once.
     programs: the cell's traced programs (cell_program.CellProgram), cached
-      by what they were traced for; owned by the interpreter.
+      by what they were traced for (cell_program.ProgramKey).
+    outputs: the output nest and specs of its forward, cached by what it
+      was traced for (cell_program.OutputsOf).
   """
 
   def __init__(self, index: int, layers: Sequence[base_layer.BaseLayer],
@@ -54,7 +56,8 @@ class Cell:
     self.device = device
     self.variables = Unique(
         [v for l in self.layers for v in l.trainable_variables])
-    self.programs: dict[tuple, Any] = {}
+    self.programs: dict[Any, Any] = {}
+    self.outputs: dict[tuple, tuple] = {}
 
   def Run(self, structure: Any, flat: Sequence[Any], training: bool) -> tuple:
     """Runs the layers on the inputs `flat` packed as `structure`."""

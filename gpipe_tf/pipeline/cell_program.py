@@ -38,11 +38,10 @@ loop.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
-
-from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensorflow-import
 
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
@@ -50,13 +49,73 @@ from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import graph_edit
+from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import tf_internals
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-__all__ = ['CellProgram', 'LossHead', 'NestKey', 'OutputsOf', 'Piece']
+__all__ = ['CellProgram', 'LossHead', 'Piece', 'ProgramKey', 'Tensors',
+           'NestKey', 'OutputsOf']
 
-GROUPS = ('seed', 'x', 'labels', 'dy', 'pinned', 'saved', 'wcut',
-          'y', 'bn', 'sums', 'dx', 'dws')
+
+@dataclasses.dataclass(frozen=True)
+class Tensors:
+  """One micro-batch's tensors of a cell's step, by role: what a program
+  traced, what a piece is fed and what it makes. Each field is a tuple with
+  None where the program has no tensor (a None input, an integer output's
+  gradient); a field a piece neither reads nor makes is empty.
+
+  Attributes:
+    seed: the micro-batch's seed (one tensor).
+    x: the cell's flat inputs.
+    labels: the flat labels (last stage, loss inside).
+    dy: the gradients of the flat outputs (loss outside, or stages before
+      the last).
+    pinned: the non-trainable values (BatchNorm's moving statistics) the
+      forward read, fed to a recomputing backward.
+    saved: the forward tensors a kept forward stashes for its backward.
+    wcut: what W reads from B (layer inputs and output gradients).
+    y: the flat outputs.
+    bn: the BatchNorm sufficient statistics, three per BatchNorm layer.
+    sums: the flat loss.Sums (last stage, loss inside).
+    dx: the gradients of the flat inputs.
+    dws: the gradients of `CellProgram.variables`.
+  """
+  seed: tuple = ()
+  x: tuple = ()
+  labels: tuple = ()
+  dy: tuple = ()
+  pinned: tuple = ()
+  saved: tuple = ()
+  wcut: tuple = ()
+  y: tuple = ()
+  bn: tuple = ()
+  sums: tuple = ()
+  dx: tuple = ()
+  dws: tuple = ()
+
+  def Present(self, *roles: str) -> list:
+    """The non-None tensors of `roles`, in order."""
+    return [x for role in roles for x in getattr(self, role)
+            if x is not None]
+
+
+_ROLES = frozenset(f.name for f in dataclasses.fields(Tensors))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramKey:
+  """What a cell's program is traced for: programs are cached on the cell
+  (Cell.programs) by it."""
+  in_struct: str
+  in_specs: tuple
+  training: bool
+  head: Any
+  input_grads: bool
+  dy_present: tuple | None
+  policy: Any
+  jit_compile: bool
+  split: bool
 
 
 class LossHead(NamedTuple):
@@ -77,53 +136,51 @@ class LossHead(NamedTuple):
 
 
 class Piece:
-  """One pruned piece of a program: piece(**feeds) -> {group: list}.
+  """One pruned piece of a program: piece(feeds) -> what it makes.
 
-  Feeds and results are groups of GROUPS, each a list with None where the
-  program has no tensor (a None input, an integer output's gradient).
+  Attributes:
+    function: the pruned function.
+    reads: the Tensors roles it is fed, in the order it takes them.
+    makes: the Tensors roles it returns.
+    num_ops: what a call of it adds to a step's graph once inlined.
   """
 
-  def __init__(self, function: Any, feeds: tuple[str, ...],
-               fetches: tuple[str, ...], program: 'CellProgram',
-               kept: list[list]) -> None:
+  def __init__(self, function: Any, reads: tuple[str, ...],
+               makes: tuple[str, ...], traced: Tensors,
+               fed: tuple[tuple[bool, ...], ...], jit_compile: bool) -> None:
+    assert set(reads) | set(makes) <= _ROLES, (reads, makes)
     self.function = function
-    if program.jit_compile:
+    if jit_compile:
       self.function = tf.function(lambda *args: function(*args),
                                   jit_compile=True, autograph=False)
-    self.feeds = feeds
-    self.fetches = fetches
-    self.program = program
-    self._kept = kept   # per feed group: its tensors, None where not fed
-    # What a call of it adds to a step's graph once inlined.
+    self.reads = reads
+    self.makes = makes
+    self._traced = traced
+    self._fed = fed   # per role read: whether each of its tensors is fed
     self.num_ops = len(function.graph.get_operations())
 
-  def __call__(self, **feeds: Sequence[Any]) -> dict[str, list]:
+  def __call__(self, feeds: Tensors) -> Tensors:
     args = []
-    for group, kept in zip(self.feeds, self._kept):
-      args += [v for v, x in zip(feeds[group], kept) if x is not None]
+    for role, fed in zip(self.reads, self._fed):
+      args += [v for v, f in zip(getattr(feeds, role), fed) if f]
     out = iter(self.function(*args))
-    return {group: [None if x is None else next(out)
-                    for x in self.program.tensors[group]]
-            for group in self.fetches}
+    return Tensors(**{
+        role: tuple(None if x is None else next(out)
+                    for x in getattr(self._traced, role))
+        for role in self.makes})
 
 
 class _NoPiece:
   """The W of a cell whose B computed the whole backward: nothing to run."""
-  feeds: tuple[str, ...] = ()
-  fetches: tuple[str, ...] = ()
+  reads: tuple[str, ...] = ()
+  makes: tuple[str, ...] = ()
   num_ops = 0
 
-  def __call__(self, **feeds: Sequence[Any]) -> dict[str, list]:
-    return {}
+  def __call__(self, feeds: Tensors) -> Tensors:
+    return Tensors()
 
 
 _NO_PIECE = _NoPiece()
-
-
-def _Fill(specs: Sequence[Any], values: Sequence[Any]) -> list:
-  """`values` at the non-None places of `specs`, None elsewhere."""
-  values = iter(values)
-  return [None if s is None else next(values) for s in specs]
 
 
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
@@ -140,24 +197,20 @@ def NestKey(nest: Any) -> str:
 def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
               seed_spec: tf.TensorSpec, training: bool) -> tuple[Any, list]:
   """(output nest, flat output specs) of the cell's forward on `in_specs`,
-  from a trace of the forward alone (cached on the cell)."""
-  key = ('outputs', NestKey(in_struct),
-         tuple(map(repr, in_specs)), training, precision.CurrentPolicy())
-  if key not in cell.programs:
-    holder = {}
+  from a trace of the forward alone (cached on the cell: Cell.outputs)."""
+  key = (NestKey(in_struct), tuple(map(repr, in_specs)), training,
+         precision.CurrentPolicy())
+  if key not in cell.outputs:
 
     def _Body(seed, *xs):
       with normalization.DeferMovingStats():
-        y = _RunCell(cell, in_struct, seed,
-                     _Fill(in_specs, xs), training)
-      holder['y'] = y
-      return [x for x in tf.nest.flatten(y) if x is not None]
+        return _RunCell(cell, in_struct, seed, leaves.Fill(in_specs, xs),
+                        training)
 
-    tf.compat.v1.wrap_function(
-        _Body, [seed_spec] + [s for s in in_specs if s is not None])
-    cell.programs[key] = (holder['y'],
-                          _Specs(tf.nest.flatten(holder['y'])))
-  return cell.programs[key]
+    y = tf_internals.WrapFunction(
+        _Body, [seed_spec] + leaves.Present(in_specs)).structured_outputs
+    cell.outputs[key] = (y, _Specs(tf.nest.flatten(y)))
+  return cell.outputs[key]
 
 
 def _Dense(grad: Any, shape: tf.TensorShape) -> Any:
@@ -200,9 +253,9 @@ class CellProgram:
 
   Attributes:
     out_struct, out_specs: the outputs' nest and flat specs.
-    bn_layers: the BatchNorm layers whose sufficient statistics 'bn' holds.
-    variables: the trainable variables 'dws' belongs to, each once.
-    tensors: {group: the traced tensors of that group (None where absent)}.
+    bn_layers: the BatchNorm layers whose sufficient statistics `bn` holds.
+    variables: the trainable variables `dws` belongs to, each once.
+    tensors: the traced Tensors of one micro-batch's step.
   """
 
   def __init__(self, cell: cell_lib.Cell, in_struct: Any,
@@ -217,12 +270,9 @@ class CellProgram:
     self.head = head
     self.jit_compile = jit_compile
     self.split = split
-    self.tensors: dict[str, list] = {g: [] for g in GROUPS}
+    self.tensors = Tensors()
     self._pieces: dict[tuple, Piece] = {}
     in_specs = list(in_specs)
-    present_x = [s for s in in_specs if s is not None]
-    label_specs = [s for s in (head.label_specs if head else ())
-                   if s is not None]
     dy_specs = []
     if training and head is None:
       _, out_specs = OutputsOf(cell, in_struct, in_specs, seed_spec, training)
@@ -230,11 +280,13 @@ class CellProgram:
         dy_present = [cell_lib.IsFloat(o) for o in out_specs]
       dy_specs = [o for o, p in zip(out_specs, dy_present) if p]
     self._dy_present = dy_present
-    signature = [seed_spec] + present_x + label_specs + dy_specs
-    self._wrapped = tf.compat.v1.wrap_function(
+    signature = ([seed_spec] + leaves.Present(in_specs) +
+                 leaves.Present(head.label_specs if head else ()) + dy_specs)
+    self._wrapped = tf_internals.WrapFunction(
         lambda *args: self._Trace(args, in_specs, input_grads),
         signature)
-    self._Cut()
+    if training:
+      self._Cut()
     self._splittable: bool | None = None
 
   @property
@@ -250,7 +302,7 @@ class CellProgram:
         try:
           self._pieces[(ticks_lib.W, False, False)] = self._Prune(
               ('wcut',), ('dws',))
-        except (op_selector.UnliftableError, KeyError, ValueError):
+        except tf_internals.PRUNE_ERRORS:
           self._splittable = False
     return self._splittable
 
@@ -263,23 +315,22 @@ class CellProgram:
     args = list(args)
     graph = tf.compat.v1.get_default_graph()
     seed = args.pop(0)
-    num_x = len([s for s in in_specs if s is not None])
-    xs, args = _Fill(in_specs, args[:num_x]), args[num_x:]
-    t = self.tensors
-    t['seed'], t['x'] = [seed], xs
+    num_x = len(leaves.Present(in_specs))
+    xs, args = leaves.Fill(in_specs, args[:num_x]), args[num_x:]
     wanted = [self.training and input_grads and cell_lib.IsFloat(x)
               for x in xs]
+    labels_flat, sums_flat = [], []
     with tf.GradientTape() as tape:
       tape.watch([x for x, w in zip(xs, wanted) if w])
       with normalization.DeferMovingStats() as stats:
         y = self._Forward(seed, xs)
       flat_y = tf.nest.flatten(y)
       if self.head is not None:
-        n_labels = len([s for s in self.head.label_specs if s])
-        t['labels'] = _Fill(self.head.label_specs, args[:n_labels])
+        n_labels = len(leaves.Present(self.head.label_specs))
+        labels_flat = leaves.Fill(self.head.label_specs, args[:n_labels])
         args = args[n_labels:]
         labels = tf.nest.pack_sequence_as(self.head.label_struct,
-                                          t['labels'])
+                                          labels_flat)
         if self.head.scaled:
           labels, scale = labels
         # The loss in float32, whatever the layers computed in.
@@ -288,53 +339,52 @@ class CellProgram:
         n = flat_y[0].shape[0] if flat_y and flat_y[0].shape.rank else None
         sums = loss_lib.WeightedSums(terms, n)
         target = sums.loss * scale if self.head.scaled else sums.loss
-        t['sums'] = tf.nest.flatten(sums)
+        sums_flat = tf.nest.flatten(sums)
         self.sums_struct = sums
     self.out_struct = y
     self.out_specs = _Specs(flat_y)
-    t['y'] = flat_y
     self.bn_layers, bn = stats.Export()
-    t['bn'] = [x for stat in bn for x in stat]
+    self.tensors = Tensors(
+        seed=(seed,), x=tuple(xs), labels=tuple(labels_flat),
+        y=tuple(flat_y), bn=tuple(x for stat in bn for x in stat),
+        sums=tuple(sums_flat))
     self._mark = len(graph.get_operations())
     if not self.training:
-      return [x for x in flat_y if x is not None]
+      return leaves.Present(flat_y)
     self.variables = cell_lib.Unique(
         list(self.cell.variables) +
         [v for v in tape.watched_variables() if v.trainable])
     sources = [x for x, w in zip(xs, wanted) if w] + self.variables
+    dys = ()
     if self.head is not None:
       targets, grads_in = [target], None
     else:
-      dys = iter(args)
-      t['dy'] = [next(dys) if p else None
-                 for o, p in zip(flat_y, self._dy_present)]
-      pairs = [(o, g) for o, g in zip(flat_y, t['dy']) if g is not None]
+      it = iter(args)
+      dys = tuple(next(it) if p else None for p in self._dy_present)
+      pairs = [(o, g) for o, g in zip(flat_y, dys) if g is not None]
       targets, grads_in = [o for o, _ in pairs], [g for _, g in pairs]
     if not targets:
       grads = [None] * len(sources)
     elif self.split:
       grads = tape.gradient(targets, sources, output_gradients=grads_in)
     else:
-      grads = tf.compat.v1.gradients(targets, sources, grad_ys=grads_in,
-                                     gate_gradients=True)
+      grads = tf_internals.GatedGradients(targets, sources, grads_in)
     graph_edit.CastsJustInTime(
         graph, graph.get_operations()[self._mark:],
         graph_edit.TrainableReads(graph, self.variables))
     grads = iter(grads)
-    t['dx'] = [next(grads) if w else None for w in wanted]
-    t['dws'] = [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]
-    return [g for g in t['dx'] + t['dws'] + t['y'] + t['bn'] + t['sums']
-            if g is not None]
+    self.tensors = dataclasses.replace(
+        self.tensors, dy=dys,
+        dx=tuple(next(grads) if w else None for w in wanted),
+        dws=tuple(_Dense(g, v.shape) for g, v in zip(grads, self.variables)))
+    return self.tensors.Present('dx', 'dws', 'y', 'bn', 'sums')
 
   def _Cut(self) -> None:
     """Finds saved, pinned and wcut (module docstring)."""
     t = self.tensors
-    if not self.training:
-      return
     graph = self._wrapped.graph
     ops = graph.get_operations()
-    inputs = {id(x.op) for g in ('seed', 'x', 'labels', 'dy')
-              for x in t[g] if x is not None}
+    inputs = {id(x.op) for x in t.Present('seed', 'x', 'labels', 'dy')}
     forward = set(op for op in ops[:self._mark]
                   if op.type != 'Placeholder' or id(op) in inputs)
     backward = set(ops[self._mark:])
@@ -352,18 +402,20 @@ class CellProgram:
               _Stashable(x)):
             seen.add(id(x))
             out.append(x)
-      return out
+      return tuple(out)
 
-    dys = {id(g) for g in t['dy'] if g is not None}
-    need_dx = graph_edit.Ancestors(t['dx'], backward)
-    w_ops = graph_edit.Ancestors(t['dws'], backward) - need_dx
-    t['saved'] = [x for x in _Crossing(backward, backward)
-                  if id(x) not in dys]
-    t['pinned'] = [op.outputs[0] for op in sorted(forward,
-                                                  key=lambda o: o.name)
-                   if op.type == 'ReadVariableOp' and
-                   not _ReadsTrainable(op.outputs[0])]
-    t['wcut'] = _Crossing(w_ops, w_ops)
+    dys = {id(g) for g in t.Present('dy')}
+    need_dx = graph_edit.Ancestors(t.dx, backward)
+    w_ops = graph_edit.Ancestors(t.dws, backward) - need_dx
+    self.tensors = dataclasses.replace(
+        t,
+        saved=tuple(x for x in _Crossing(backward, backward)
+                    if id(x) not in dys),
+        pinned=tuple(op.outputs[0] for op in sorted(forward,
+                                                    key=lambda o: o.name)
+                     if op.type == 'ReadVariableOp' and
+                     not _ReadsTrainable(op.outputs[0])),
+        wcut=_Crossing(w_ops, w_ops))
 
   # ---- Pieces --------------------------------------------------------------
   def Piece(self, step: ticks_lib.Step) -> Piece:
@@ -373,11 +425,12 @@ class CellProgram:
       return _NO_PIECE
     key = (step.kind, step.keep, step.split)
     if key not in self._pieces:
-      self._pieces[key] = self._Prune(*self._FeedsAndFetches(step))
+      self._pieces[key] = self._Prune(*self._Signature(step))
     return self._pieces[key]
 
-  def _FeedsAndFetches(self, step: ticks_lib.Step
-                       ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  def _Signature(self, step: ticks_lib.Step
+                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the roles the step's piece reads, the roles it makes)."""
     head = ('labels',) if self.head is not None else ()
     out = ('sums',) if self.head is not None else ('y',)
     if not self.training:
@@ -397,23 +450,21 @@ class CellProgram:
       return ('saved',) + dy, ('dx',) + grads
     return ('seed', 'x') + head + dy + ('pinned',), ('dx',) + grads
 
-  def _Prune(self, feeds: tuple[str, ...], fetches: tuple[str, ...]) -> Piece:
-    # A tensor in two feed groups (an input also saved, say) is fed once,
+  def _Prune(self, reads: tuple[str, ...], makes: tuple[str, ...]) -> Piece:
+    # A tensor of two roles read (an input also saved, say) is fed once,
     # from the first.
-    kept, seen = [], set()
-    for group in feeds:
-      kept.append([])
-      for x in self.tensors[group]:
-        fresh = x is not None and id(x) not in seen
-        kept[-1].append(x if fresh else None)
-        if fresh:
-          seen.add(id(x))
-    function = self._wrapped.prune(
-        feeds=[x for g in kept for x in g if x is not None],
-        fetches=[x for g in fetches for x in self.tensors[g]
-                 if x is not None])
-    return Piece(function, feeds, fetches, self, kept)
+    fed, seen = [], set()
+    for role in reads:
+      fed.append(tuple(x is not None and id(x) not in seen
+                       for x in getattr(self.tensors, role)))
+      seen.update(id(x) for x in getattr(self.tensors, role) if x is not None)
+    feeds = [x for role, f in zip(reads, fed)
+             for x, ok in zip(getattr(self.tensors, role), f) if ok]
+    function = self._wrapped.prune(feeds=feeds,
+                                   fetches=self.tensors.Present(*makes))
+    return Piece(function, reads, makes, self.tensors, tuple(fed),
+                 self.jit_compile)
 
-  def Specs(self, group: str) -> list:
-    """The specs of a group's tensors (None where absent)."""
-    return _Specs(self.tensors[group])
+  def Specs(self, role: str) -> list:
+    """The specs of a role's tensors (None where absent)."""
+    return _Specs(getattr(self.tensors, role))

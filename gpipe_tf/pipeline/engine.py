@@ -28,9 +28,13 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
-from gpipe_tf.pipeline import interpreter as interpreter_lib
+from gpipe_tf.pipeline import cell_program as program_lib
+from gpipe_tf.pipeline import interpreter
+from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = ['RunLossAndGradients', 'RunPipeline', 'ScheduleNeedsLossError']
@@ -47,21 +51,23 @@ def _StepSeed() -> tf.Tensor:
   return random_seeds.NewStepSeed() if seed is None else seed
 
 
-def _Leaves(cells: Sequence[Any], inputs: Any) -> tuple[list, list[int]]:
+def _Leaves(cells: Sequence[Any], inputs: Any) -> list:
   """The flat leaves of `inputs` (tensors, None stays None), cast as the
   first layer will cast them under the precision policy (so that the
-  micro-batches the first stage holds are 16-bit), and the indices of the
-  non-None ones."""
+  micro-batches the first stage holds are 16-bit)."""
   flat = [None if x is None else tf.convert_to_tensor(x)
           for x in tf.nest.flatten(inputs)]
   with tf.device(cells[0].device):
-    flat = precision.AsLayerInputs(cells[0].layers[0], flat)
-  return flat, [i for i, x in enumerate(flat) if x is not None]
+    return precision.AsLayerInputs(cells[0].layers[0], flat)
 
 
-def _Packed(run: interpreter_lib.Interpreter, flat: Sequence[Any]) -> Any:
+def _Packed(compiled: interpreter.Compiled, flat: Sequence[Any]) -> Any:
   return core.FromTuple(tf.nest.pack_sequence_as(
-      run.programs[-1].out_struct, list(flat)))
+      compiled.programs[-1].out_struct, list(flat)))
+
+
+def _SeedSpec(seed: tf.Tensor) -> tf.TensorSpec:
+  return tf.TensorSpec(seed.shape, seed.dtype)
 
 
 # The engine builds its ops explicitly and branches only on Python values, so
@@ -73,7 +79,8 @@ _NotConverted = tf.autograph.experimental.do_not_convert
 @_NotConverted
 def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
                 keep: Keep, inputs: tuple, training: bool, trace: Any = None,
-                execution: str = 'loop', jit_compile: bool = False) -> Any:
+                execution: str = 'loop', jit_compile: bool = False,
+                budget: float = periods.DEFAULT_BUDGET) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
 
   Args:
@@ -84,8 +91,10 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
     inputs: the positional inputs of the first layer (any nest of tensors).
     training: training mode (dropout, batch statistics, custom gradient).
     trace: optional trace.ScheduleTrace recording each action.
-    execution: 'loop' or 'unrolled' (interpreter.py).
+    execution: how the step's tick programs are built (periods.Plan).
     jit_compile: compile the cells' pieces with XLA.
+    budget: the ops a 'loop' execution builds a program whole or folded
+      within (periods.Plan).
 
   Raises:
     ScheduleNeedsLossError: training with a schedule that is not fill-drain.
@@ -96,50 +105,61 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
         'forward, so the loss must be computed inside the pipeline: train with '
         'PipeliningLayer.ComputeLossAndGradients(inputs, labels, loss_fn) (the '
         "tasks do this for you), or use schedule='gpipe'.")
-  flat, idx = _Leaves(cells, inputs)
-  run = interpreter_lib.Interpreter(cells, schedule, _StepSeed(), execution,
-                                    trace)
+  flat = _Leaves(cells, inputs)
+  seed = _StepSeed()
+  specs = interpreter.MicroBatchSpecs(flat, schedule.num_micro_batches)
+  forward = ticks_lib.Lower(schedule, phase='forward',
+                            keep=keep if training else lambda s, m: True)
   if not training:
-    run.Build(inputs, flat, False)
-    run.Run(ticks_lib.Lower(schedule, phase='forward'))
-    return _Packed(run, run.Outputs())
+    compiled = interpreter.Compile(cells, schedule, inputs, specs, False,
+                                   (forward,), _SeedSpec(seed),
+                                   execution=execution, budget=budget)
+    feeds, state = interpreter.Start(compiled, flat, (), seed)
+    state = interpreter.Run(compiled, feeds, forward, state, trace)
+    outputs = interpreter.Outputs(compiled, state)
+    interpreter.Done(state)
+    return _Packed(compiled, outputs)
 
-  bn_stats = normalization.DeferredMovingStats()
-  out_idx: list[int] = []
+  backward = ticks_lib.Lower(schedule, phase='backward', keep=keep)
+  compiled = interpreter.Compile(
+      cells, schedule, inputs, specs, True, (forward, backward),
+      _SeedSpec(seed), jit_compile=jit_compile, execution=execution,
+      budget=budget)
+  # The flat outputs that exist (an output may be None), known once traced.
+  out_idx = [i for i, spec in enumerate(compiled.programs[-1].out_specs)
+             if spec is not None]
+  in_idx = [i for i, x in enumerate(flat) if x is not None]
 
   @tf.custom_gradient
   def _Pipeline(*ts):
-    full = list(flat)
-    for i, t in zip(idx, ts):
-      full[i] = t
-    run.Build(inputs, full, True, jit_compile=jit_compile)
-    run.Run(ticks_lib.Lower(schedule, phase='forward', keep=keep))
-    run.AddBatchNormStats(bn_stats)
+    feeds, state = interpreter.Start(
+        compiled, leaves.Fill(flat, ts), (), seed)
+    state = interpreter.Run(compiled, feeds, forward, state, trace)
+    bn_stats = normalization.DeferredMovingStats()
+    interpreter.BatchNormStats(compiled, state, bn_stats.Add)
     bn_stats.Apply()
-    outputs = run.Outputs()
-    out_idx.extend(i for i, y in enumerate(outputs) if y is not None)
+    outputs = interpreter.Outputs(compiled, state)
 
     def _Grad(*dys, variables=None):
-      upstream = [None] * len(outputs)
-      for i, g in zip(out_idx, dys):
-        upstream[i] = g
-      run.FeedOutputGradients(upstream)
-      run.Run(ticks_lib.Lower(schedule, phase='backward', keep=keep))
-      dx = run.InputGradients()
-      grads = run.Gradients()
-      return ([dx[i] for i in idx],
+      after = interpreter.FeedOutputGradients(
+          compiled, feeds, state, leaves.Fill(outputs, dys))
+      after = interpreter.Run(compiled, feeds, backward, after, trace)
+      dx = interpreter.InputGradients(compiled, after)
+      grads = interpreter.Gradients(compiled, after)
+      interpreter.Done(after)
+      return ([dx[i] for i in in_idx],
               [grads[v.ref()][1] if v.ref() in grads else None
                for v in variables or []])
 
-    return [outputs[i] for i in out_idx], _Grad
+    return leaves.Present(outputs), _Grad
 
-  merged = _Pipeline(*[flat[i] for i in idx])
+  merged = _Pipeline(*leaves.Present(flat))
   if not isinstance(merged, (list, tuple)):
     merged = [merged]
-  full = [None] * len(run.programs[-1].out_specs)
+  full = [None] * len(compiled.programs[-1].out_specs)
   for i, y in zip(out_idx, merged):
     full[i] = y
-  return _Packed(run, full)
+  return _Packed(compiled, full)
 
 
 @_NotConverted
@@ -149,13 +169,14 @@ def RunLossAndGradients(cells: Sequence[Any],
                         loss_fn: loss_lib.LossFn,
                         variables: Sequence[tf.Variable], trace: Any = None,
                         execution: str = 'loop', jit_compile: bool = False,
-                        loss_scale: tf.Tensor | None = None
+                        loss_scale: tf.Tensor | None = None,
+                        budget: float = periods.DEFAULT_BUDGET
                         ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
   """One training step's loss, metrics and gradients, the loss inside the pipeline.
 
   Args:
-    cells, schedule, keep, inputs, trace, execution, jit_compile: as for
-      RunPipeline; any valid schedule runs.
+    cells, schedule, keep, inputs, trace, execution, jit_compile, budget: as
+      for RunPipeline; any valid schedule runs.
     labels: any nest of tensors split into micro-batches like the inputs
       (rank-0 leaves are shared); loss_fn sees micro-batch m's.
     loss_fn: (outputs, labels) -> loss.LossTerms of one micro-batch.
@@ -170,23 +191,37 @@ def RunLossAndGradients(cells: Sequence[Any],
     micro-batches and over every use of the variable (in any cell or in the
     loss).
   """
-  flat, _ = _Leaves(cells, inputs)
-  run = interpreter_lib.Interpreter(cells, schedule, _StepSeed(), execution,
-                                    trace)
-  program = ticks_lib.Lower(schedule, fused=ticks_lib.Fusable(schedule),
-                            joined=ticks_lib.Joinable(schedule), keep=keep)
-  run.Build(inputs, flat, True, head=loss_fn, labels=labels,
-            input_grads=False, loss_scale=loss_scale,
-            jit_compile=jit_compile, split=ticks_lib.SplitStages(program))
-  run.Run(program)
+  flat = _Leaves(cells, inputs)
+  seed = _StepSeed()
+  m = schedule.num_micro_batches
+  # Passes over the schedule, then lowering: a W that directly follows its
+  # B runs with it as one BW; the last stage's F and its backward as one FB.
+  joined = ticks_lib.JoinBackward(schedule)
+  program = ticks_lib.Lower(joined, fused=ticks_lib.Fusable(joined),
+                            keep=keep)
+  if loss_scale is not None:
+    labels = (labels, tf.cast(loss_scale, tf.float32))
+  label_flat = tf.nest.flatten(labels)
+  specs = interpreter.MicroBatchSpecs(flat, m)
+  batch = next((x.shape[0] for x in specs if tl.HasBatch(x)), None)
+  head = program_lib.LossHead(
+      loss_fn, labels, tuple(tl.SpecOf(x, batch) for x in label_flat),
+      loss_scale is not None)
+  compiled = interpreter.Compile(
+      cells, schedule, inputs, specs, True, (program,), _SeedSpec(seed),
+      head=head, input_grads=False, jit_compile=jit_compile,
+      execution=execution, budget=budget)
+  feeds, state = interpreter.Start(compiled, flat, label_flat, seed)
+  state = interpreter.Run(compiled, feeds, program, state, trace)
   bn_stats = normalization.DeferredMovingStats()
-  run.AddBatchNormStats(bn_stats)
+  interpreter.BatchNormStats(compiled, state, bn_stats.Add)
   bn_stats.Apply()
-  grads = run.Gradients()
+  grads = interpreter.Gradients(compiled, state)
   with tf.device(cells[-1].device):
-    sums = run.LossSums()
+    sums = interpreter.LossSums(compiled, state)
     loss, metrics = loss_lib.Means(sums)
     scale = 1.0 / tf.maximum(sums.weight, 1e-12)
+  interpreter.Done(state)
   out = []
   for v in variables:
     if v.ref() not in grads:

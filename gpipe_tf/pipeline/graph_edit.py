@@ -12,6 +12,8 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf.pipeline import tf_internals
+
 __all__ = ['Ancestors', 'CastsJustInTime', 'TrainableReads']
 
 
@@ -71,4 +73,4 @@ def CastsJustInTime(graph: tf.Graph, backward: Sequence[tf.Operation],
         continue
       with graph.as_default(), tf.control_dependencies(after):
         late = tf.cast(x.op.inputs[0], x.dtype, name='late_cast')
-      op._update_input(i, late)  # pylint: disable=protected-access
+      tf_internals.ReplaceInput(op, i, late)

@@ -1,29 +1,29 @@
-"""Runs a tick program (schedule/ticks.py) over the cells' pieces: the one interpreter of every schedule.
+"""Runs tick programs (schedule/ticks.py) over the cells' programs: the one interpreter of every schedule.
+
+A step goes through three functions, each a function of what the one before
+returned (nothing is kept between calls)::
+
+    Compile(cells, schedule, ...)          -> Compiled  (traced, no tensors)
+    Start(compiled, inputs, labels, seed)  -> Feeds, State
+    Run(compiled, feeds, program, state)   -> State     (once per tick program)
+
+then ``Outputs``, ``InputGradients``, ``Gradients``, ``LossSums`` and
+``BatchNormStats`` read the results out of the final State, and ``Done``
+marks its TensorArrays used. The tape path runs two tick programs (its
+forward, then in the gradient ``FeedOutputGradients`` and its backward).
 
 Every stage keeps, on its own device, one slot per micro-batch for each
-tensor its steps pass on to later steps::
-
-    x       its forward input        written by the stage before (or split
-                                     from the mini-batch, stage 0)
-    dy      its output gradients     written by the stage after (or split
-                                     from the upstream gradient, last stage)
-    saved   a kept forward's activations, for its B or BW
-    pinned  the non-trainable values a recomputed forward must reread
-    wcut    what its W reads from its B
-
-plus the running sums of its weight gradients, BatchNorm statistics and (last
-stage) loss sums; saved, pinned, wcut and the sums are packed, one TensorList
-per dtype (slots.Layout). A step of stage s on micro-batch m reads its slots
-at m, runs one piece of the cell's program (cell_program.py) and writes what
-it made back (``_Step``); tick_graph.py builds the ticks that order the
-steps: ``execution='loop'`` folds the program's repeats into while loops
-(schedule/periods.py), so the step's graph stops growing with M;
-``'unrolled'`` builds every tick on its own, a graph that grows with M, kept
-as the loop's reference. Both run the same pieces in the same order.
+tensor its steps pass on to later steps (slots.Slots). A step of stage s on
+micro-batch m reads its slots at m, runs one piece of the cell's program
+(cell_program.Piece) and writes what it made back (``_Step``); tick_graph.py
+builds the ticks that order the steps, as the plan (periods.Plan) says:
+whole, its repeats folded into while loops, or one switch loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -34,292 +34,392 @@ from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import slots as slots_lib
 from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline import tf_internals
 from gpipe_tf.pipeline import tick_graph
+from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-__all__ = ['EXECUTIONS', 'Interpreter']
+__all__ = ['EXECUTIONS', 'BatchNormStats', 'Compile', 'Compiled', 'Done',
+           'FeedOutputGradients', 'Feeds', 'Gradients', 'InputGradients',
+           'LossSums', 'MicroBatchSpecs', 'Outputs', 'Run', 'Start', 'State']
 
-EXECUTIONS = ('loop', 'unrolled')
+EXECUTIONS = periods.EXECUTIONS
+
+State = tuple  # of slots.Slots, one per stage
 
 
-class Interpreter:
-  """Runs the cells' programs in the order of tick programs.
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+  """A pipelined step, traced: every stage's program and where its packed
+  slots keep each tensor. Holds no tensor of a step; made by Compile.
 
-  Args:
+  Attributes:
     cells: the S cells, cell s on the device of stage s.
     schedule: the validated schedule.
-    seed: the step seed; micro-batch m's is FoldIn(seed, m).
-    execution: 'loop' or 'unrolled' (module docstring).
-    trace: an optional trace.ScheduleTrace; every step then stamps its start
-      (once its inputs are ready) and end (once its outputs are).
+    programs: programs[s], stage s's cell_program.CellProgram.
+    layouts: layouts[s], stage s's slots.Layout (None in inference).
+    ticks: the tick programs the step runs, in order (Run takes them).
+    plans: plans[i], the segments ticks[i] is built as (periods.Plan).
+    loss_inside: whether the last stage computes the loss.
+    input_grads: whether stage 0 returns its input gradients.
+    batch: examples per micro-batch, None when sizes vary.
   """
+  cells: tuple
+  schedule: Any
+  programs: tuple
+  layouts: tuple
+  ticks: tuple
+  plans: tuple
+  loss_inside: bool
+  input_grads: bool
+  batch: int | None
 
-  def __init__(self, cells: Sequence[Any], schedule: Any, seed: tf.Tensor,
-               execution: str, trace: Any = None) -> None:
-    if execution not in EXECUTIONS:
-      raise ValueError(f'execution must be one of {EXECUTIONS}, got '
-                       f'{execution!r}')
-    self.cells = list(cells)
-    self.trace = trace
-    if trace is not None and trace.schedule is None:
-      trace.schedule = schedule
-    self.schedule = schedule
-    self.graph = tick_graph.TickGraph(
-        [c.device for c in self.cells], schedule, execution, self._Step,
-        lambda step: self.programs[step.stage].Piece(step).num_ops)
-    self.m = schedule.num_micro_batches
-    self.seed = seed
-    self.seeds = []
-    for cell in self.cells:
+
+@dataclasses.dataclass(frozen=True)
+class Feeds:
+  """What every tick of a step reads and none writes; made by Start.
+
+  Attributes:
+    inputs: per flat input of stage 0, a TensorArray of its M micro-batches
+      (a tensor without batch dimension as it is; None stays None).
+    labels: the flat labels split the same way, on the last stage's device.
+    seeds: seeds[s], the step seed on stage s's device (micro-batch m's is
+      FoldIn(seed, m)).
+    sizes: the micro-batches' sizes (a list of ints, or a tensor).
+  """
+  inputs: tuple
+  labels: tuple
+  seeds: tuple
+  sizes: Any
+
+
+def _Key(structure: Any, specs: Sequence[Any], training: bool,
+         head: program_lib.LossHead | None, input_grads: bool,
+         dy_present: Sequence[bool] | None, jit_compile: bool,
+         split: bool) -> program_lib.ProgramKey:
+  return program_lib.ProgramKey(
+      in_struct=program_lib.NestKey(structure),
+      in_specs=tuple(map(repr, specs)), training=training,
+      head=None if head is None else (
+          head.loss_fn, program_lib.NestKey(head.label_struct),
+          tuple(map(repr, head.label_specs)), head.scaled),
+      input_grads=input_grads,
+      dy_present=None if dy_present is None else tuple(dy_present),
+      policy=precision.CurrentPolicy(), jit_compile=jit_compile, split=split)
+
+
+def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
+            specs: Sequence[Any], training: bool,
+            ticks: Sequence[ticks_lib.TickProgram], seed_spec: tf.TensorSpec,
+            head: program_lib.LossHead | None = None,
+            input_grads: bool = True, jit_compile: bool = False,
+            execution: str = 'loop',
+            budget: float = periods.DEFAULT_BUDGET) -> Compiled:
+  """Traces every cell's program (or takes it from the cell's cache) and
+  plans how each tick program is built.
+
+  Args:
+    cells: the S cells.
+    schedule: the validated schedule.
+    structure: the first stage's input nest.
+    specs: one micro-batch's flat input specs (None for a None leaf; the
+      batch dimension None when micro-batch sizes vary).
+    training: training mode.
+    ticks: the tick programs the step will run, in order. A stage whose
+      backward one of them splits into B and a later W
+      (ticks.SplitStages) gets a split program; every other, a gated one.
+    seed_spec: the step seed's spec.
+    head: with the loss inside, the loss (the last stage's).
+    input_grads: whether stage 0 differentiates its inputs.
+    jit_compile: compile the cells' pieces with XLA.
+    execution: how the tick programs are built (periods.Plan).
+    budget: the ops a 'loop' execution may build a program whole or
+      folded with (periods.Plan).
+  """
+  split = frozenset().union(*map(ticks_lib.SplitStages, ticks))
+  structs, in_specs = [structure], [list(specs)]
+  for cell in cells[:-1]:
+    struct, out_specs = program_lib.OutputsOf(cell, structs[-1], in_specs[-1],
+                                              seed_spec, training)
+    structs.append(struct)
+    in_specs.append(out_specs)
+  last = len(cells) - 1
+  programs = [None] * len(cells)
+  for s in reversed(range(len(cells))):
+    cell = cells[s]
+    dy_present = None
+    if training and s < last:
+      dy_present = [g is not None for g in programs[s + 1].tensors.dx]
+    stage_head = head if s == last else None
+    key = _Key(structs[s], in_specs[s], training, stage_head,
+               input_grads or s > 0, dy_present, jit_compile, s in split)
+    if key not in cell.programs:
+      cell.programs[key] = program_lib.CellProgram(
+          cell, structs[s], in_specs[s], seed_spec, training, stage_head,
+          input_grads or s > 0, dy_present, jit_compile, s in split)
+    programs[s] = cell.programs[key]
+  layouts = tuple(
+      slots_lib.LayoutOf(p, schedule.num_micro_batches) if training else None
+      for p in programs)
+  plans = tuple(_Plan(schedule, programs, t, execution, budget)
+                for t in ticks)
+  batch = None
+  if specs and any(tl.HasBatch(x) for x in specs):
+    batch = next(x.shape[0] for x in specs if tl.HasBatch(x))
+  return Compiled(tuple(cells), schedule, tuple(programs), layouts,
+                  tuple(ticks), plans, head is not None, input_grads, batch)
+
+
+def _Plan(schedule: Any, programs: Sequence[Any],
+          program: ticks_lib.TickProgram, execution: str,
+          budget: float) -> tuple:
+  """periods.Plan of a tick program, each tick costing the ops of the
+  pieces it runs."""
+  del schedule
+  ops = [[programs[step.stage].Piece(step).num_ops for step in steps]
+         for steps in program.steps]
+  costs = [1 + sum(ops[d][row[t] - 1] for d, row in enumerate(program.branch)
+                   if row[t]) for t in range(program.num_ticks)]
+  return periods.Plan(periods.Columns(program), execution, budget, costs)
+
+
+def MicroBatchSpecs(flat: Sequence[Any], num_micro_batches: int) -> list:
+  """One micro-batch's spec of each flat input (None stays None): the
+  batch dimension is the micro-batch's size when all are equal, else None.
+
+  Raises:
+    microbatch.MicroBatchError: fewer examples than micro-batches.
+  """
+  n = microbatch.BatchSize(flat)
+  batch = None
+  if isinstance(n, int):
+    sizes = microbatch.MicroBatchSizes(n, num_micro_batches)
+    batch = sizes[0] if len(set(sizes)) == 1 else None  # Static: faster.
+  return [tl.SpecOf(x, batch) if tl.HasBatch(x) else tl.SpecOf(x, None)
+          for x in flat]
+
+
+def _Split(flat: Sequence[Any], sizes: Any, m: int, batch: int | None,
+           read_once: bool = False) -> tuple:
+  """Per flat tensor, a TensorArray of its M micro-batches (None stays
+  None; a tensor without batch dimension is shared); `read_once` for
+  slots a step takes (slots.Take)."""
+  return tuple(tl.TensorArrayOf(
+      tl.SpecOf(x, None if read_once else batch), m,
+      read_once).split(x, sizes) if tl.HasBatch(x) else x for x in flat)
+
+
+def Start(compiled: Compiled, flat: Sequence[Any], labels: Sequence[Any],
+          seed: tf.Tensor) -> tuple[Feeds, State]:
+  """The step's Feeds and every stage's empty slots.
+
+  Args:
+    compiled: the Compiled step.
+    flat: stage 0's flat inputs (None leaves stay None).
+    labels: with the loss inside, the flat labels (else empty).
+    seed: the step seed.
+  """
+  c = compiled
+  m = c.schedule.num_micro_batches
+  sizes = microbatch.Sizes(flat, m)
+  with tf.device(c.cells[0].device):
+    inputs = _Split(flat, sizes, m, c.batch)
+  with tf.device(c.cells[-1].device):
+    label_tas = _Split(labels, sizes, m, c.batch)
+  seeds = []
+  for cell in c.cells:
+    with tf.device(cell.device):
+      seeds.append(tf.identity(seed))
+  state = tuple(
+      slots_lib.Make(c.programs, s, c.layouts[s], cell.device, m,
+                     c.loss_inside, c.input_grads, c.batch)
+      for s, cell in enumerate(c.cells))
+  return Feeds(inputs, label_tas, tuple(seeds), sizes), state
+
+
+def FeedOutputGradients(compiled: Compiled, feeds: Feeds, state: State,
+                        dys: Sequence[Any]) -> State:
+  """`state` with the gradients of the merged outputs (one per flat output,
+  None where none flows) split into the last stage's dy slots (a
+  tape-driven backward)."""
+  c = compiled
+  slots = state[-1]
+  with tf.device(c.cells[-1].device):
+    if any(g is None for ta, g in zip(slots.dy, dys) if ta is not None):
+      outputs = Outputs(c, state)  # Only for the shape of a zero gradient.
+      dys = [g if g is not None or ta is None else tf.zeros_like(y)
+             for ta, g, y in zip(slots.dy, dys, outputs)]
+    dys = [g if ta is not None else None for ta, g in zip(slots.dy, dys)]
+    dy = _Split(dys, feeds.sizes, c.schedule.num_micro_batches, c.batch,
+                read_once=True)
+  return state[:-1] + (slots._replace(dy=list(dy)),)
+
+
+def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
+        state: State, trace: Any = None) -> State:
+  """Builds one of compiled.ticks over `state`; returns the state after
+  its last tick. With a trace.ScheduleTrace, every step stamps its start
+  (once its inputs are ready) and end (once its outputs are)."""
+  c = compiled
+  plan = c.plans[c.ticks.index(program)]
+  if trace is not None:
+    if trace.schedule is None:
+      trace.schedule = c.schedule
+    stamped = []
+    for s, cell in enumerate(c.cells):
       with tf.device(cell.device):
-        self.seeds.append(tf.identity(seed))
-    self.programs: list[program_lib.CellProgram] = []
-    self.slots: list[slots_lib.Slots] = []
-    self.inputs: list = []
-    self.labels: list = []
-    self.sizes: Any = None
-    self.batch: int | None = None
-    self.layouts: dict[int, slots_lib.Layout | None] = {}
-
-  # ---- Set-up --------------------------------------------------------------
-  def Split(self, flat: Sequence[Any], read_once: bool = False) -> list:
-    """Per flat tensor, a TensorArray of its M micro-batches (None stays
-    None; a tensor without batch dimension is shared); `read_once` for
-    slots a step takes (slots.Take)."""
-    if self.sizes is None:
-      n = microbatch.BatchSize(flat)
-      if isinstance(n, int):
-        self.sizes = microbatch.MicroBatchSizes(n, self.m)
-        if len(set(self.sizes)) == 1:  # Static shapes run faster.
-          self.batch = self.sizes[0]
-      else:
-        base = n // self.m
-        self.sizes = base + tf.cast(tf.range(self.m) < n % self.m, n.dtype)
-    return [tl.TensorArrayOf(
-        tl.SpecOf(x, None if read_once else self.batch), self.m,
-        read_once).split(x, self.sizes) if tl.HasBatch(x) else x
-            for x in flat]
-
-  def Build(self, structure: Any, flat: Sequence[Any], training: bool,
-            head: Callable[[Sequence[Any]], Any] | None = None,
-            labels: Any = None, input_grads: bool = True,
-            loss_scale: tf.Tensor | None = None,
-            jit_compile: bool = False,
-            split: frozenset[int] | None = None) -> None:
-    """Splits the inputs (and labels), traces every cell's program in
-    forward order and makes every stage's slots.
-
-    Args:
-      structure, flat: the first stage's input nest and its flat leaves.
-      training: training mode.
-      head: with the loss inside, the loss_fn (labels then given).
-      labels: any nest split like the inputs, read by the loss.
-      input_grads: whether the first stage differentiates its inputs.
-      loss_scale: with the loss inside, a float32 scalar the loss is
-        multiplied by before it is differentiated (float16 training).
-      jit_compile: compile the cells' pieces with XLA.
-      split: the stages whose backward the tick programs to run will split
-        into B and a later W (ticks.SplitStages); default: every stage the
-        schedule gives a W action.
-    """
-    with tf.device(self.cells[0].device):
-      self.inputs = self.Split(flat)
-    loss_head = None
-    if head is not None:
-      if loss_scale is not None:
-        labels = (labels, tf.cast(loss_scale, tf.float32))
-      label_flat = tf.nest.flatten(labels)
-      with tf.device(self.cells[-1].device):
-        self.labels = self.Split(label_flat)
-      loss_head = program_lib.LossHead(
-          head, labels, tuple(tl.SpecOf(x, self.batch) for x in label_flat),
-          loss_scale is not None)
-    seed_spec = tf.TensorSpec(self.seed.shape, self.seed.dtype)
-    last = len(self.cells) - 1
-    structs = [structure]
-    specs = [[tl.SpecOf(x, self.batch) for x in flat]]
-    for cell in self.cells[:-1]:
-      struct, out_specs = program_lib.OutputsOf(cell, structs[-1], specs[-1],
-                                                seed_spec, training)
-      structs.append(struct)
-      specs.append(out_specs)
-    label_key = None if head is None else (
-        head, program_lib.NestKey(labels),
-        tuple(map(repr, loss_head.label_specs)))
-    programs = [None] * len(self.cells)
-    if split is None:
-      split = {act.stage for row in self.schedule.actions for act in row
-               if act.kind == ticks_lib.W}
-    self.split = frozenset(split)
-    for s in reversed(range(len(self.cells))):
-      cell = self.cells[s]
-      dy_present = None
-      if training and s < last:
-        dy_present = [g is not None for g in programs[s + 1].tensors['dx']]
-      key = (program_lib.NestKey(structs[s]),
-             tuple(map(repr, specs[s])), training,
-             label_key if s == last else None, input_grads or s > 0,
-             None if dy_present is None else tuple(dy_present),
-             precision.CurrentPolicy(), jit_compile, s in self.split)
-      if key not in cell.programs:
-        cell.programs[key] = program_lib.CellProgram(
-            cell, structs[s], specs[s], seed_spec, training,
-            loss_head if s == last else None, input_grads or s > 0,
-            dy_present, jit_compile, s in self.split)
-      programs[s] = cell.programs[key]
-    self.programs = programs
-    self.slots = []
-    for s, cell in enumerate(self.cells):
-      slots, self.layouts[s] = slots_lib.Make(
-          self.programs, s, cell.device, self.m, training, head is not None,
-          input_grads, self.batch)
-      self.slots.append(slots)
-
-  def FeedOutputGradients(self, dys: Sequence[Any]) -> None:
-    """Splits the gradients of the merged outputs (one per flat output,
-    None where none flows) into the last stage's dy slots (a tape-driven
-    backward)."""
-    slots = self.slots[-1]
-    with tf.device(self.cells[-1].device):
-      if any(g is None for ta, g in zip(slots.dy, dys) if ta is not None):
-        outputs = self.Outputs()  # Only for the shape of a zero gradient.
-        dys = [g if g is not None or ta is None else tf.zeros_like(y)
-               for ta, g, y in zip(slots.dy, dys, outputs)]
-      dys = [g if ta is not None else None for ta, g in zip(slots.dy, dys)]
-      self.slots[-1] = slots._replace(dy=self.Split(dys, read_once=True))
-
-  # ---- Running -------------------------------------------------------------
-  def Run(self, program: ticks_lib.TickProgram) -> None:
-    """Runs a tick program, updating every stage's slots."""
-    unsplit = ticks_lib.SplitStages(program) - self.split
-    if unsplit:
-      raise ValueError(f'stages {sorted(unsplit)} run a split backward but '
-                       'were built unsplit: pass Build the program\'s '
-                       'ticks.SplitStages')
-    if self.trace is not None:
-      for s, cell in enumerate(self.cells):
-        with tf.device(cell.device):
-          stamps = tuple(tf.TensorArray(tf.float64, size=program.num_ticks,
-                                        element_shape=[])
-                         for _ in range(2))
-        self.slots[s] = self.slots[s]._replace(stamps=stamps)
-    self.slots = self.graph.Build(program, self.slots)
-    if self.trace is not None:
-      self._Record(program)
-
-  def _Record(self, program: ticks_lib.TickProgram) -> None:
-    """Hands every action's stamps to the trace (a fused pair's backward
-    shares its F's, a joined pair's W its B's)."""
+        stamps = tuple(tf.TensorArray(tf.float64, size=program.num_ticks,
+                                      element_shape=[]) for _ in range(2))
+      stamped.append(state[s]._replace(stamps=stamps))
+    state = tuple(stamped)
+  graph = tick_graph.TickGraph([cell.device for cell in c.cells], c.schedule,
+                               functools.partial(_Step, c, feeds))
+  state = tuple(graph.Build(program, plan, state))
+  if trace is not None:
     for row in program.grid:
       for t, act in enumerate(row):
         if act is None:
           continue
-        starts, ends = self.slots[act.stage].stamps
+        starts, ends = state[act.stage].stamps
         start, end = starts.read(t), ends.read(t)
         for a in program.Runs(act):
-          self.trace.Record(a, start, end)
+          for part in _Unjoined(c.schedule, a):
+            trace.Record(part, start, end)
+  return state
 
-  def _Step(self, step: ticks_lib.Step, m: Any, t: Any,
-            mine: slots_lib.Slots) -> tuple[slots_lib.Slots, list]:
-    """Runs one step of stage step.stage on micro-batch m: (the stage's new
-    slots, the tensors the step made)."""
-    s = step.stage
-    program = self.programs[s]
-    piece = program.Piece(step)
-    feeds = {}
-    if 'seed' in piece.feeds:
-      feeds['seed'] = [random_seeds.FoldIn(self.seeds[s], m)]
-    if 'x' in piece.feeds:
-      feeds['x'] = slots_lib.Read(self.inputs if s == 0 else mine.x, m)
-    if 'labels' in piece.feeds:
-      feeds['labels'] = slots_lib.Read(self.labels, m)
-    new = {}
-    layout = self.layouts[s]
-    if 'dy' in piece.feeds:  # Each of these is read by one step: taken.
-      feeds['dy'], new['dy'] = slots_lib.Take(mine.dy, m,
-                                              program.Specs('dy'))
-    for group in ('saved', 'pinned', 'wcut'):
-      if group in piece.feeds:
-        feeds[group], new[group] = getattr(layout, group).Take(
-            getattr(mine, group), m)
-    if mine.stamps is not None:
-      with tf.control_dependencies(
-          [x for g in feeds.values() for x in g if isinstance(x, tf.Tensor)]):
-        start = tf.timestamp()
-    out = piece(**feeds)
-    if 'y' in out:
-      if mine.out is not None:
-        new['out'] = slots_lib.Write(mine.out, m, out['y'])
-      else:
-        new['y'] = out['y']
-    for group in ('saved', 'pinned', 'wcut'):
-      if group in out:
-        new[group] = getattr(layout, group).Write(
-            new.get(group, getattr(mine, group)), m, out[group])
-    if 'bn' in out:
-      new['bn'] = layout.bn.Write(mine.bn, 0, [
-          a + b for a, b in zip(layout.bn.Read(mine.bn), out['bn'])])
-    if 'sums' in out:
-      new['sums'] = [a + b for a, b in zip(mine.sums, out['sums'])]
-    if 'dx' in out:
-      if mine.dx0 is not None:
-        new['dx0'] = slots_lib.Write(mine.dx0, m, out['dx'])
-      elif s > 0:
-        new['dx'] = [None if old is None else g
-                     for old, g in zip(mine.dx, out['dx'])]
-    if 'dws' in out:
-      new['acc'] = layout.acc.Write(mine.acc, 0, [
-          None if g is None else (g if prev is None else prev + g)
-          for g, prev in zip(out['dws'], layout.acc.Read(mine.acc))])
-    made = [x for group in out.values() for x in group if x is not None]
-    if mine.stamps is not None:
-      with tf.control_dependencies(tick_graph.Finished(made) + [start]):
-        end = tf.timestamp()
-      new['stamps'] = (mine.stamps[0].write(t, start),
-                       mine.stamps[1].write(t, end))
-    return mine._replace(**new), made
 
-  # ---- Results -------------------------------------------------------------
-  def Outputs(self) -> list:
-    """The last stage's outputs, merged over micro-batches (flat)."""
-    with tf.device(self.cells[-1].device):
-      return [None if ta is None else ta.concat()
-              for ta in self.slots[-1].out]
+def _Unjoined(schedule: Any, act: Any) -> list:
+  """The actions of `schedule` a lowered action runs: a BW that
+  ticks.JoinBackward made of a B and its W is both."""
+  if act.kind == ticks_lib.BW and schedule.SplitBackward(act.stage,
+                                                        act.micro_batch):
+    return [dataclasses.replace(act, kind=kind)
+            for kind in (ticks_lib.B, ticks_lib.W)]
+  return [act]
 
-  def InputGradients(self) -> list:
-    """The first stage's input gradients, merged (flat; None where none)."""
-    with tf.device(self.cells[0].device):
-      return [None if ta is None else ta.concat()
-              for ta in self.slots[0].dx0]
 
-  def LossSums(self) -> Any:
-    """The loss.Sums of the mini-batch."""
-    program = self.programs[-1]
-    return tf.nest.pack_sequence_as(program.sums_struct, self.slots[-1].sums)
+def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
+          mine: slots_lib.Slots) -> tuple[slots_lib.Slots, list]:
+  """Runs one step of stage step.stage on micro-batch m at tick t: (the
+  stage's new slots, the tensors the step made)."""
+  s = step.stage
+  program = c.programs[s]
+  piece = program.Piece(step)
+  layout = c.layouts[s]
+  reads = piece.reads
+  new = {}
+  dy = saved = pinned = wcut = ()
+  if 'dy' in reads:  # Each of these is read by one step: taken.
+    dy, new['dy'] = slots_lib.Take(mine.dy, m, program.Specs('dy'))
+  if 'saved' in reads:
+    saved, new['saved'] = layout.saved.Take(mine.saved, m)
+  if 'pinned' in reads:
+    pinned, new['pinned'] = layout.pinned.Take(mine.pinned, m)
+  if 'wcut' in reads:
+    wcut, new['wcut'] = layout.wcut.Take(mine.wcut, m)
+  fed = program_lib.Tensors(
+      seed=((random_seeds.FoldIn(feeds.seeds[s], m),) if 'seed' in reads
+            else ()),
+      x=(tuple(slots_lib.Read(feeds.inputs if s == 0 else mine.x, m))
+         if 'x' in reads else ()),
+      labels=(tuple(slots_lib.Read(feeds.labels, m)) if 'labels' in reads
+              else ()),
+      dy=tuple(dy), saved=tuple(saved), pinned=tuple(pinned),
+      wcut=tuple(wcut))
+  if mine.stamps is not None:
+    with tf.control_dependencies(
+        [x for x in fed.Present(*reads) if isinstance(x, tf.Tensor)]):
+      start = tf.timestamp()
+  out = piece(fed)
+  makes = piece.makes
+  if 'y' in makes:
+    if mine.out is not None:
+      new['out'] = slots_lib.Write(mine.out, m, out.y)
+    else:
+      new['y'] = list(out.y)
+  if 'saved' in makes:
+    new['saved'] = layout.saved.Write(new.get('saved', mine.saved), m,
+                                      out.saved)
+  if 'pinned' in makes:
+    new['pinned'] = layout.pinned.Write(new.get('pinned', mine.pinned), m,
+                                        out.pinned)
+  if 'wcut' in makes:
+    new['wcut'] = layout.wcut.Write(new.get('wcut', mine.wcut), m, out.wcut)
+  if 'bn' in makes:
+    new['bn'] = layout.bn.Write(mine.bn, 0, [
+        a + b for a, b in zip(layout.bn.Read(mine.bn), out.bn)])
+  if 'sums' in makes:
+    new['sums'] = [a + b for a, b in zip(mine.sums, out.sums)]
+  if 'dx' in makes:
+    if mine.dx0 is not None:
+      new['dx0'] = slots_lib.Write(mine.dx0, m, out.dx)
+    elif s > 0:
+      new['dx'] = [None if old is None else g
+                   for old, g in zip(mine.dx, out.dx)]
+  if 'dws' in makes:
+    new['acc'] = layout.acc.Write(mine.acc, 0, [
+        None if g is None else (g if prev is None else prev + g)
+        for g, prev in zip(out.dws, layout.acc.Read(mine.acc))])
+  made = out.Present(*makes)
+  if mine.stamps is not None:
+    with tf.control_dependencies(tick_graph.Finished(made) + [start]):
+      end = tf.timestamp()
+    new['stamps'] = (mine.stamps[0].write(t, start),
+                     mine.stamps[1].write(t, end))
+  return mine._replace(**new), made
 
-  def Gradients(self) -> dict:
-    """{variable.ref(): (variable, gradient)}, summed over micro-batches and
-    over the stages that read the variable."""
-    grads: dict = {}
-    for s, program in enumerate(self.programs):
-      with tf.device(self.cells[s].device):
-        sums = self.layouts[s].acc.Read(self.slots[s].acc)
-      for v, g in zip(program.variables, sums):
-        if g is None:
-          continue
-        if v.ref() in grads:
-          with tf.device(v.device):
-            g = grads[v.ref()][1] + g
-        grads[v.ref()] = (v, g)
-    return grads
 
-  def AddBatchNormStats(self, deferred: Any) -> None:
-    """Hands every stage's BatchNorm sums to `deferred`
-    (normalization.DeferredMovingStats), to move once per step."""
-    for s, (program, slots) in enumerate(zip(self.programs, self.slots)):
-      if not program.bn_layers:
+def Outputs(compiled: Compiled, state: State) -> list:
+  """The last stage's outputs, merged over micro-batches (flat)."""
+  with tf.device(compiled.cells[-1].device):
+    return [None if ta is None else ta.concat() for ta in state[-1].out]
+
+
+def InputGradients(compiled: Compiled, state: State) -> list:
+  """The first stage's input gradients, merged (flat; None where none)."""
+  with tf.device(compiled.cells[0].device):
+    return [None if ta is None else ta.concat() for ta in state[0].dx0]
+
+
+def LossSums(compiled: Compiled, state: State) -> Any:
+  """The loss.Sums of the mini-batch."""
+  return tf.nest.pack_sequence_as(compiled.programs[-1].sums_struct,
+                                  state[-1].sums)
+
+
+def Gradients(compiled: Compiled, state: State) -> dict:
+  """{variable.ref(): (variable, gradient)}, summed over micro-batches and
+  over the stages that read the variable."""
+  grads: dict = {}
+  for s, program in enumerate(compiled.programs):
+    with tf.device(compiled.cells[s].device):
+      sums = compiled.layouts[s].acc.Read(state[s].acc)
+    for v, g in zip(program.variables, sums):
+      if g is None:
         continue
-      with tf.device(self.cells[s].device):
-        bn = self.layouts[s].bn.Read(slots.bn)
-      for i, layer in enumerate(program.bn_layers):
-        deferred.Add(layer, *bn[3 * i:3 * i + 3])
+      if v.ref() in grads:
+        with tf.device(v.device):
+          g = grads[v.ref()][1] + g
+      grads[v.ref()] = (v, g)
+  return grads
+
+
+def BatchNormStats(compiled: Compiled, state: State,
+                   add: Callable[..., None]) -> None:
+  """Hands every stage's BatchNorm sums to `add(layer, *sums)`
+  (normalization.DeferredMovingStats.Add), to move once per step."""
+  for s, (program, slots) in enumerate(zip(compiled.programs, state)):
+    if not program.bn_layers:
+      continue
+    with tf.device(compiled.cells[s].device):
+      bn = compiled.layouts[s].bn.Read(slots.bn)
+    for i, layer in enumerate(program.bn_layers):
+      add(layer, *bn[3 * i:3 * i + 3])
+
+
+def Done(state: State) -> None:
+  """Marks the TensorArrays of a final state used (tf_internals.MarkUsed):
+  the ones no later op reads were superseded, not forgotten."""
+  for slots in state:
+    for leaf in tf.nest.flatten(slots):
+      tf_internals.MarkUsed(leaf)

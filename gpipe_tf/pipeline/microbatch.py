@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 
-__all__ = ['BatchSize', 'Merge', 'MicroBatchError', 'MicroBatchSizes', 'Split',
-           'SplitLike']
+__all__ = ['BatchSize', 'Merge', 'MicroBatchError', 'MicroBatchSizes', 'Sizes',
+           'Split', 'SplitLike']
 
 
 class MicroBatchError(errors.Error, ValueError):
@@ -68,22 +68,36 @@ def BatchSize(flat: Sequence[Any]) -> tf.Tensor | int:
   return tf.shape(batched[0])[0]
 
 
+def Sizes(flat: Sequence[Any], num_micro_batches: int) -> list[int] | tf.Tensor:
+  """The sizes of the M micro-batches of the batched leaves of `flat`: a
+  list of ints when the batch size is static, else an int tensor whose
+  computation fails (tf.debugging) on a batch smaller than M.
+
+  Raises:
+    MicroBatchError: as MicroBatchSizes and BatchSize.
+  """
+  n = BatchSize(flat)
+  if isinstance(n, int):
+    return MicroBatchSizes(n, num_micro_batches)
+  if num_micro_batches < 1:
+    raise MicroBatchError(
+        f'num_micro_batches must be >= 1, got {num_micro_batches}.')
+  with tf.control_dependencies([tf.debugging.assert_greater_equal(
+      n, num_micro_batches,
+      message=f'batch smaller than num_micro_batches={num_micro_batches}')]):
+    base = n // num_micro_batches
+  extra = n % num_micro_batches
+  return base + tf.cast(tf.range(num_micro_batches) < extra, n.dtype)
+
+
 def Split(flat: Sequence[Any], num_micro_batches: int) -> list[list[Any]]:
-  """Splits flat leaves into `num_micro_batches` lists of leaves.
+  """Splits flat leaves into `num_micro_batches` lists of leaves (the
+  engine splits into TensorArrays with the same Sizes).
 
   Returns:
     micro[m][i]: micro-batch m of leaf i.
   """
-  n = BatchSize(flat)
-  if isinstance(n, int):
-    sizes = MicroBatchSizes(n, num_micro_batches)
-  else:
-    with tf.control_dependencies([tf.debugging.assert_greater_equal(
-        n, num_micro_batches,
-        message=f'batch smaller than num_micro_batches={num_micro_batches}')]):
-      base = n // num_micro_batches
-    extra = n % num_micro_batches
-    sizes = base + tf.cast(tf.range(num_micro_batches) < extra, n.dtype)
+  sizes = Sizes(flat, num_micro_batches)
   columns = []
   for x in flat:
     if _IsBatched(x):

@@ -18,6 +18,7 @@ from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline.schedule import periods
 
 __all__ = ['EXECUTIONS', 'PipeliningLayer', 'REMAT_POLICIES']
 
@@ -124,13 +125,20 @@ class PipeliningLayer(base_layer.BaseLayer):
              'schedule.Schedule, for K devices, M micro-batches and K x V '
              'cells.')
     p.Define('execution', 'loop',
-             "How the interpreter builds the schedule: 'loop' (every tick "
-             'while the steps cost at most 24,000 ops, else its repeating '
-             'stretches as tf.while_loops, else one tf.while_loop over the '
-             'ticks: the step graph and its tracing stop growing with M) or '
-             "'unrolled' (every tick, one copy of the steps per action: a "
-             'graph that grows with M, the reference). Same results and '
-             'features either way (docs/pipeline.md).')
+             "How the step's graph is built (schedule.periods.Plan): 'loop' "
+             "(every tick while the steps cost at most loop_budget ops, else "
+             'its repeating stretches as tf.while_loops, else one '
+             'tf.while_loop over the ticks with a tf.switch_case per stage: '
+             'the step graph and its tracing stop growing with M), '
+             "'folded' (repeats as while loops, whatever the budget), "
+             "'switch' (one switch loop) or 'unrolled' (every tick, one copy "
+             'of the steps per action: a graph that grows with M, the '
+             'reference). Same results and features in every one '
+             '(docs/pipeline.md).')
+    p.Define('loop_budget', periods.DEFAULT_BUDGET,
+             "The ops (of the pieces its ticks run) up to which execution "
+             "'loop' builds a tick program whole, then folded; past it, one "
+             'switch loop. Tuned on a 2-core CPU (benchmarks/trace_cost).')
     p.Define('precision', None,
              "Mixed-precision policy of the cells: 'float32', "
              "'mixed_bfloat16' or 'mixed_float16' (float32 variables, "
@@ -311,7 +319,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     with precision.Policy(self.p.precision):
       return engine.RunPipeline(self._ReplicaCells(), self._schedule,
                                 self._Keep, inputs, training, trace,
-                                self.p.execution, self.p.jit_compile)
+                                self.p.execution, self.p.jit_compile,
+                                self.p.loop_budget)
 
   def ComputeLossAndGradients(self, inputs, labels, loss_fn: loss_lib.LossFn,
                               variables=None, trace=None, loss_scale=None):
@@ -349,7 +358,7 @@ class PipeliningLayer(base_layer.BaseLayer):
       return engine.RunLossAndGradients(
           self._ReplicaCells(), self._schedule, self._Keep, inputs, labels,
           loss_fn, list(variables), trace, self.p.execution,
-          self.p.jit_compile, loss_scale)
+          self.p.jit_compile, loss_scale, self.p.loop_budget)
 
   def _ReplicaCells(self) -> list[cell_lib.Cell]:
     """The cells, placed on this replica's devices when data-parallel."""

@@ -12,41 +12,59 @@ import tensorflow as tf
 
 from gpipe_tf.pipeline import tensor_loop as tl
 
-__all__ = ['Gather', 'Layout', 'Make', 'Read', 'Slots', 'Take', 'Write']
+__all__ = ['Gather', 'Layout', 'LayoutOf', 'Make', 'Read', 'Slots', 'Take',
+           'Write']
+
+
+TensorArrays = list  # of tf.TensorArray | None, one per flat tensor
+Tensors = list       # of tf.Tensor | None, one per flat tensor
+Lists = list         # of packed TensorLists (tensor_loop.Packed), one a dtype
 
 
 class Slots(NamedTuple):
-  """One stage's state while a program runs (None where it has none).
+  """One stage's state while a program runs, on its device (None where the
+  stage has none). Every step of the stage maps it to a new Slots
+  (interpreter.py); tick_graph.py carries it from tick to tick.
 
   Attributes:
-    x, dy: per tensor, a TensorArray of M slots (M + 1 where a neighbour
-      writes them).
-    saved, pinned, wcut: their M slots per tensor, packed (Layout).
+    x: its inputs: per flat input, a TensorArray of M slots (M + 1: a
+      neighbour writes them, tick_graph's spare slot). Stage 0 reads the
+      split mini-batch (interpreter.Feeds) instead.
+    dy: its output gradients, the same way (stages before the last, or
+      every stage when the loss is outside); each slot is read once.
+    saved: the activations each kept forward stashes for its backward.
+    pinned: the non-trainable values each forward read (for a recompute).
+    wcut: what each B stashes for its W.
     y: the output of its latest F (stages before the last).
     dx: the input gradient of its latest B or BW (stages after the first).
-    acc: its weight gradients, summed (packed: Layout).
-    bn: its BatchNorm sufficient statistics, summed (packed: Layout).
+    acc: its weight gradients, summed over micro-batches.
+    bn: its BatchNorm sufficient statistics, summed.
     sums: the loss sums (last stage, loss inside).
-    out: per output, a TensorArray of M slots (last stage, loss outside).
-    dx0: per input, a TensorArray of M slots (stage 0, input gradients).
+    out: per flat output, a TensorArray of M slots (last stage, loss
+      outside).
+    dx0: per flat input, a TensorArray of M slots (stage 0, input
+      gradients).
     stamps: with a trace, (start, end) TensorArrays of timestamps by tick.
     token: a scalar made once the stage's latest step has finished (the
       loop orders a device's steps on it).
+
+  saved, pinned and wcut hold M slots per tensor, acc and bn one; all five
+  are packed (Layout says where each tensor is).
   """
-  x: Any = None
-  dy: Any = None
-  saved: Any = None
-  pinned: Any = None
-  wcut: Any = None
-  y: Any = None
-  dx: Any = None
-  acc: Any = None
-  bn: Any = None
-  sums: Any = None
-  out: Any = None
-  dx0: Any = None
-  stamps: Any = None
-  token: Any = None
+  x: TensorArrays | None = None
+  dy: TensorArrays | None = None
+  saved: Lists | None = None
+  pinned: Lists | None = None
+  wcut: Lists | None = None
+  y: Tensors | None = None
+  dx: Tensors | None = None
+  acc: Lists | None = None
+  bn: Lists | None = None
+  sums: Tensors | None = None
+  out: TensorArrays | None = None
+  dx0: TensorArrays | None = None
+  stamps: tuple[tf.TensorArray, tf.TensorArray] | None = None
+  token: tf.Tensor | None = None
 
 
 def Gather(row: Sequence[int], t: Any) -> Any:
@@ -112,26 +130,41 @@ class Layout(NamedTuple):
   wcut: tl.Packed
 
 
-def Make(programs: Sequence[Any], s: int, device: str, m: int,
-         training: bool, loss_inside: bool, input_grads: bool,
-         batch: int | None) -> tuple[Slots, Layout | None]:
-  """Stage s's empty slots on `device` (M = `m`; `batch` examples per
-  micro-batch, None when sizes vary), and the Layout of its packed ones
-  (None in inference)."""
+def LayoutOf(program: Any, m: int) -> Layout:
+  """Where a training stage's packed slots keep each tensor of `program`
+  (a cell_program.CellProgram), with `m` micro-batches."""
+  return Layout(acc=tl.Packed(program.Specs('dws')),
+                bn=tl.Packed(program.Specs('bn')),
+                saved=tl.Packed(program.Specs('saved'), m),
+                pinned=tl.Packed(program.Specs('pinned'), m),
+                wcut=tl.Packed(program.Specs('wcut'), m))
+
+
+def Make(programs: Sequence[Any], s: int, layout: Layout | None,
+         device: str, m: int, loss_inside: bool, input_grads: bool,
+         batch: int | None) -> Slots:
+  """Stage s's empty slots on `device`.
+
+  Args:
+    programs: every stage's cell_program.CellProgram.
+    s: the stage.
+    layout: its Layout (LayoutOf); None in inference.
+    device: its device.
+    m: the micro-batches.
+    loss_inside: whether the last stage computes the loss.
+    input_grads: whether stage 0 returns its input gradients.
+    batch: examples per micro-batch (None: they vary).
+  """
   program, last = programs[s], len(programs) - 1
   with tf.device(device):
-    # Slots a neighbour writes have a spare slot M (Interpreter._Receive).
+    # Slots a neighbour writes have a spare slot M (tick_graph's receipts).
     x = None if s == 0 else _Arrays(programs[s - 1].out_specs, m + 1)
     y = None if s == last else [tl.Filler(v) if v else None
                                 for v in program.out_specs]
     token = tf.zeros([])
-    if not training:
+    if layout is None:
       return Slots(x=x, y=y, out=_Arrays(program.out_specs, m)
-                   if s == last else None, token=token), None
-    layout = Layout(
-        acc=tl.Packed(program.Specs('dws')), bn=tl.Packed(program.Specs('bn')),
-        **{group: tl.Packed(program.Specs(group), m)
-           for group in ('saved', 'pinned', 'wcut')})
+                   if s == last else None, token=token)
 
     def _Zeros(packed):
       return packed.Initial([None if d is None else tf.zeros(d.shape, d.dtype)
@@ -154,6 +187,6 @@ def Make(programs: Sequence[Any], s: int, device: str, m: int,
         out=(_Arrays(program.out_specs, m)
              if not loss_inside and s == last else None),
         dx0=(_Arrays([None if g is None else tl.SpecOf(g, batch)
-                      for g in program.tensors['dx']], m)
+                      for g in program.tensors.dx], m)
              if s == 0 and input_grads else None),
-        token=token), layout
+        token=token)

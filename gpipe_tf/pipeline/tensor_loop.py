@@ -9,13 +9,15 @@ module holds those pieces, which know nothing of schedules or cells.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf.pipeline import leaves
+from gpipe_tf.pipeline import tf_internals
+
 __all__ = ['Compact', 'Empty', 'Filler', 'HasBatch',
-           'NoAutomaticControlDependencies', 'Packed', 'RunTicks', 'SpecOf',
+           'Packed', 'RunTicks', 'SpecOf',
            'TensorArrayOf']
 
 
@@ -28,8 +30,7 @@ def Filler(spec: Any) -> tf.Tensor:
   # Any dimension not known statically may vary from tick to tick (a
   # micro-batch's size, a length a layer computes): the carry states none.
   zeros = tf.zeros([0] + [d or 0 for d in shape.as_list()[1:]], spec.dtype)
-  return tf.compat.v1.placeholder_with_default(zeros,
-                                               [None] * shape.rank)
+  return tf_internals.ShapeUnknown(zeros, [None] * shape.rank)
 
 
 def Empty(value: tf.Tensor) -> tf.Tensor:
@@ -71,18 +72,16 @@ class Compact:
   def __init__(self, nest: Any) -> None:
     self.nest = nest
     self.flat = tf.nest.flatten(nest)
-    self.where = [i for i, x in enumerate(self.flat) if x is not None]
 
   def Values(self, nest: Any = None) -> list:
-    """The non-None leaves of `nest` (default: the nest given), in order."""
+    """The leaves of `nest` (default: the nest given) at the given nest's
+    non-None places, in order."""
     flat = self.flat if nest is None else tf.nest.flatten(nest)
-    return [flat[i] for i in self.where]
+    return [x for x, t in zip(flat, self.flat) if t is not None]
 
   def Pack(self, values: Sequence[Any]) -> Any:
-    full = [None] * len(self.flat)
-    for i, x in zip(self.where, values):
-      full[i] = x
-    return tf.nest.pack_sequence_as(self.nest, full)
+    """The given nest with `values` at its non-None places."""
+    return tf.nest.pack_sequence_as(self.nest, leaves.Fill(self.flat, values))
 
 
 class Packed:
@@ -123,9 +122,8 @@ class Packed:
   def Initial(self, values: Sequence[Any] | None = None) -> list[tf.Tensor]:
     """The lists (built where the caller places them), with slot 0 of
     every tensor set to its value in `values` if given."""
-    lists = [tf.raw_ops.TensorListReserve(
-        element_shape=tf.constant(-1, tf.int32), num_elements=n * self.size,
-        element_dtype=dtype) for dtype, n in zip(self.dtypes, self.counts)]
+    lists = [tf_internals.ListReserve(dtype, n * self.size)
+             for dtype, n in zip(self.dtypes, self.counts)]
     return lists if values is None else self.Write(lists, 0, values)
 
   def _Index(self, m: Any, where: tuple[int, int]) -> Any:
@@ -140,15 +138,8 @@ class Packed:
       if w is None:
         values.append(None)
         continue
-      shape = spec.shape
-      value = tf.raw_ops.TensorListGetItem(
-          input_handle=lists[w[0]], index=self._Index(m, w),
-          element_shape=tf.constant(
-              -1 if shape.rank is None else
-              [-1 if d is None else d for d in shape.as_list()], tf.int32),
-          element_dtype=spec.dtype)
-      value.set_shape(shape)
-      values.append(value)
+      values.append(tf_internals.ListGetItem(lists[w[0]], self._Index(m, w),
+                                             spec))
     return values
 
   def Write(self, lists: Sequence[tf.Tensor], m: Any,
@@ -158,8 +149,8 @@ class Packed:
     lists = list(lists)
     for w, value in zip(self.where, values):
       if w is not None and value is not None:
-        lists[w[0]] = tf.raw_ops.TensorListSetItem(
-            input_handle=lists[w[0]], index=self._Index(m, w), item=value)
+        lists[w[0]] = tf_internals.ListSetItem(lists[w[0]],
+                                               self._Index(m, w), value)
     return lists
 
   def Take(self, lists: Sequence[tf.Tensor], m: Any
@@ -191,8 +182,7 @@ def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
   cell's tf.cond of the tick (they are stateful: they read variables), so a
   tick was a barrier. They order nothing here: a tick writes no state
   (variables are only read, BatchNorm statistics and gradient sums are loop
-  values, dropout is stateless). At K=4, M=4 and 8 this took the loop's
-  step from 1.1x to about 1.0x the unrolled one's (docs/scale.md).
+  values, dropout is stateless).
   """
   compact = Compact(state)
 
@@ -200,7 +190,7 @@ def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
     return [t + 1] + compact.Values(body(t, *compact.Pack(values)))
 
   graph = tf.compat.v1.get_default_graph()
-  with NoAutomaticControlDependencies(graph), graph.device(_BesideInput):
+  with tf_internals.NoAutomaticControlDependencies(graph), graph.device(_BesideInput):
     result = tf.while_loop(lambda t, *_: t < ticks, _Body,
                            [tf.constant(0)] + [_AnyShape(x) for x in
                                                compact.Values()],
@@ -218,27 +208,7 @@ def _AnyShape(x: Any) -> Any:
       not x.shape.rank or x.shape.is_fully_defined()):
     return x
   with tf.device(x.device):
-    return tf.compat.v1.placeholder_with_default(x, [None] * x.shape.rank)
-
-
-@contextlib.contextmanager
-def NoAutomaticControlDependencies(graph: tf.Graph):
-  """Loops and conds built in here get no automatic control dependencies.
-
-  while_v2 and cond_v2 build their bodies with them when the graph they are
-  built in has them (a tf.function's graph does), reading the graph's
-  private ``_add_control_dependencies``; a graph without it is left alone.
-  """
-  name = '_add_control_dependencies'
-  if not hasattr(graph, name):
-    yield
-    return
-  saved = getattr(graph, name)
-  setattr(graph, name, False)
-  try:
-    yield
-  finally:
-    setattr(graph, name, saved)
+    return tf_internals.ShapeUnknown(x, [None] * x.shape.rank)
 
 
 def _BesideInput(op: tf.Operation) -> str:
@@ -247,10 +217,8 @@ def _BesideInput(op: tf.Operation) -> str:
 
   tf.function returns a loop body's outputs through Identity ops it makes
   outside every device scope. The placer would put them all on the first
-  device, so every loop variable
-  of cells 1..K-1 (the gradient sums above all) crossed devices twice per
-  tick: at K=4, M=8, 3,700 Send/Recv pairs per step instead of 1,000, and
-  the loop's step 1.5x trace_once's instead of 1.2x (docs/scale.md).
+  device, so every loop variable of cells 1..K-1 (the gradient sums above
+  all) would cross devices twice per tick.
   """
   if op.device:
     return op.device

@@ -1,6 +1,6 @@
 """Builds a tick program into a step's graph: tick by tick, as while loops over its repeats, or as one switch loop.
 
-The plan (schedule/periods.py) says which. Every tick first moves what
+The plan (schedule/periods.Plan) says which. Every tick first moves what
 neighbours made in the previous tick into the slots (only boundary tensors
 cross devices), then every device runs the step the program gives it::
 
@@ -53,33 +53,23 @@ class TickGraph:
   Args:
     devices: stage s's device.
     schedule: the validated schedule.
-    execution: 'loop' (the plan periods.Fold makes) or 'unrolled' (every
-      tick on its own).
     step: step(ticks.Step, m, t, slots) -> (the stage's new slots, the
       tensors the step made): runs one step of a stage on micro-batch m
       (an int, or a tensor in a loop) at tick t.
-    num_ops: num_ops(ticks.Step): the ops one call of the step adds to the
-      graph.
   """
 
-  def __init__(self, devices: Sequence[str], schedule: Any, execution: str,
-               step: Callable[..., tuple[slots_lib.Slots, list]],
-               num_ops: Callable[[ticks_lib.Step], int]) -> None:
+  def __init__(self, devices: Sequence[str], schedule: Any,
+               step: Callable[..., tuple[slots_lib.Slots, list]]) -> None:
     self.devices = list(devices)
     self.schedule = schedule
-    self.execution = execution
     self.step = step
-    self.num_ops = num_ops
     self.m = schedule.num_micro_batches
 
   def Build(self, program: ticks_lib.TickProgram,
+            plan: Sequence[periods.Segment],
             slots: Sequence[slots_lib.Slots]) -> list[slots_lib.Slots]:
-    """Builds `program` over every stage's `slots`; returns the slots after
-    its last tick."""
-    if self.execution == 'loop':
-      plan = self.Plan(program)
-    else:
-      plan = (periods.Segment(periods.STATIC, 0, program.num_ticks, 1),)
+    """Builds `program` as `plan` (periods.Plan) says, over every stage's
+    `slots`; returns the slots after its last tick."""
     done: dict[int, list] = {}
     slots = tuple(slots)
     for seg in plan:
@@ -96,15 +86,6 @@ class TickGraph:
       slots = tl.RunTicks(seg.repeats, body, slots, self.schedule.num_devices)
       done = self._TokenWaits(slots)
     return list(slots)
-
-  def Plan(self, program: ticks_lib.TickProgram) -> tuple:
-    """The segments 'loop' builds `program` as (periods.Fold), each tick
-    costing the ops of the steps it runs."""
-    ops = [[self.num_ops(step) for step in steps] for steps in program.steps]
-    costs = [1 + sum(ops[d][row[t] - 1] for d, row in enumerate(program.branch)
-                     if row[t]) for t in range(program.num_ticks)]
-    return periods.Fold(periods.Columns(program), periods.DEFAULT_BUDGET,
-                        costs)
 
   def _Tokens(self, slots: Sequence[slots_lib.Slots], done: dict) -> tuple:
     """`slots` with each device's token (kept by its first stage) made once

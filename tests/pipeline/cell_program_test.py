@@ -47,6 +47,10 @@ def _MatMuls(piece):
   return len([op for op in live if op.type == 'MatMul'])
 
 
+def _T(**roles):
+  return cell_program.Tensors(**{k: tuple(v) for k, v in roles.items()})
+
+
 def _Step(kind, keep=False):
   return ticks.Step(kind, 0, keep)
 
@@ -89,16 +93,16 @@ class CellProgramTest(tf.test.TestCase):
   def testBAndWTogetherEqualTheWholeBackward(self):
     p = self.program
     want = self._Reference()
-    kept = p.Piece(_Step(ticks.F, True))(seed=[self.seed], x=self.x)
+    kept = p.Piece(_Step(ticks.F, True))(_T(seed=[self.seed], x=self.x))
     for keep in (True, False):
       with self.subTest(keep=keep):
-        feeds = (dict(saved=kept['saved'], dy=self.dy) if keep else
-                 dict(seed=[self.seed], x=self.x, dy=self.dy,
-                      pinned=kept.get('pinned', [])))
-        whole = p.Piece(_Step(ticks.BW, keep))(**feeds)
-        b = p.Piece(_Step(ticks.B, keep))(**feeds)
-        w = p.Piece(_Step(ticks.W))(wcut=b['wcut'])
-        for got in (whole['dx'] + whole['dws'], b['dx'] + w['dws']):
+        feeds = (_T(saved=kept.saved, dy=self.dy) if keep else
+                 _T(seed=[self.seed], x=self.x, dy=self.dy,
+                    pinned=kept.pinned))
+        whole = p.Piece(_Step(ticks.BW, keep))(feeds)
+        b = p.Piece(_Step(ticks.B, keep))(feeds)
+        w = p.Piece(_Step(ticks.W))(_T(wcut=b.wcut))
+        for got in (whole.dx + whole.dws, b.dx + w.dws):
           for a, g in zip(want, got):
             self.assertAllClose(a, g, rtol=1e-5, atol=1e-6)
 
@@ -108,16 +112,16 @@ class CellProgramTest(tf.test.TestCase):
     # path applies the update after the forward) changes nothing.
     cell = _Cell(batch_norm=True)
     p = _Program(cell)
-    self.assertLen(p.tensors['pinned'], 2 * _NUM_LAYERS)
-    f = p.Piece(_Step(ticks.F, False))(seed=[self.seed], x=self.x)
+    self.assertLen(p.tensors.pinned, 2 * _NUM_LAYERS)
+    f = p.Piece(_Step(ticks.F, False))(_T(seed=[self.seed], x=self.x))
     before = p.Piece(_Step(ticks.BW, False))(
-        seed=[self.seed], x=self.x, dy=self.dy, pinned=f['pinned'])
+        _T(seed=[self.seed], x=self.x, dy=self.dy, pinned=f.pinned))
     for v in cell.layers[1].variables:
       if 'moving' in v.name:
         v.assign(v + 3.0)
     after = p.Piece(_Step(ticks.BW, False))(
-        seed=[self.seed], x=self.x, dy=self.dy, pinned=f['pinned'])
-    for a, b in zip(before['dx'] + before['dws'], after['dx'] + after['dws']):
+        _T(seed=[self.seed], x=self.x, dy=self.dy, pinned=f.pinned))
+    for a, b in zip(before.dx + before.dws, after.dx + after.dws):
       self.assertAllClose(a, b)
 
   def testVariablesAreDifferentiatedOnce(self):
@@ -143,11 +147,11 @@ class CellProgramTest(tf.test.TestCase):
 
     self.assertEmpty(_Gates(self.program))
     self.assertLen(_Gates(gated), _NUM_LAYERS)
-    feeds = dict(seed=[self.seed], x=self.x, dy=self.dy, pinned=[])
-    want = self.program.Piece(_Step(ticks.BW))(**feeds)
-    got = gated.Piece(_Step(ticks.BW))(**feeds)
-    for group in ('dx', 'dws'):
-      for g, w in zip(got[group], want[group]):
+    feeds = _T(seed=[self.seed], x=self.x, dy=self.dy)
+    want = self.program.Piece(_Step(ticks.BW))(feeds)
+    got = gated.Piece(_Step(ticks.BW))(feeds)
+    for role in ('dx', 'dws'):
+      for g, w in zip(getattr(got, role), getattr(want, role)):
         self.assertAllClose(g, w, rtol=1e-6, atol=1e-7)
 
   def testBackwardCastsEachWeightWhenItsGradientArrives(self):
@@ -181,11 +185,11 @@ class CellProgramTest(tf.test.TestCase):
           self.assertIn(x_in.op, backward)
           self.assertEqual(x_in.op.control_inputs, others)
     self.assertLen(reads, _NUM_LAYERS)  # dx = dy @ W^T, once per layer.
-    feeds = dict(seed=[self.seed], x=x, dy=dy, pinned=[])
-    got = p.Piece(_Step(ticks.BW))(**feeds)
-    want = early.Piece(_Step(ticks.BW))(**feeds)
-    for group in ('dx', 'dws'):
-      for g, w in zip(got[group], want[group]):
+    feeds = _T(seed=[self.seed], x=x, dy=dy)
+    got = p.Piece(_Step(ticks.BW))(feeds)
+    want = early.Piece(_Step(ticks.BW))(feeds)
+    for role in ('dx', 'dws'):
+      for g, w in zip(getattr(got, role), getattr(want, role)):
         self.assertAllEqual(g, w)
 
 

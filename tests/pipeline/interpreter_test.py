@@ -12,12 +12,9 @@ import tensorflow as tf
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
-from gpipe_tf.pipeline import cell_program
-from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import tick_graph
 from gpipe_tf.pipeline import trace as trace_lib
-from gpipe_tf.pipeline.schedule import periods
 
 
 def _Fc(i, din=8, dout=8, act='TANH'):
@@ -68,15 +65,14 @@ class InterpreterTest(tf.test.TestCase):
     layers = [_Fc(i) for i in range(8)]
     for schedule, v in (('gpipe', 1), ('1f1b', 1), ('zb_h1', 1),
                         ('interleaved_1f1b', 2)):
-      # The loop builds a program whole while it fits its budget, like
-      # unrolled; past it, what it builds is the same at any M. These steps
-      # are too small for the default budget in ops to fold them at these
-      # M: 4 ticks per stage instead.
-      budget = 4 * 2 * v
-      with self.subTest(schedule=schedule), mock.patch.object(
-          periods, 'Fold', test_utils.FoldByTicks(lambda _, b=budget: b)):
+      # Past its budget the loop folds a program's repeats (these steps are
+      # too small for the default budget in ops to fold them at these M:
+      # 'folded' folds whatever the budget); what it builds is then the
+      # same at any M.
+      with self.subTest(schedule=schedule):
         ops = {}
-        for execution, ms in (('loop', (16, 32)), ('unrolled', (4, 16))):
+        for execution, ms in (('folded', (16, 32)), ('switch', (16, 32)),
+                              ('unrolled', (4, 16))):
           for m in ms:
             pipe = _Pipe(layers, num_partitions=2, num_micro_batches=m,
                          schedule=schedule, num_virtual_stages=v,
@@ -85,7 +81,8 @@ class InterpreterTest(tf.test.TestCase):
             step = tf.function(lambda p=pipe: p.ComputeLossAndGradients(
                 x, tf.zeros([32], tf.int32), _LossFn)[2])
             ops[execution, m] = _NumOps(step.get_concrete_function())
-        self.assertEqual(ops['loop', 16], ops['loop', 32])
+        self.assertEqual(ops['folded', 16], ops['folded', 32])
+        self.assertEqual(ops['switch', 16], ops['switch', 32])
         # The count sees what grows: the unrolled graph does.
         self.assertGreater(ops['unrolled', 16], 2 * ops['unrolled', 4])
 
@@ -116,8 +113,7 @@ class InterpreterTest(tf.test.TestCase):
     x = tf.random.stateless_normal([8, 8], [1, 2])
     tf.function(lambda: pipe.ComputeLossAndGradients(
         x, tf.zeros([8], tf.int32), _LossFn)[2])()
-    split = [{p.split for p in cell.programs.values()
-              if isinstance(p, cell_program.CellProgram)}
+    split = [{p.split for p in cell.programs.values()}
              for cell in pipe.cells]
     self.assertEqual(split, [{False}, {True}])
 
@@ -134,12 +130,11 @@ class InterpreterTest(tf.test.TestCase):
     # be the one the second stage's switch made at tick t.
     pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
                  num_micro_batches=4, schedule='interleaved_1f1b',
-                 num_virtual_stages=2)
+                 num_virtual_stages=2, execution='switch')
     x = tf.zeros([8, 8])
-    with mock.patch.object(periods, 'DEFAULT_BUDGET', 0):
-      graph = tf.function(lambda: pipe.ComputeLossAndGradients(
-          x, tf.zeros([8], tf.int32), _LossFn)[2]).get_concrete_function(
-          ).graph
+    graph = tf.function(lambda: pipe.ComputeLossAndGradients(
+        x, tf.zeros([8], tf.int32), _LossFn)[2]).get_concrete_function(
+        ).graph
     (loop,) = [op for op in graph.get_operations() if op.type == 'While']
     body = graph._functions[loop.get_attr('body').name].graph  # pylint: disable=protected-access
     cases = [op for op in body.get_operations()

@@ -114,9 +114,8 @@ class PrecisionTest(tf.test.TestCase):
   def testBoundaryActivationsAre16Bit(self):
     pipe = self._Pipe('mixed_bfloat16', num_micro_batches=2)
     pipe.ComputeLossAndGradients(self.x, self.y, _LossFn)
-    program = [p for p in pipe.cells[1].programs.values()
-               if hasattr(p, 'tensors')][0]
-    self.assertEqual(program.tensors['x'][0].dtype, tf.bfloat16)
+    program = list(pipe.cells[1].programs.values())[0]
+    self.assertEqual(program.tensors.x[0].dtype, tf.bfloat16)
 
   def testLossScaleScalesTheGradientsOnly(self):
     pipe = self._Pipe('mixed_float16', num_micro_batches=2, schedule='1f1b')
@@ -139,8 +138,7 @@ class PrecisionTest(tf.test.TestCase):
     self.assertAllClose(want_loss, loss, rtol=1e-5)
     for a, b in zip(got, want):
       self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
-    program = [p for p in pipe.cells[0].programs.values()
-               if hasattr(p, 'tensors')][0]
+    program = list(pipe.cells[0].programs.values())[0]
     piece = program.Piece(ticks.Step(ticks.F, 0, False))
     self.assertTrue(piece.function._jit_compile)  # pylint: disable=protected-access
 

@@ -11,9 +11,8 @@ S = periods.Segment
 
 
 def _Program(name, k, m, v=1):
-  sched = schedule.Make(name, k, m, v)
-  return sched, ticks.Lower(sched, fused=ticks.Fusable(sched),
-                            joined=ticks.Joinable(sched))
+  sched = ticks.JoinBackward(schedule.Make(name, k, m, v))
+  return sched, ticks.Lower(sched, fused=ticks.Fusable(sched))
 
 
 def _Plan(name, k, m, v=1, per_stage=None):

@@ -19,8 +19,8 @@ def _Layouts():
 
 
 def _Run(table, sched, d):
-  """Device d's actions in tick order (a fused pair's backward after its F,
-  a joined pair's W after its B)."""
+  """Device d's actions in tick order (a fused pair's backward after its
+  F)."""
   out = []
   for act in table.grid[d]:
     if act is None:
@@ -31,21 +31,18 @@ def _Run(table, sched, d):
       out += [a for a in sched.actions[d] if a.kind in (schedule.B,
                                                         schedule.BW) and
               (a.stage, a.micro_batch) == pair]
-    if out[-1].kind == schedule.B and pair in table.joined:
-      out.append(schedule.Action(schedule.W, *pair))
   return out
 
 
 class LowerTest(unittest.TestCase):
 
   def testEveryActionKeepsItsOrderAndRunsAtItsEarliestTick(self):
-    for sched in _Layouts():
-      for fused, joined in ((frozenset(), frozenset()),
-                            (ticks.Fusable(sched), frozenset()),
-                            (ticks.Fusable(sched), ticks.Joinable(sched))):
-        with self.subTest(sched=repr(sched), fused=bool(fused),
-                          joined=bool(joined)):
-          table = ticks.Lower(sched, fused=fused, joined=joined)
+    for original in _Layouts():
+      for fused, joined in ((False, False), (True, False), (True, True)):
+        sched = ticks.JoinBackward(original) if joined else original
+        with self.subTest(sched=repr(sched), fused=fused, joined=joined):
+          table = ticks.Lower(
+              sched, fused=ticks.Fusable(sched) if fused else frozenset())
           for d, acts in enumerate(sched.actions):
             # W included: zero-bubble's weight gradients run where the
             # schedule put them.
@@ -143,39 +140,42 @@ class LowerTest(unittest.TestCase):
         [ticks.Lower(sched).num_ticks,
          ticks.Lower(sched, fused=ticks.Fusable(sched)).num_ticks], [22, 20])
 
-  def testJoinedPairRunsInItsBsTickAsOneBackward(self):
+  def testJoinBackwardMakesEachBItsWFollowsOneBW(self):
     # ZB-H1, K=2: every W of stage 0 directly follows its B; the last
     # stage's are deferred by one micro-batch (they fill its bubble).
     sched = schedule.Make('zb_h1', 2, 8)
-    self.assertEqual(ticks.Joinable(sched), {(0, m) for m in range(8)})
-    with self.assertRaisesRegex(schedule.ScheduleError,
-                                r"cannot join \[\(1, 0\)\]"):
-      ticks.Lower(sched, joined={(1, 0)})
-    for sched in _Layouts():
-      joined = ticks.Joinable(sched)
-      fused = ticks.Fusable(sched)
-      with self.subTest(sched=repr(sched)):
-        table = ticks.Lower(sched, fused=fused, joined=joined)
-        alone = ticks.Lower(sched, fused=fused)
+    joined = ticks.JoinBackward(sched)
+    self.assertEqual(
+        {(a.stage, a.micro_batch) for row in joined.actions for a in row
+         if a.kind == schedule.BW}, {(0, m) for m in range(8)})
+    for original in _Layouts():
+      joined = ticks.JoinBackward(original)
+      with self.subTest(sched=repr(original)):
+        joined.Validate()
+        for before, after in zip(original.actions, joined.actions):
+          # The same work in the same order: a BW where a B and its W were.
+          unjoined = []
+          for a in after:
+            if a.kind == schedule.BW and original.SplitBackward(
+                a.stage, a.micro_batch):
+              unjoined += [schedule.Action(k, a.stage, a.micro_batch)
+                           for k in (schedule.B, schedule.W)]
+            else:
+              unjoined.append(a)
+          self.assertEqual(list(before), unjoined)
+          for b, w in zip(after, after[1:]):
+            self.assertFalse(b.kind == schedule.B and w == schedule.Action(
+                schedule.W, b.stage, b.micro_batch))
+        table = ticks.Lower(joined, fused=ticks.Fusable(joined))
+        alone = ticks.Lower(original, fused=ticks.Fusable(original))
         self.assertLessEqual(table.num_ticks, alone.num_ticks)
-        for act, t in table.tick.items():
-          pair = (act.stage, act.micro_batch)
-          if act.kind != schedule.W or pair not in joined:
-            continue
-          self.assertEqual(t, table.tick[schedule.Action(schedule.B, *pair)])
-          d = sched.DeviceOf(act.stage)
-          step = table.steps[d][table.branch[d][t] - 1]
-          if pair in fused:
-            self.assertEqual((step.kind, step.split), (ticks.FB, False))
-          else:
-            self.assertEqual(step.kind, schedule.BW)
         # A stage is split (its program ungated) only where a W stays apart.
-        apart = {a.stage for a in table.tick if a.kind == schedule.W and
-                 (a.stage, a.micro_batch) not in joined}
-        self.assertEqual(ticks.SplitStages(table), apart)
+        self.assertEqual(ticks.SplitStages(table),
+                         {a.stage for row in joined.actions for a in row
+                          if a.kind == schedule.W})
     sched = schedule.Make('zb_h1', 2, 8)
-    table = ticks.Lower(sched, fused=ticks.Fusable(sched),
-                        joined=ticks.Joinable(sched))
+    joined = ticks.JoinBackward(sched)
+    table = ticks.Lower(joined, fused=ticks.Fusable(joined))
     self.assertEqual(
         [table.num_ticks, ticks.Lower(sched, fused=ticks.Fusable(sched))
          .num_ticks], [17, 24])

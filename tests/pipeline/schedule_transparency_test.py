@@ -10,7 +10,6 @@ same K and M: the schedule changes the order of the work, never its result.
 """
 
 import itertools
-from unittest import mock
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -71,11 +70,12 @@ def _Data(n=11):
   return x, y
 
 
-def _Pipe(layers, k, m, remat, schedule='gpipe', v=1, execution='loop'):
+def _Pipe(layers, k, m, remat, schedule='gpipe', v=1, execution='loop',
+          **kw):
   return PipeliningLayer.Params().Set(
       name='net', layers=layers, num_partitions=k, num_micro_batches=m,
       remat=remat, schedule=schedule, num_virtual_stages=v,
-      execution=execution).Instantiate()
+      execution=execution, **kw).Instantiate()
 
 
 def _TapeLossAndGrads(model, x, y):
@@ -192,40 +192,36 @@ class ScheduleTransparencyTest(tf.test.TestCase):
 
   def testLoopWithoutBudgetRunsAsOneSwitchLoop(self):
     # No tick may be built on its own: one while loop, a tf.switch_case per
-    # stage and tick picking the step.
+    # stage and tick picking the step; the same with execution='switch'.
     x, y = _Data(12)
     want = _TapeLossAndGrads(core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate(), x, y)
-    with mock.patch.object(periods, 'DEFAULT_BUDGET', 0):
-      for name, v in SCHEDULES:
-        with self.subTest(schedule=name):
-          pipe = _Pipe(_MlpLayers(), 2, 3, 'always', name, v)
-          step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))
-          ops = [op.type for op in
-                 step.get_concrete_function().graph.get_operations()]
-          self.assertEqual(ops.count('While'), 1)
-          self._AssertSame(want, step())
+    for (name, v), how in zip(SCHEDULES, itertools.cycle((
+        dict(loop_budget=0), dict(execution='switch')))):
+      with self.subTest(schedule=name, how=repr(how)):
+        pipe = _Pipe(_MlpLayers(), 2, 3, 'always', name, v, **how)
+        step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))
+        ops = [op.type for op in
+               step.get_concrete_function().graph.get_operations()]
+        self.assertEqual(ops.count('While'), 1)
+        self._AssertSame(want, step())
 
   def testLoopFoldsRepeatsIntoWhileLoops(self):
     # M = 12 is long enough for every schedule's steady state to repeat.
-    # With a budget of 8 ticks per stage (this model's steps are too small
-    # for the default budget in ops to fold them) every plan folds: each
-    # repeat is one while loop, the rest built tick by tick, and the
+    # execution='folded' (as 'loop' builds steps too big to build whole):
+    # each repeat is one while loop, the rest built tick by tick, and the
     # numbers are SequentialLayer's.
     x, y = _Data(24)
     want = _TapeLossAndGrads(core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate(), x, y)
     for (name, v), remat in zip(SCHEDULES + (('zbv', 2), ('dualpipe_v', 2)),
                                 itertools.cycle(REMATS)):
-      pipe = _Pipe(_MlpLayers(), 2, 12, remat, name, v)
-      budget = 8 * pipe.schedule.num_stages
-      with self.subTest(schedule=name, remat=remat), mock.patch.object(
-          periods, 'Fold', test_utils.FoldByTicks(lambda _, b=budget: b)):
-        program = ticks.Lower(pipe.schedule,
-                              fused=ticks.Fusable(pipe.schedule),
-                              joined=ticks.Joinable(pipe.schedule))
+      pipe = _Pipe(_MlpLayers(), 2, 12, remat, name, v, 'folded')
+      with self.subTest(schedule=name, remat=remat):
+        joined = ticks.JoinBackward(pipe.schedule)
+        program = ticks.Lower(joined, fused=ticks.Fusable(joined))
         kinds = [seg.kind for seg in
-                 periods.Fold(periods.Columns(program), None)]
+                 periods.Plan(periods.Columns(program), 'folded', 0)]
         self.assertIn(periods.REPEAT, kinds)
         self.assertNotIn(periods.SWITCH, kinds)
         step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))

@@ -1,6 +1,5 @@
 """Every cell of the support matrix (support.py) against SequentialLayer, with every feature at once; writes the matrix into docs/pipeline.md."""
 
-import contextlib
 import os
 from unittest import mock
 
@@ -24,6 +23,7 @@ from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import support
 from gpipe_tf.pipeline import trace as trace_lib
 from gpipe_tf.pipeline.schedule import periods
+from gpipe_tf.pipeline.schedule import ticks
 
 SCHEDULES = (('gpipe', 1), ('gpipe', 2), ('1f1b', 1),
              ('interleaved_1f1b', 2), ('zb_h1', 1), ('zbv', 2),
@@ -150,11 +150,8 @@ class SupportTest(tf.test.TestCase):
         remat = remats[(i + j) % 3]
         execution = executions[(i + 2 * j) % 3]
         with self.subTest(schedule=name, v=v, path=path, remat=remat,
-                          execution=execution), contextlib.ExitStack() as ctx:
-          if execution == 'switch':
-            ctx.enter_context(mock.patch.object(periods, 'DEFAULT_BUDGET', 0))
-          seq, pipe = self._Models(
-              name, v, remat, 'unrolled' if execution == 'unrolled' else 'loop')
+                          execution=execution):
+          seq, pipe = self._Models(name, v, remat, execution)
           reason = support.Refusal(path, sched)
           if reason is not None:
             with self.assertRaises(engine.ScheduleNeedsLossError):
@@ -191,24 +188,21 @@ class SupportTest(tf.test.TestCase):
     # The loss inside, every feature at once, each program's repeats folded
     # into while loops (as the loop builds steps too big to build whole):
     # M = 8 and N = 22 (micro-batches of 3 and 2) give every schedule some.
-    plans = []
     remats = ('never', 'except_last', 'always')
-    # Every repeat folded: a budget of one tick fewer than the program.
-    fold = test_utils.FoldByTicks(lambda columns: len(columns) - 1, plans)
-    with mock.patch.object(periods, 'Fold', fold), mock.patch(
-        f'{__name__}.M', 8), mock.patch(f'{__name__}.N', 22):
+    with mock.patch(f'{__name__}.M', 8), mock.patch(f'{__name__}.N', 22):
       ids, labels = _Data()
       for i, (name, v) in enumerate(SCHEDULES):
-        plans.clear()
         with self.subTest(schedule=name, v=v, remat=remats[i % 3]):
-          seq, pipe = self._Models(name, v, remats[i % 3], 'loop')
+          seq, pipe = self._Models(name, v, remats[i % 3], 'folded')
+          joined = ticks.JoinBackward(pipe.schedule)
+          program = ticks.Lower(joined, fused=ticks.Fusable(joined))
+          plan = periods.Plan(periods.Columns(program), 'folded', 0)
           want_loss, want_grads, _ = _Reference(seq, ids, labels)
           with random_seeds.StepSeedScope(_SEED):
             loss, _, grads = tf.function(
                 lambda p=pipe: p.ComputeLossAndGradients(ids, labels,
                                                          _LossFn))()
-          self.assertIn(periods.REPEAT,
-                        [seg.kind for plan in plans for seg in plan])
+          self.assertIn(periods.REPEAT, [seg.kind for seg in plan])
           self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
           for a, b in zip(want_grads, grads):
             self.assertAllClose(a, tf.convert_to_tensor(b), rtol=1e-4,

@@ -134,13 +134,14 @@ class DistributeTest(tf.test.TestCase):
     plain_bn = test_utils.CheckpointValues(root + '/pbn')
     for execution in ('loop', 'unrolled'):
       with self.subTest(execution=execution):
-        # Only the loop plans which ticks to fold into while loops.
-        with mock.patch.object(periods, 'Fold', autospec=True,
-                               side_effect=periods.Fold) as called:
+        # Each replica's step is planned as the execution asks.
+        with mock.patch.object(periods, 'Plan', autospec=True,
+                               side_effect=periods.Plan) as called:
           loop.train_and_evaluate(_Variant(_Piped, execution=execution),
                                   root + '/' + execution, 'train', max_steps=2,
                                   num_replicas=2)
-        self.assertEqual(called.called, execution == 'loop')
+        self.assertEqual({c.args[1] for c in called.call_args_list},
+                         {execution})
         values = test_utils.CheckpointValues(root + '/' + execution)
         self.assertEqual(sorted(plain), sorted(values))
         for key in plain:  # Weights, Adam slots, global step.

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
-__all__ = ['DEFAULT_BUDGET', 'MAX_PERIOD', 'REPEAT', 'STATIC', 'SWITCH',
-           'Columns', 'Fold', 'Segment']
+__all__ = ['DEFAULT_BUDGET', 'EXECUTIONS', 'MAX_PERIOD', 'REPEAT', 'STATIC',
+           'SWITCH', 'Columns', 'Fold', 'Plan', 'Segment']
 
 STATIC, REPEAT, SWITCH = 'static', 'repeat', 'switch'
 MAX_PERIOD = 64  # The longest period looked for, in ticks.
+EXECUTIONS = ('loop', 'unrolled', 'folded', 'switch')  # Plan's.
 
 
 class Segment(NamedTuple):
@@ -67,12 +68,9 @@ class Segment(NamedTuple):
     return self.start + self.period * self.repeats
 
 
-# The ops of steps a step's graph may hold. A 4-device pipeline of 8
-# Transformer blocks (tools.trace_cost) builds 15,500-18,800 at M = 4 under
-# every registered schedule, and 19,400-20,500 at M = 32 folded under gpipe
-# and 1f1b (28,300 under zb_h1, 48,200 under interleaved_1f1b, V = 2: those
-# run as switch loops); a pipeline of small cells (the FC benchmark's, 4,000
-# to 8,000 at M = 8) is built whole, as unrolled.
+# The ops of steps a 'loop' step's graph may hold by default
+# (PipeliningLayer's loop_budget); how it was chosen, and what it trades, is
+# in benchmarks/trace_cost.
 DEFAULT_BUDGET = 24_000
 
 
@@ -103,7 +101,27 @@ def _BestRepeat(columns: Sequence[tuple], costs: Sequence[int], i: int,
   return best
 
 
-def Fold(columns: Sequence[tuple], budget: int,
+def _FoldRepeats(columns: Sequence[tuple], costs: Sequence[int],
+                 budget: float) -> tuple[list[Segment], int]:
+  """(segments, what they cost to build): the repeats folded greedily from
+  the first tick, stopping once the cost passes `budget`."""
+  n = len(columns)
+  segments: list[Segment] = []
+  built, i = 0, 0
+  while i < n and built <= budget:
+    p, r, cost = _BestRepeat(columns, costs, i, MAX_PERIOD)
+    if r > 1:
+      segments.append(Segment(REPEAT, i, p, r))
+    elif segments and segments[-1].kind == STATIC:
+      segments[-1] = segments[-1]._replace(period=segments[-1].period + 1)
+    else:
+      segments.append(Segment(STATIC, i, 1, 1))
+    built += cost
+    i += p * r
+  return segments, built
+
+
+def Fold(columns: Sequence[tuple], budget: float,
          costs: Sequence[int] | None = None) -> tuple[Segment, ...]:
   """Cuts ticks with these Columns into segments (module docstring).
 
@@ -122,18 +140,39 @@ def Fold(columns: Sequence[tuple], budget: int,
     return ()
   if sum(costs) <= budget:
     return (Segment(STATIC, 0, n, 1),)
-  segments: list[Segment] = []
-  built, i = 0, 0
-  while i < n and built <= budget:
-    p, r, cost = _BestRepeat(columns, costs, i, MAX_PERIOD)
-    if r > 1:
-      segments.append(Segment(REPEAT, i, p, r))
-    elif segments and segments[-1].kind == STATIC:
-      segments[-1] = segments[-1]._replace(period=segments[-1].period + 1)
-    else:
-      segments.append(Segment(STATIC, i, 1, 1))
-    built += cost
-    i += p * r
+  segments, built = _FoldRepeats(columns, costs, budget)
   if built > budget:
     return (Segment(SWITCH, 0, 1, n),)
   return tuple(segments)
+
+
+def Plan(columns: Sequence[tuple], execution: str, budget: float,
+         costs: Sequence[int] | None = None) -> tuple[Segment, ...]:
+  """The segments a step builds a tick program as, by `execution`.
+
+  Args:
+    columns: Columns(program).
+    execution: 'loop' (Fold by `budget`: whole, folded or one switch loop,
+      whichever fits first), 'unrolled' (whole, whatever M: the reference
+      the others are tested against), 'folded' (repeats folded, whatever
+      the budget) or 'switch' (one switch loop).
+    budget: the ops a 'loop' step may hold.
+    costs: what building each tick adds to the graph (default: 1 a tick).
+
+  Raises:
+    ValueError: an unknown execution.
+  """
+  n = len(columns)
+  if execution not in EXECUTIONS:
+    raise ValueError(f'execution must be one of {EXECUTIONS}, got '
+                     f'{execution!r}')
+  if n == 0:
+    return ()
+  if execution == 'loop':
+    return Fold(columns, budget, costs)
+  if execution == 'unrolled':
+    return (Segment(STATIC, 0, n, 1),)
+  if execution == 'switch':
+    return (Segment(SWITCH, 0, 1, n),)
+  costs = [1] * n if costs is None else list(costs)
+  return tuple(_FoldRepeats(columns, costs, float('inf'))[0])

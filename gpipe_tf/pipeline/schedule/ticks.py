@@ -24,12 +24,14 @@ A *fused* pair (s, m) runs F(s, m), the loss and its backward as one step
 pairs whose backward directly follows their F on the device (Fusable) can
 be fused, since that backward reads nothing but the loss of its own forward.
 
-A *joined* pair (s, m) runs B(s, m) and W(s, m) as one BW step in B's tick,
-where W directly follows its B on the device (Joinable): the order is the
-schedule's, and the backward computes each layer's input and weight
+``JoinBackward`` is a pass over the schedule: it returns the schedule with
+every B(s, m) that its W(s, m) directly follows on the device replaced by
+one BW(s, m), so the backward computes each layer's input and weight
 gradients together instead of stashing what W reads until the next tick.
 ZB-H1's first stage, whose W all follow their B at once, then runs as
-1F1B's; a W the schedule defers still runs where it put it.
+1F1B's; a W the schedule defers still runs where it put it. Which stages
+split their backward into B and a later W is then read off the schedule
+the engine lowers (SplitStages), once.
 
 A *phase* lowers part of a schedule: 'forward' its F actions (inference, or
 the forward of a tape-driven fill-drain step), 'backward' the rest (their F
@@ -44,9 +46,10 @@ import dataclasses
 from typing import Callable
 
 from gpipe_tf.pipeline.schedule import action as action_lib
+from gpipe_tf.pipeline.schedule import replay
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['FB', 'PHASES', 'Fusable', 'Joinable', 'Lower', 'SplitStages',
+__all__ = ['FB', 'PHASES', 'Fusable', 'JoinBackward', 'Lower', 'SplitStages',
            'Step', 'TickProgram']
 
 Action = action_lib.Action
@@ -82,10 +85,8 @@ class TickProgram:
     tick: the tick of every action of the phase (a fused pair's backward
       has its F's tick).
     grid: grid[d][t] is device d's action at tick t, None when it idles (a
-      fused pair shows as its F, a joined pair as its B).
+      fused pair shows as its F).
     fused: the (stage, micro-batch) pairs run as one FB step.
-    joined: the (stage, micro-batch) pairs whose B and W run as one BW step
-      (W has its B's tick).
     steps: steps[d] lists device d's distinct steps; branch j + 1 runs
       steps[d][j].
     branch: branch[d][t], 0 when device d idles at tick t.
@@ -99,7 +100,6 @@ class TickProgram:
   tick: dict[Action, int]
   grid: tuple[tuple[Action | None, ...], ...]
   fused: frozenset[tuple[int, int]]
-  joined: frozenset[tuple[int, int]]
   steps: tuple[tuple[Step, ...], ...]
   branch: tuple[tuple[int, ...], ...]
   micro: tuple[tuple[int, ...], ...]
@@ -107,20 +107,18 @@ class TickProgram:
   got_dx: tuple[tuple[int, ...], ...]
 
   def Runs(self, act: Action) -> list[Action]:
-    """The actions grid entry `act` runs in its tick: itself, a fused
-    pair's backward after its F, a joined pair's W after its B."""
+    """The actions grid entry `act` runs in its tick: itself, and a fused
+    pair's backward after its F."""
     pair = (act.stage, act.micro_batch)
     runs = [act]
     if act.kind == F and pair in self.fused:
       runs += [a for a in (Action(B, *pair), Action(BW, *pair))
                if a in self.tick]
-    if runs[-1].kind == B and pair in self.joined:
-      runs.append(Action(W, *pair))
     return runs
 
   def ToAscii(self) -> str:
-    """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3'
-    (a BW, or a joined B and W), 'FB3' (fused), '..' idle."""
+    """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3',
+    'FB3' (fused), '..' idle."""
     rows = []
     for d, row in enumerate(self.grid):
       cells = []
@@ -129,8 +127,6 @@ class TickProgram:
           cells.append('..')
         elif act.kind == F and (act.stage, act.micro_batch) in self.fused:
           cells.append(f'FB{act.micro_batch}')
-        elif act.kind == B and (act.stage, act.micro_batch) in self.joined:
-          cells.append(f'BW{act.micro_batch}')
         else:
           cells.append(act.label)
       width = max(len(c) for c in cells)
@@ -146,16 +142,25 @@ def Fusable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:
                    if s == last)
 
 
-def Joinable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:
-  """The pairs Lower can join: (s, m) whose W directly follows B(s, m) on
-  its device."""
-  pairs = set()
+def JoinBackward(schedule: table.Schedule) -> table.Schedule:
+  """The schedule with every B(s, m) directly followed on its device by
+  W(s, m) replaced by one BW(s, m) (a pass: the schedule is not changed).
+  The result is valid when `schedule` is, and does the same work."""
+  rows = []
   for acts in schedule.actions:
-    for b, w in zip(acts, acts[1:]):
-      if (b.kind == B and w.kind == W and
-          (b.stage, b.micro_batch) == (w.stage, w.micro_batch)):
-        pairs.add((b.stage, b.micro_batch))
-  return frozenset(pairs)
+    row, i = [], 0
+    while i < len(acts):
+      act = acts[i]
+      if (act.kind == B and i + 1 < len(acts) and
+          acts[i + 1] == Action(W, act.stage, act.micro_batch)):
+        row.append(Action(BW, act.stage, act.micro_batch))
+        i += 2
+      else:
+        row.append(act)
+        i += 1
+    rows.append(row)
+  return table.Schedule(rows, schedule.num_micro_batches,
+                        schedule.stage_devices, schedule.name)
 
 
 def SplitStages(program: 'TickProgram') -> frozenset[int]:
@@ -173,33 +178,32 @@ def _InPhase(act: Action, phase: str) -> bool:
 
 
 def _Ticks(schedule: table.Schedule, phase: str,
-           fused: frozenset[tuple[int, int]],
-           joined: frozenset[tuple[int, int]]) -> dict[Action, int]:
-  tick: dict[Action, int] = {}
-  last = [-1] * schedule.num_devices
-  for act in schedule.Order():
-    if not _InPhase(act, phase):
-      continue
-    pair = (act.stage, act.micro_batch)
-    if act.kind in (B, BW) and pair in fused:
-      tick[act] = tick[Action(F, *pair)]
-      continue
-    if act.kind == W and pair in joined:
-      tick[act] = tick[Action(B, *pair)]
-      continue
-    d = schedule.DeviceOf(act.stage)
-    t = last[d] + 1
-    for dep in schedule.Dependencies(act):
-      if dep in tick:  # Not in tick: run in an earlier phase.
-        t = max(t, tick[dep] + 1)
-    tick[act] = t
-    last[d] = t
-  return tick
+           fused: frozenset[tuple[int, int]]) -> dict[Action, int]:
+  """Each action's tick: its earliest start when every action takes one
+  tick (replay.Replay), a fused pair's backward in its F's tick and an
+  action's inputs from an earlier phase ready from the start."""
+
+  def _Fused(act):
+    return act.kind in (B, BW) and (act.stage, act.micro_batch) in fused
+
+  rows = [[a for a in acts if _InPhase(a, phase) and not _Fused(a)]
+          for acts in schedule.actions]
+  present = {a for row in rows for a in row}
+
+  def _Deps(act):
+    deps = [Action(F, d.stage, d.micro_batch) if _Fused(d) else d
+            for d in schedule.Dependencies(act)]
+    return [d for d in deps if d in present]
+
+  start = replay.Replay(rows, _Deps, lambda act: 1.0).start
+  # In the schedule's order (what numbers each device's steps).
+  return {act: int(start[Action(F, act.stage, act.micro_batch)
+                         if _Fused(act) else act])
+          for act in schedule.Order() if _InPhase(act, phase)}
 
 
 def Lower(schedule: table.Schedule, *, phase: str = 'all',
           fused: frozenset[tuple[int, int]] = frozenset(),
-          joined: frozenset[tuple[int, int]] = frozenset(),
           keep: Callable[[int, int], bool] = lambda s, m: True
           ) -> TickProgram:
   """Lowers (a phase of) a validated schedule to its tick program.
@@ -209,14 +213,12 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
     phase: 'all', 'forward' or 'backward' (module docstring).
     fused: (stage, micro-batch) pairs to run as one FB step; a subset of
       Fusable(schedule), and only with phase 'all'.
-    joined: (stage, micro-batch) pairs whose B and W run as one BW step; a
-      subset of Joinable(schedule).
     keep: keep(s, m) is True when F(s, m) keeps its activations for its
       backward, False when the backward recomputes them.
 
   Raises:
     ScheduleError: the schedule is not valid (Schedule.Validate), the phase
-      is unknown, or a fused pair is not fusable or a joined one joinable.
+      is unknown, or a fused pair is not fusable.
   """
   schedule.Validate()
   if phase not in PHASES:
@@ -230,13 +232,7 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
         f'cannot fuse {sorted(fused - Fusable(schedule))}: only the last '
         "stage's pairs whose backward directly follows their F on the device "
         f'can run as one action ({sorted(Fusable(schedule))} here).')
-  joined = frozenset(joined)
-  if not joined <= Joinable(schedule):
-    raise table.ScheduleError(
-        f'cannot join {sorted(joined - Joinable(schedule))}: only a B '
-        'directly followed by its W on the device can run with it as one '
-        f'action ({sorted(Joinable(schedule))} here).')
-  tick = _Ticks(schedule, phase, fused, joined)
+  tick = _Ticks(schedule, phase, fused)
   num_ticks = 1 + max(tick.values(), default=-1)
   k, num_stages = schedule.num_devices, schedule.num_stages
   grid = [[None] * num_ticks for _ in range(k)]
@@ -255,15 +251,10 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
         got_dx[s - 1][t + 1] = m
     if act.kind in (B, BW) and (s, m) in fused:
       continue  # Runs inside its F's step.
-    if act.kind == W and (s, m) in joined:
-      continue  # Runs inside its B's step.
     if act.kind == F and (s, m) in fused:
-      step = Step(FB, s, True, schedule.SplitBackward(s, m) and
-                  (s, m) not in joined)
+      step = Step(FB, s, True, schedule.SplitBackward(s, m))
     elif act.kind == W:
       step = Step(W, s)
-    elif act.kind == B and (s, m) in joined:
-      step = Step(BW, s, bool(keep(s, m)))
     else:
       step = Step(act.kind, s, bool(keep(s, m)))
     if step not in steps[d]:
@@ -272,7 +263,7 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
     branch[d][t] = 1 + steps[d].index(step)
     micro[d][t] = m
   return TickProgram(
-      num_ticks, tick, tuple(tuple(r) for r in grid), fused, joined,
+      num_ticks, tick, tuple(tuple(r) for r in grid), fused,
       tuple(tuple(r) for r in steps), tuple(tuple(r) for r in branch),
       tuple(tuple(r) for r in micro), tuple(tuple(r) for r in got_y),
       tuple(tuple(r) for r in got_dx))

@@ -54,8 +54,7 @@ from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import tf_internals
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-__all__ = ['CellProgram', 'LossHead', 'Piece', 'ProgramKey', 'Tensors',
-           'NestKey', 'OutputsOf']
+__all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from gpipe_tf.pipeline import tensor_loop as tl
 from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-__all__ = ['RunLossAndGradients', 'RunPipeline', 'ScheduleNeedsLossError']
+__all__ = ['ScheduleNeedsLossError']  # The rest is PipeliningLayer's.
 
 Keep = Callable[[int, int], bool]
 

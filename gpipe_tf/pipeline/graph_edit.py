@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from gpipe_tf.pipeline import tf_internals
 
-__all__ = ['Ancestors', 'CastsJustInTime', 'TrainableReads']
+__all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 
 def Ancestors(tensors: Sequence[Any], within: set) -> set:

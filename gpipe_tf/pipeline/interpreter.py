@@ -39,9 +39,7 @@ from gpipe_tf.pipeline import tick_graph
 from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-__all__ = ['EXECUTIONS', 'BatchNormStats', 'Compile', 'Compiled', 'Done',
-           'FeedOutputGradients', 'Feeds', 'Gradients', 'InputGradients',
-           'LossSums', 'MicroBatchSpecs', 'Outputs', 'Run', 'Start', 'State']
+__all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 EXECUTIONS = periods.EXECUTIONS
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-__all__ = ['Fill', 'Present']
+__all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 
 def Present(flat: Iterable[Any]) -> list:

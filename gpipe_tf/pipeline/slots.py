@@ -12,8 +12,7 @@ import tensorflow as tf
 
 from gpipe_tf.pipeline import tensor_loop as tl
 
-__all__ = ['Gather', 'Layout', 'LayoutOf', 'Make', 'Read', 'Slots', 'Take',
-           'Write']
+__all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 
 TensorArrays = list  # of tf.TensorArray | None, one per flat tensor

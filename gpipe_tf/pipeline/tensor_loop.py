@@ -16,9 +16,7 @@ import tensorflow as tf
 from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import tf_internals
 
-__all__ = ['Compact', 'Empty', 'Filler', 'HasBatch',
-           'Packed', 'RunTicks', 'SpecOf',
-           'TensorArrayOf']
+__all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 
 def Filler(spec: Any) -> tf.Tensor:

@@ -16,9 +16,7 @@ import tensorflow as tf
 
 from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['PRUNE_ERRORS', 'GatedGradients', 'ListGetItem', 'ListReserve',
-           'ListSetItem', 'MarkUsed', 'NoAutomaticControlDependencies',
-           'ReplaceInput', 'ShapeUnknown', 'WrapFunction']
+__all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 # What WrappedFunction.prune raises when a fetch depends on something the
 # feeds cannot replace (lift_to_graph's op_selector.UnliftableError, or a

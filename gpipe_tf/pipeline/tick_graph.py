@@ -28,7 +28,7 @@ from gpipe_tf.pipeline import tensor_loop as tl
 from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-__all__ = ['Finished', 'TickGraph']
+__all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 
 def Finished(made: Sequence[tf.Tensor]) -> list:

@@ -49,6 +49,10 @@ from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 
+__all__ = ['Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
+           'Measure', 'Merge', 'ModelPeakBytes', 'ModelSpec', 'PipelineConfigs',
+           'ReplicaConfigs', 'Rows', 'ScheduleLabel', 'TimeRound']
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:

@@ -10,6 +10,9 @@ from typing import Sequence
 
 from tools import benchmark_lib as lib
 
+__all__ = ['Find', 'Ideal', 'ReplicaTable', 'ScheduleTable', 'Schedules',
+           'SingleCoreTargets', 'Table1', 'Table2', 'Targets', 'WithSpeedups']
+
 
 def Find(rows: Sequence[dict], k: int, m: int, remat: str,
          mode: str = 'train', num_replicas: int = 1,

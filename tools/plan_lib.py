@@ -50,6 +50,10 @@ from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline.schedule import memory
 
+__all__ = ['Best', 'Candidates', 'Evaluate', 'FormatTable', 'LayerCost',
+           'Layout', 'MIB', 'Model', 'ModelOf', 'Plan', 'PlanError', 'REMATS',
+           'Rank', 'Reason']
+
 REMATS = ('never', 'always')
 MIB = 2**20
 

@@ -271,6 +271,7 @@ class SingleCoreBaselineTest(tf.test.TestCase):
                               pipe['seconds_per_step_rounds'])])
     self.assertIn(f"| K=2 M=2 remat=always | "
                   f"{pipe['peak_memory_bytes'] / 2**20:.1f} | "
+                  f"{pipe['model_peak_bytes'] / 2**20:.1f} | "
                   f"{pipe['examples_per_sec']:.0f} | "
                   f"{pipe['speedup_vs_single_core']:.2f}x |",
                   tables.Table1([base, pipe]))

@@ -7,4 +7,6 @@ need (``gpipe_tf.layers``, ``gpipe_tf.pipeline``, ``gpipe_tf.trainer``).
 
 from gpipe_tf.errors import Error
 
+__all__ = ['Error']
+
 __version__ = '0.2.0'

@@ -24,6 +24,9 @@ from typing import Union
 
 from gpipe_tf import hyperparams
 
+__all__ = ['ApplyOverrides', 'AsExperimentParams', 'EXPERIMENT_FIELDS',
+           'ExperimentLike', 'SingleTaskModelParams']
+
 EXPERIMENT_FIELDS = ('train', 'test', 'task')
 
 

@@ -11,6 +11,8 @@ This module deliberately imports nothing: pure-Python modules (hyperparams,
 partition, schedule) derive their errors from it without importing TensorFlow.
 """
 
+__all__ = ['Error']
+
 
 class Error(Exception):
   """Base class of every named gpipe_tf error."""

@@ -26,6 +26,10 @@ from gpipe_tf import errors
 from gpipe_tf import base_experiment
 from gpipe_tf import hyperparams
 
+__all__ = ['DuplicateModelError', 'GetClass', 'GetParams', 'ListModels',
+           'ModelName', 'ModelNotFoundError', 'PARAMS_PACKAGE',
+           'RegisterSingleTaskModel', 'UnknownDatasetError']
+
 PARAMS_PACKAGE = 'params'
 
 _T = TypeVar('_T', bound=type)

@@ -87,6 +87,8 @@ from gpipe_tf import base_experiment
 from gpipe_tf import errors
 from gpipe_tf import model_registry
 
+__all__ = ['FlagError', 'main']
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string('model', None,

@@ -86,6 +86,8 @@ from tools import benchmark_baseline as baseline_lib
 from tools import benchmark_lib as lib
 from tools import benchmark_tables as tables
 
+__all__ = ['main']
+
 _BLOCK = flags.DEFINE_enum('block', 'fc', ['fc', 'transformer'],
                            'Kind of the identical blocks.')
 _NUM_BLOCKS = flags.DEFINE_integer('num_blocks', 32, 'Number of blocks (L).')

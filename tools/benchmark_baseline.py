@@ -31,6 +31,9 @@ from typing import Sequence, TextIO
 from gpipe_tf.runtime import devices as devices_lib
 from tools import benchmark_lib as lib
 
+__all__ = ['BaselineError', 'Command', 'Configs', 'MeasureWithBaseline',
+           'Serve', 'SingleCoreBaseline']
+
 _PREFIX = 'single-core-baseline: '
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -23,7 +23,9 @@ module turns a ModelSpec and a list of configurations into result rows:
   * ``single_core`` marks the single-core baseline (a SequentialLayer timed
     in its own one-thread process, tools/benchmark_baseline.py);
   * a row is the configuration plus ``examples_per_sec`` (global examples
-    over the median step time) and ``peak_memory_bytes``.
+    over the median step time), ``peak_memory_bytes`` and
+    ``model_peak_bytes`` (ModelPeakBytes: the memory model's figure to
+    compare with the measured peak; None where it has none).
 
 Logical CPU devices must exist before this module runs any op
 (gpipe_tf.runtime.devices.SplitCpu). It does NOT define flags or print tables.
@@ -46,6 +48,10 @@ from gpipe_tf import pipeline as pipeline_lib
 from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
+
+__all__ = ['Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
+           'Measure', 'Merge', 'ModelPeakBytes', 'ModelSpec', 'PipelineConfigs',
+           'ReplicaConfigs', 'Rows', 'ScheduleLabel', 'TimeRound']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,8 +271,31 @@ def Rows(spec: ModelSpec, configs: Sequence[dict],
   and the seconds per step of every round (in the order they ran)."""
   return [dict(cfg, examples_per_sec=spec.batch_size / statistics.median(ts),
                peak_memory_bytes=int(peak),
+               model_peak_bytes=ModelPeakBytes(spec, cfg),
                seconds_per_step_rounds=[float(t) for t in ts])
           for cfg, ts, peak in zip(configs, times, peaks)]
+
+
+def ModelPeakBytes(spec: ModelSpec, cfg: dict) -> int | None:
+  """The memory model's peak of a pipelined training row, to set beside the measured one.
+
+  tools.plan_lib.Evaluate's total_step_bytes (schedule.memory.Profile over
+  the simulated step, sizes from the layers' FPropMeta, 4 bytes a value):
+  the gradient sums and activations all devices hold at the worst moment,
+  as the measured peak counts them on one shared allocator. None for rows
+  it does not model: not pipelined, inference, R > 1 or a dtype other than
+  float32. Runs no TensorFlow op.
+  """
+  if (not cfg['pipeline'] or cfg['mode'] != 'train' or
+      cfg['num_replicas'] > 1 or cfg.get('dtype', 'float32') != 'float32'):
+    return None
+  from tools import plan_lib  # pylint: disable=g-import-not-at-top
+  blocks, shapes = LayersOf(spec)
+  model = plan_lib.ModelOf(blocks, shapes, bytes_per_param=4)
+  layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
+                           cfg['schedule'], cfg['num_virtual_stages'],
+                           cfg['remat'])
+  return int(plan_lib.Evaluate(model, layout, spec.batch_size).total_step_bytes)
 
 
 def MakeStep(spec: ModelSpec, cfg: dict,

@@ -10,6 +10,9 @@ from typing import Sequence
 
 from tools import benchmark_lib as lib
 
+__all__ = ['Find', 'Ideal', 'ReplicaTable', 'ScheduleTable', 'Schedules',
+           'SingleCoreTargets', 'Table1', 'Table2', 'Targets', 'WithSpeedups']
+
 
 def Find(rows: Sequence[dict], k: int, m: int, remat: str,
          mode: str = 'train', num_replicas: int = 1,
@@ -68,28 +71,34 @@ def Table1(rows: Sequence[dict]) -> str:
   """Peak step memory, examples/sec and (when measured) x single-core of every row.
 
   When any row has a schedule other than 'gpipe' or took the loss-inside
-  path, two more columns say each row's schedule and gradient path.
+  path, two more columns say each row's schedule and gradient path; when any
+  has a ``model_peak_bytes``, the memory model's peak follows the measured.
   """
   speedups = any(r.get('speedup_vs_single_core') is not None for r in rows)
+  modelled = any(r.get('model_peak_bytes') is not None for r in rows)
   schedules = any(r['schedule'] != 'gpipe' or
                   r['loss_inside'] for r in rows)
   lines = ['\nTable 1 (peak step memory, MiB; examples/sec' +
            ('; x single-core: examples/sec over the single-core baseline of '
             'the same mode' if speedups else '') +
            ('; path: loss inside = ComputeLossAndGradients, tape = FProp + '
-            'GradientTape' if schedules else '') + ')',
+            'GradientTape' if schedules else '') +
+           ('; model MiB: the memory model, all devices at its worst moment'
+            if modelled else '') + ')',
            '| configuration |' + (' schedule | path |' if schedules else '') +
-           ' peak MiB | examples/sec |' +
-           (' x single-core |' if speedups else ''),
+           ' peak MiB |' + (' model MiB |' if modelled else '') +
+           ' examples/sec |' + (' x single-core |' if speedups else ''),
            '|---|---|---|' + ('---|---|' if schedules else '') +
-           ('---|' if speedups else '')]
+           ('---|' if modelled else '') + ('---|' if speedups else '')]
   for r in rows:
     line = f'| {lib.Label(r, with_schedule=not schedules)} |'
     if schedules:
       line += (f' {lib.ScheduleLabel(r) if r["pipeline"] else "-"} | '
                f"{_Path(r)} |")
-    line += (f" {r['peak_memory_bytes'] / 2**20:.1f} | "
-             f"{r['examples_per_sec']:.0f} |")
+    line += f" {r['peak_memory_bytes'] / 2**20:.1f} |"
+    if modelled:
+      line += f" {_MiB(r.get('model_peak_bytes'))} |"
+    line += f" {r['examples_per_sec']:.0f} |"
     if speedups:
       line += f" {_Times(r.get('speedup_vs_single_core'))} |"
     lines.append(line)
@@ -107,13 +116,15 @@ def ScheduleTable(rows: Sequence[dict], micro_batches: Sequence[int],
   """Every schedule's training rows at K = ``num_partitions`` (R=1).
 
   One line per schedule x remat x M: examples/sec, x single-core (when
-  measured) and peak step memory.
+  measured), peak step memory and the memory model's peak (all devices at
+  its worst moment; schedule.memory).
   """
   k = num_partitions
   path = 'loss inside' if any(r['loss_inside'] for r in rows) else 'tape'
   lines = [f'\nSchedules at K={k} (training, R=1; path of every row: {path})',
-           '| schedule | remat | M | examples/sec | x single-core | peak MiB |',
-           '|---|---|---|---|---|---|']
+           '| schedule | remat | M | examples/sec | x single-core | peak MiB | '
+           'model MiB |',
+           '|---|---|---|---|---|---|---|']
   for name in Schedules(rows):
     for remat in remats:
       for m in micro_batches:
@@ -123,8 +134,13 @@ def ScheduleTable(rows: Sequence[dict], micro_batches: Sequence[int],
         lines.append(f'| {lib.ScheduleLabel(r)} | {remat} | {m} | '
                      f"{r['examples_per_sec']:.0f} | "
                      f"{_Times(r.get('speedup_vs_single_core'))} | "
-                     f"{r['peak_memory_bytes'] / 2**20:.1f} |")
+                     f"{r['peak_memory_bytes'] / 2**20:.1f} | "
+                     f"{_MiB(r.get('model_peak_bytes'))} |")
   return '\n'.join(lines)
+
+
+def _MiB(value: float | None) -> str:
+  return '-' if value is None else f'{value / 2**20:.1f}'
 
 
 def WithSpeedups(rows: Sequence[dict]) -> list[dict]:

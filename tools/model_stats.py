@@ -38,6 +38,10 @@ from typing import Any, Callable, Sequence
 from absl import app
 from absl import flags
 
+__all__ = ['BytesPerParam', 'DefineFlags', 'DtypeBytes', 'FormatText',
+           'LayersAndShapes', 'ModelStats', 'ModelStatsError', 'OptimizerSlots',
+           'PrintOrExit', 'Run', 'main']
+
 
 
 def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -31,6 +31,8 @@ from absl import flags
 from tools import plan_check
 from tools import plan_lib
 
+__all__ = ['BenchmarkModel', 'DefineFlags', 'ExperimentModel', 'Run', 'main']
+
 def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the flags on `flag_values` (only when run as a script)."""
   fv = dict(flag_values=flag_values)

@@ -12,6 +12,8 @@ from typing import Sequence
 
 from tools import plan_lib
 
+__all__ = ['Compare']
+
 MIB = plan_lib.MIB
 REMATS = plan_lib.REMATS
 

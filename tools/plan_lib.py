@@ -20,15 +20,12 @@ over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
   * schedule.Simulate(schedule.Make(name, K, M, V), F, B, W) gives the
     makespan, the bubble and peak_in_flight, the most (stage, micro-batch)
     pairs whose activations each device holds;
-  * memory of a device = (weight + optimizer slots + gradient) bytes of the
-    parameters of its stages + the most activation bytes it holds at once
-    in the simulated step: a micro-batch's pass of stage s holds, from its F
-    to the end of its BW (or W), the stage's input only when its forward is
-    recomputed (and from the start of its backward, which recomputes them,
-    the stage's activations too: until W, whose deferred weight gradients
-    read them), the input and every layer's output when it is kept (remat
-    'never', and under 'always' the pairs above). That is
-    peak_in_flight x one micro-batch's bytes when a device has one stage;
+  * memory of a device = the weight + optimizer slots bytes of its stages'
+    parameters + the most step bytes it holds at once in the simulated step:
+    gradient sums and activations, as schedule.memory.Profile models them
+    (a kept forward holds its stage's input and every layer's output until
+    its backward, a recomputed one only its input, rebuilt while its
+    backward runs; a split backward's B stashes what its deferred W reads);
     sizes are FPropMeta's output shapes x 4 bytes;
   * estimated throughput = R x n / makespan examples/sec.
 
@@ -51,6 +48,11 @@ from typing import Any, Sequence
 from gpipe_tf import errors
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline.schedule import memory
+
+__all__ = ['Best', 'Candidates', 'Evaluate', 'FormatTable', 'LayerCost',
+           'Layout', 'MIB', 'Model', 'ModelOf', 'Plan', 'PlanError', 'REMATS',
+           'Rank', 'Reason']
 
 REMATS = ('never', 'always')
 MIB = 2**20
@@ -209,7 +211,9 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
   b = -(-n // layout.num_micro_batches)  # The largest micro-batch.
   layers = model.layers
   sched = _Schedule(layout.schedule, k, layout.num_micro_batches, v)
-  recomputed = _Recomputed(sched, layout.remat)
+  kept = memory.KeptForwards(sched, layout.remat)
+  recomputed = {(s, m) for s in range(sched.num_stages)
+                for m in range(sched.num_micro_batches)} - kept
   shares = [sum((s, m) in recomputed for m in range(sched.num_micro_batches))
             / sched.num_micro_batches for s in range(sched.num_stages)]
   # As PipeliningLayer does: a stage that recomputes more takes fewer layers.
@@ -223,18 +227,15 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
   sim = schedule_lib.Simulate(sched, fwd, [f * (1 + r)
                                            for f, r in zip(fwd, shares)], fwd)
   inputs = [model.input_bytes] + [st[-1].output_bytes for st in stages[:-1]]
-  outputs = [sum(c.output_bytes for c in st) for st in stages]
-  device_peaks, total_peak = _HeldBytes(sched, sim, [i * b for i in inputs],
-                                        [o * b for o in outputs], recomputed)
-  params = [sum(c.num_params for s in range(k * v) if sched.DeviceOf(s) == d
-                for c in stages[s]) for d in range(k)]
-  grads = [p * model.grad_bytes_per_param for p in params]
+  held = memory.Profile(sched, [
+      memory.StageBytesOf(i, [c.output_bytes for c in st],
+                          sum(c.num_params for c in st), b,
+                          model.bytes_per_param, model.grad_bytes_per_param)
+      for i, st in zip(inputs, stages)], kept, sim)
   return Plan(layout, tuple(balance), sim.makespan, sim.bubble_fraction,
               layout.num_replicas * n / sim.makespan,
-              tuple(sim.peak_in_flight),
-              tuple(p * model.bytes_per_param for p in params),
-              tuple(g + a for g, a in zip(grads, device_peaks)),
-              sum(grads) + total_peak)
+              tuple(sim.peak_in_flight), held.weights, held.step_peak,
+              held.total_step_peak)
 
 
 # Both are the same for every M / remat / schedule (resp. remat) of a Rank
@@ -248,58 +249,6 @@ def _Balance(flops: tuple[float, ...], num_stages: int,
 @functools.lru_cache(maxsize=256)
 def _Schedule(name: str, k: int, m: int, v: int) -> schedule_lib.Schedule:
   return schedule_lib.Make(name, k, m, v)
-
-
-def _Recomputed(sched: schedule_lib.Schedule,
-                remat: str) -> frozenset[tuple[int, int]]:
-  """The (stage, micro-batch) pairs whose forward ``remat`` recomputes.
-
-  'always': all but Schedule.ForwardsFollowedByBackward(), as PipeliningLayer
-  does; any other policy (the planner's 'never'): none.
-  """
-  if remat != 'always':
-    return frozenset()
-  every = {(s, m) for s in range(sched.num_stages)
-           for m in range(sched.num_micro_batches)}
-  return frozenset(every - sched.ForwardsFollowedByBackward())
-
-
-def _HeldBytes(sched: schedule_lib.Schedule, sim: schedule_lib.SimResult,
-               inputs: Sequence[float], activations: Sequence[float],
-               recomputed: frozenset[tuple[int, int]]
-               ) -> tuple[list[float], float]:
-  """The most activation bytes each device, and all at once, hold in the step.
-
-  (s, m) holds ``inputs[s]`` from the start of F(s, m) to the end of its BW
-  or W (as SimResult.peak_in_flight counts), and ``activations[s]`` over the
-  same span when its forward is kept. When (s, m) is in ``recomputed`` its
-  backward holds ``activations[s]`` from the start of its B or BW (which
-  recomputes them) to the end of its BW or W (a split backward's weight
-  gradients, deferred to W, read them). A release at time t precedes a hold
-  at t.
-  """
-  events = []
-  for d, acts in enumerate(sched.actions):
-    for a in acts:
-      s = a.stage
-      again = (s, a.micro_batch) in recomputed
-      held = inputs[s] + (0 if again else activations[s])
-      if a.kind == schedule_lib.F:
-        events.append((sim.start[a], held, d))
-      elif a.kind in (schedule_lib.W, schedule_lib.BW):
-        events.append((sim.end[a], -held, d))
-      if again and a.kind in (schedule_lib.B, schedule_lib.BW):
-        events.append((sim.start[a], activations[s], d))
-      if again and a.kind in (schedule_lib.W, schedule_lib.BW):
-        events.append((sim.end[a], -activations[s], d))
-  now, peaks = [0.0] * sched.num_devices, [0.0] * sched.num_devices
-  total = peak_total = 0.0
-  for _, delta, d in sorted(events):
-    now[d] += delta
-    total += delta
-    peaks[d] = max(peaks[d], now[d])
-    peak_total = max(peak_total, total)
-  return peaks, peak_total
 
 
 def Rank(model: Model, num_devices: int, batch_size: int,

@@ -49,6 +49,8 @@ from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import trace as trace_lib
 
+__all__ = ['Draw', 'Report', 'Trace', 'Traced', 'main']
+
 _SCHEDULE = flags.DEFINE_string(
     'schedule', 'gpipe', 'Registered schedule: gpipe, 1f1b, interleaved_1f1b, '
     'zb_h1 (gpipe_tf.pipeline.schedule.Names()).')

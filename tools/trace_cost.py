@@ -36,6 +36,8 @@ import time
 from absl import app
 from absl import flags
 
+__all__ = ['Build', 'SteadySteps', 'main']
+
 _K = flags.DEFINE_integer('partitions', 4, 'K: cells, one logical device each.')
 _M = flags.DEFINE_list('micro_batches', ['4', '32'], 'Values of M.')
 _BLOCKS = flags.DEFINE_integer('num_blocks', 8, 'Transformer blocks.')

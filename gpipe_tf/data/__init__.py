@@ -7,3 +7,5 @@ resume), ``text_inputs`` (parallel text and translation batches),
 (sentencepiece vocabularies; the only home of the special token ids),
 ``datasets`` (writing offline data sets as TFDS datasets).
 """
+
+__all__ = []

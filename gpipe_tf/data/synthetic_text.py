@@ -24,6 +24,8 @@ from gpipe_tf import hyperparams
 from gpipe_tf.data import inputs
 from gpipe_tf.data import vocab as vocab_lib
 
+__all__ = ['SyntheticTokenInput', 'SyntheticTranslationInput']
+
 _FIRST_TOKEN = 3  # Ids below this are reserved (PAD, BOS, EOS).
 
 

@@ -28,3 +28,13 @@ from gpipe_tf.layers.losses import SoftmaxLayer
 from gpipe_tf.layers import initializers
 from gpipe_tf.layers import losses
 from gpipe_tf.layers import random_seeds
+
+__all__ = ['Activation', 'ActivationLayer', 'BaseLayer', 'BatchNormLayer',
+           'Conv2DLayer', 'DepthwiseConv2DLayer', 'DropoutLayer',
+           'EmbeddingLayer', 'FCLayer', 'GlobalPoolingLayer', 'InRecompute',
+           'KerasLayer', 'LayerInputError', 'LayerMeta', 'LayerNorm',
+           'MultiHeadAttention', 'PoolingLayer', 'RecomputeScope',
+           'SeparableConv2DLayer', 'SequentialLayer', 'ShapeMismatchError',
+           'SoftmaxLayer', 'TransformerDecoderLayer', 'TransformerEncoderLayer',
+           'TransformerFeedForwardLayer', 'initializers', 'losses',
+           'random_seeds']

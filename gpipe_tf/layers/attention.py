@@ -8,6 +8,8 @@ from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 
+__all__ = ['MultiHeadAttention']
+
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 

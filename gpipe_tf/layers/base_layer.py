@@ -15,6 +15,10 @@ from gpipe_tf import errors
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import initializers
 
+__all__ = ['BaseLayer', 'CheckMetaLastDim', 'InRecompute', 'LayerConfigError',
+           'LayerInputError', 'LayerMeta', 'NumElements', 'RecomputeScope',
+           'Shape', 'ShapeMismatchError']
+
 Shape = tuple  # A tuple of ints, None for an unknown dimension.
 
 

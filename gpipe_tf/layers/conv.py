@@ -22,6 +22,9 @@ from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import initializers
 
+__all__ = ['Conv2DLayer', 'DepthwiseConv2DLayer', 'GlobalPoolingLayer',
+           'PoolingLayer', 'SeparableConv2DLayer']
+
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 

@@ -10,6 +10,10 @@ from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 
+__all__ = ['Activation', 'ActivationLayer', 'AsTuple', 'DropoutLayer',
+           'FCLayer', 'FromTuple', 'MetaOfSequence', 'RunSequence',
+           'SequentialLayer']
+
 LayerMeta = base_layer.LayerMeta
 
 _ACTIVATIONS = {

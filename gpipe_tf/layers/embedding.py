@@ -11,6 +11,8 @@ from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import initializers
 
+__all__ = ['EmbeddingLayer']
+
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 

@@ -11,6 +11,9 @@ import tensorflow as tf
 from gpipe_tf import errors
 from gpipe_tf import hyperparams
 
+__all__ = ['Constant', 'Draw', 'Gaussian', 'METHODS', 'Uniform',
+           'UnknownInitMethodError', 'WeightInit', 'Xavier', 'path_seed']
+
 METHODS = ('xavier', 'gaussian', 'uniform', 'constant', 'gaussian_sqrt_fanin',
            'uniform_sqrt_fanin')
 

@@ -10,6 +10,9 @@ from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import initializers
 
+__all__ = ['Accuracy', 'ClipLogits', 'Hits', 'SoftmaxCrossEntropy',
+           'SoftmaxLayer']
+
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 

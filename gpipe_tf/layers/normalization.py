@@ -12,6 +12,9 @@ from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import initializers
 
+__all__ = ['BatchNormLayer', 'CurrentDeferral', 'DeferMovingStats',
+           'DeferredMovingStats', 'LayerNorm']
+
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 

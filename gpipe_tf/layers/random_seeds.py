@@ -20,6 +20,9 @@ from typing import Iterator
 
 import tensorflow as tf
 
+__all__ = ['CurrentStepSeed', 'FoldIn', 'LayerSeed', 'NameSeed', 'NewStepSeed',
+           'StepSeedScope']
+
 _STEP_SEED: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_step_seed', default=None)
 

@@ -37,6 +37,9 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import initializers
 from gpipe_tf.layers import normalization
 
+__all__ = ['TransformerDecoderLayer', 'TransformerEncoderLayer',
+           'TransformerFeedForwardLayer']
+
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 

@@ -36,6 +36,10 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import initializers
 from gpipe_tf.layers import normalization
 
+__all__ = ['AmoebaCellLayer', 'AmoebaHeadLayer', 'AmoebaNet', 'AmoebaNetB',
+           'AmoebaNetD', 'CELLS', 'CellPlan', 'CellSpec', 'CellSpecError',
+           'FactorizedReductionLayer', 'HeInit', 'NumParams']
+
 LayerMeta = base_layer.LayerMeta
 Params = hyperparams.InstantiableParams
 

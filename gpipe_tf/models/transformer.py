@@ -56,6 +56,12 @@ from gpipe_tf.layers import losses
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import transformer
 
+__all__ = ['EncoderToDecoderLayer', 'FinalLayerNorm', 'LMInputShapes',
+           'NMTInputShapes', 'NumParams', 'POSITION_EMBS', 'ParamsList',
+           'SinusoidPositions', 'TransformerEmbeddingLayer', 'TransformerLM',
+           'TransformerNMT', 'WideAttentionDecoderLayer',
+           'WideAttentionEncoderLayer']
+
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 ParamsList = list[hyperparams.InstantiableParams]

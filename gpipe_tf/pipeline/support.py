@@ -6,7 +6,8 @@ loss after the last forward, which only a fill-drain schedule (every forward
 before any backward on each device) can wait for; every other pair runs with
 every feature. ``tests/pipeline/support_test.py`` checks each supported pair
 against SequentialLayer with all the features at once, checks each refusal
-raises, and writes ``Markdown()`` into docs/pipeline.md.
+raises, and that docs/support.md (written by ``python -m tools.support_doc``)
+shows ``Markdown()``.
 
 Pure Python; importing it does not import TensorFlow.
 """

@@ -11,6 +11,10 @@ Return ``t.Tensors()`` from the step; ``Timeline.FromValues`` gives per-action
 intervals, the measured bubble fraction, an ASCII chart and a Chrome-trace
 (Perfetto) JSON with one track per device.
 
+The interpreter records each device's actions in the order it runs them
+(its tick order), so ``ScheduleTrace.DeviceOrder(d)`` is device d's order of
+work as the engine built it, whatever the (noisy) stamps say.
+
 Build a traced step with ``TracedStep`` (``tf.compat.v1.wrap_function``), NOT
 ``tf.function``: ``tf.timestamp`` is a stateful op, and tf.function chains all
 stateful ops in program order (automatic control dependencies), which would
@@ -28,6 +32,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline.schedule import ascii as ascii_lib
 
 __all__ = ['ScheduleTrace', 'Timeline', 'TracedStep']
 
@@ -51,6 +56,13 @@ class ScheduleTrace:
   def Tensors(self) -> tuple[tf.Tensor, tf.Tensor]:
     """(starts, ends) as float64 vectors in the order of ``actions``."""
     return tf.stack(self._starts), tf.stack(self._ends)
+
+  def DeviceOrder(self, device: int) -> list[schedule_lib.Action]:
+    """The actions recorded on a device, in the order the interpreter runs
+    them there (its ticks; a joined B and W, a fused F and backward, in
+    that order)."""
+    return [a for a in self.actions
+            if self.schedule.DeviceOf(a.stage) == device]
 
 
 def TracedStep(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -103,10 +115,15 @@ class Timeline:
     return schedule_lib.Simulate(self.schedule).bubble_fraction
 
   def ToAscii(self, width: int = 100) -> str:
-    """One row per device; forwards drawn as digits, backwards as letters."""
+    """One row per device, one character per 1/width of the makespan.
+
+    A forward is drawn as its micro-batch's last digit, a B or BW as a
+    lower-case letter (a for micro-batch 0), a W as an upper-case one;
+    blank is idle (ascii_lib.Grid lays the rows out).
+    """
     scale = width / self.makespan
     rows = []
-    for d, row in self._Rows():
+    for _, row in self._Rows():
       line = [' '] * (width + 1)
       for a, s, e in row:
         lo, hi = int(s * scale), max(int(s * scale) + 1, int(e * scale))
@@ -115,8 +132,8 @@ class Timeline:
                   a.micro_batch % 26))
         for i in range(lo, min(hi, width + 1)):
           line[i] = ch
-      rows.append(f'dev {d} |' + ''.join(line))
-    return '\n'.join(rows)
+      rows.append(line)
+    return ascii_lib.Grid(rows, idle=' ', separator='')
 
   def ToChromeTrace(self) -> dict:
     """The timeline as Chrome-trace JSON (chrome://tracing, ui.perfetto.dev).

@@ -5,3 +5,5 @@ lists), ``distribute`` (the replica layout, MirroredStrategy, splitting
 batches, cross-replica reductions), ``cluster`` (TF_CONFIG clusters,
 MultiWorkerMirroredStrategy, the chief and the other tasks).
 """
+
+__all__ = []

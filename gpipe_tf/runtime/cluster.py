@@ -30,6 +30,12 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 
+__all__ = ['CheckTasksAgree', 'CheckValuesAgree', 'ClusterConfigError',
+           'ClusterFromEnvironment', 'IsChief', 'IsMultiWorker',
+           'MakeMultiWorkerStrategy', 'NumTrainingTasks', 'PEER_FAILURE_ERRORS',
+           'ScratchDirectory', 'StrategyTaskOrder', 'TRAINING_TASK_TYPES',
+           'TaskName', 'TaskOrder', 'WorkerMismatchError']
+
 TRAINING_TASK_TYPES = ('chief', 'worker')
 
 # What a collective op raises when a peer task died (heartbeats stopped,

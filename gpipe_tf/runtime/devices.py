@@ -9,6 +9,9 @@ from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorfl
 
 from gpipe_tf import errors
 
+__all__ = ['ConfigureCpuSplit', 'DefaultDevices', 'DeviceConfigError',
+           'LogicalCpus', 'SplitCpu']
+
 
 class DeviceConfigError(errors.Error, RuntimeError):
   """Logical devices were requested after TensorFlow had already started."""

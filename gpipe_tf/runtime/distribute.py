@@ -58,6 +58,11 @@ from gpipe_tf import errors
 from gpipe_tf.runtime import cluster
 from gpipe_tf.runtime import devices as devices_lib
 
+__all__ = ['BatchedAllReduce', 'ClusterReplicaDevices', 'DistributeDataset',
+           'MakeStrategy', 'NumReplicasThatFit', 'ReplicaDevices', 'ReplicaId',
+           'ReplicaInput', 'ReplicaLayout', 'ReplicaLayoutError',
+           'ShareOfBatch', 'WorkerGroups']
+
 
 class ReplicaLayoutError(errors.Error, ValueError):
   """R replicas x K cells do not fit the devices there are."""

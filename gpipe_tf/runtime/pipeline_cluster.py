@@ -53,6 +53,12 @@ import tensorflow as tf
 from gpipe_tf import errors
 from gpipe_tf.runtime import worker_health
 
+__all__ = ['AssignCells', 'AssignReplicaCells', 'CLIENT_JOB', 'CellLayoutError',
+           'ConnectToCluster', 'FROM_ENVIRONMENT', 'FailedWorker',
+           'ParseCluster', 'PipelineCluster', 'PipelineClusterError',
+           'PipelineDevices', 'ReplicaPipelineDevices', 'SERVE_COMMAND',
+           'WORKER_JOB', 'WorkerDevices', 'WorkerNamedIn']
+
 CLIENT_JOB = 'chief'
 WORKER_JOB = 'worker'
 FROM_ENVIRONMENT = 'TF_CONFIG'

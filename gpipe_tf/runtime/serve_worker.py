@@ -23,6 +23,8 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
+__all__ = ['main']
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string('cluster', 'TF_CONFIG',

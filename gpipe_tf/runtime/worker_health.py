@@ -27,6 +27,9 @@ import grpc
 
 from gpipe_tf import errors
 
+__all__ = ['ErrorSummary', 'FailureMessage', 'ProbeWorker', 'WaitForWorkers',
+           'WorkerMonitor', 'WorkerUnreachableError']
+
 if TYPE_CHECKING:
   from gpipe_tf.runtime.pipeline_cluster import PipelineCluster
 

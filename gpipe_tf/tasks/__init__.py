@@ -13,3 +13,6 @@ from gpipe_tf.tasks.base_task import Metrics
 from gpipe_tf.tasks.classification import ClassificationTask
 from gpipe_tf.tasks.sequence import LanguageModelTask
 from gpipe_tf.tasks.sequence import TranslationTask
+
+__all__ = ['BaseTask', 'BatchSize', 'ClassificationTask', 'LanguageModelTask',
+           'Metrics', 'TranslationTask']

@@ -25,6 +25,8 @@ from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
 
+__all__ = ['BaseTask', 'BatchSize', 'Metrics']
+
 Metrics = dict[str, tf.Tensor]
 
 

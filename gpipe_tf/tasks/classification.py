@@ -6,6 +6,8 @@ from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.tasks import base_task
 
+__all__ = ['ClassificationTask']
+
 
 class ClassificationTask(base_task.BaseTask):
   """Softmax classification of ``batch['inputs']`` into ``batch['labels']``.

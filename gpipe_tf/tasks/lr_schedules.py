@@ -28,6 +28,9 @@ import tensorflow as tf
 from gpipe_tf import errors
 from gpipe_tf import hyperparams
 
+__all__ = ['BaseSchedule', 'Constant', 'Cosine', 'LinearWarmupRsqrtDecay',
+           'ScheduleConfigError']
+
 
 class ScheduleConfigError(errors.Error, ValueError):
   """A schedule's Params hold values it cannot run with."""

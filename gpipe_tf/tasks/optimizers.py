@@ -29,6 +29,8 @@ import keras
 
 from gpipe_tf import hyperparams
 
+__all__ = ['Adam', 'AdamW', 'BaseOptimizer', 'LearningRate', 'RMSProp', 'SGD']
+
 LearningRate = (float | keras.optimizers.schedules.LearningRateSchedule |
                 Callable[[], Any])
 

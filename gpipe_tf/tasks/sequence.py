@@ -31,6 +31,8 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import loss as loss_lib
 
+__all__ = ['LanguageModelTask', 'TranslationTask']
+
 Metrics = base_task.Metrics
 PAD_ID, BOS_ID, EOS_ID = vocab_lib.PAD_ID, vocab_lib.BOS_ID, vocab_lib.EOS_ID
 

@@ -8,3 +8,5 @@ saves, restore of the newest readable checkpoint), ``warm_start``
 (initialising from another run), ``keras_model`` (``model.fit`` over a
 pipeline).
 """
+
+__all__ = []

@@ -48,6 +48,11 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from gpipe_tf import errors
 
+__all__ = ['CHECKPOINT_NAME', 'CandidateCheckpoints', 'CheckCompatible',
+           'CheckpointStep', 'CheckpointWriteError', 'Checkpointer',
+           'IncompatibleCheckpointError', 'ListCheckpoints',
+           'NoCheckpointError', 'STATE_FILE', 'VerifyReadable']
+
 CHECKPOINT_NAME = 'ckpt'
 STATE_FILE = 'checkpoint'
 _OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'

@@ -1,8 +1,6 @@
 """PipeliningLayer: placement of every cell's ops, what remat recomputes and the memory it saves, balance and errors."""
 
 import collections
-import re
-from unittest import mock
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -17,15 +15,8 @@ from gpipe_tf.pipeline import MicroBatchError
 from gpipe_tf.pipeline import PartitionError
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import cost as cost_lib
-from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
-
-# Nodes the runtime adds when it partitions a graph across devices: transfers
-# are named after the op whose output they carry, and live on the other side.
-_TRANSFER_OPS = {'_Send', '_Recv', '_HostSend', '_HostRecv', '_Arg',
-                 '_Retval', 'NoOp'}
-
 
 def _Fc(i, din=16, dout=16, act='RELU'):
   return core.FCLayer.Params().Set(name=f'fc{i}', input_dim=din,
@@ -48,99 +39,103 @@ def _TrainStep(model, x):
   return _Step
 
 
+# One activation per cell, so that an op's type says which cell it is of.
+_ACTIVATION_OPS = (('TANH', 'Tanh', 'TanhGrad'),
+                   ('SIGMOID', 'Sigmoid', 'SigmoidGrad'),
+                   ('RELU6', 'Relu6', 'Relu6Grad'),
+                   ('RELU', 'Relu', 'ReluGrad'))
+
+
+def _TypedLayers(num_cells, per_cell=1):
+  """per_cell FC layers of 16 for each cell, cell k's with activation k."""
+  return [_Fc(i, act=_ACTIVATION_OPS[i // per_cell][0])
+          for i in range(num_cells * per_cell)]
+
+
+def _OpsRun(step):
+  """Runs the tf.function ``step`` once: Counter of (op type, device index)
+  over the partition graphs the runtime executed (while-loop bodies
+  included: the runtime lowers them into the graph it partitions)."""
+  ctx = context.context()
+  ctx.enable_graph_collection()
+  try:
+    step()
+    metadata = ctx.export_run_metadata()
+  finally:
+    ctx.disable_graph_collection()
+  ops = collections.Counter()
+  for fn_graph in metadata.function_graphs:
+    for graph in fn_graph.partition_graphs:
+      for node in graph.node:
+        ops[(node.op, tf.DeviceSpec.from_string(node.device).device_index)] += 1
+  return ops
+
+
 class PlacementTest(tf.test.TestCase):
 
-  def testEveryCellRanOnItsDevice(self):
-    """Reads the partition graphs the runtime executed: cell k ran on device k."""
-    # 'unrolled' names every step's ops stage{s}_{kind}_mb{m}; the loop runs
-    # the same steps under the same device scopes.
-    pipe = _Pipe([_Fc(i) for i in range(8)], num_partitions=4,
-                 num_micro_batches=2, remat='except_last',
-                 execution='unrolled')
-    self.assertEqual(pipe.balance, [2, 2, 2, 2])
-    self.assertEqual(pipe.devices, test_utils.devices.LogicalCpus()[:4])
-    for k, dev in enumerate(pipe.devices):
-      for v in pipe.layers[2 * k].trainable_variables:
-        self.assertEqual(tf.DeviceSpec.from_string(v.device).device_index, k)
-    step = _TrainStep(pipe, tf.ones([8, 16]))
-    ctx = context.context()
-    ctx.enable_graph_collection()
-    try:
-      step()
-      metadata = ctx.export_run_metadata()
-    finally:
-      ctx.disable_graph_collection()
-    seen = collections.Counter()
-    for fn_graph in metadata.function_graphs:
-      for graph in fn_graph.partition_graphs:
-        for node in graph.node:
-          match = re.search(r'stage(\d+)_(F|BW)_mb(\d+)', node.name)
-          if not match or node.op in _TRANSFER_OPS:
-            continue
-          if re.search(r'/_\d+$', node.name):  # Runtime-inserted copies.
-            continue
-          cell = int(match.group(1))
-          phase = 'fwd' if match.group(2) == 'F' else 'bwd'
-          where = tf.DeviceSpec.from_string(node.device).device_index
-          self.assertEqual(
-              where, cell, f'{node.name} ({node.op}) of cell {cell} ran on '
-              f'{node.device}')
-          if 'MatMul' in node.op:
-            seen[(cell, phase)] += 1
-    # Both the forward and the backward matmuls of every cell were seen.
-    for k in range(4):
-      self.assertGreater(seen[(k, 'fwd')], 0, k)
-      self.assertGreater(seen[(k, 'bwd')], 0, k)
-
-
-def _CountingLayers(n):
-  return [core.FCLayer.Params().Set(name=f'fc{i}', input_dim=16,
-                                    output_dim=16, activation='TANH')
-          for i in range(n)]
-
-
-class _Recomputes:
-  """Counts, per layer (one per cell), the backward steps the interpreter
-  runs that recompute their forward (run eagerly: one call per step)."""
-
-  def __init__(self):
-    self.counts = collections.Counter()
-    self._step = interpreter._Step  # pylint: disable=protected-access
-
-  def __call__(self, compiled, feeds, step, m, t, mine):
-    if step.kind in ('B', 'BW') and not step.keep:
-      self.counts[f'fc{step.stage}'] += 1
-    return self._step(compiled, feeds, step, m, t, mine)
+  def testEveryLayerRanOnItsCellsDevice(self):
+    """Reads the partition graphs the runtime executed: the forward and the
+    backward ops of cell k's layers ran on device k, under the default
+    execution (the loop) and 'unrolled'."""
+    for execution in (None, 'unrolled'):
+      with self.subTest(execution=execution):
+        kw = {'execution': execution} if execution else {}
+        pipe = _Pipe(_TypedLayers(4, per_cell=2), num_partitions=4,
+                     num_micro_batches=4, remat='except_last', **kw)
+        self.assertEqual(pipe.balance, [2, 2, 2, 2])
+        self.assertEqual(pipe.devices, test_utils.devices.LogicalCpus()[:4])
+        for k in range(4):
+          for v in pipe.layers[2 * k].trainable_variables:
+            self.assertEqual(
+                tf.DeviceSpec.from_string(v.device).device_index, k)
+        ops = _OpsRun(_TrainStep(pipe, tf.ones([8, 16])))
+        for k, (_, forward, backward) in enumerate(_ACTIVATION_OPS):
+          for op in (forward, backward):
+            where = {d: n for (o, d), n in ops.items() if o == op}
+            self.assertEqual(list(where), [k], f'{op} of cell {k} ran on '
+                             f'devices {where} (device: op count)')
+        # Every device ran matmuls (forward and backward).
+        self.assertEqual({d for (o, d) in ops if o == 'MatMul'},
+                         {0, 1, 2, 3})
 
 
 class RematTest(tf.test.TestCase):
 
   def _Recomputed(self, schedule, remat, num_micro_batches=4):
-    """Eager ComputeLossAndGradients: (recomputes per layer, gradients)."""
-    pipe = _Pipe(_CountingLayers(2), num_partitions=2, balance=[1, 1],
+    """Forwards recomputed per layer (one layer a cell), read off the ops
+    the runtime ran, and the gradients.
+
+    'unrolled' runs every step's ops once each, so cell k's activation ops
+    (Tanh on cell 0, Sigmoid on cell 1) ran M times for the forwards plus
+    once per backward that recomputes its forward.
+    """
+    pipe = _Pipe(_TypedLayers(2), num_partitions=2, balance=[1, 1],
                  num_micro_batches=num_micro_batches, remat=remat,
-                 schedule=schedule)
+                 schedule=schedule, execution='unrolled')
     x = tf.random.stateless_normal([8, 16], [5, 5])
     loss_fn = lambda y, _: loss_lib.LossTerms(tf.reduce_sum(tf.sin(y), -1))
-    counter = _Recomputes()
-    with mock.patch.object(interpreter, '_Step', counter):
-      grads = pipe.ComputeLossAndGradients(x, tf.zeros([8]), loss_fn)[2]
-    return pipe, dict(counter.counts), grads
+
+    @tf.function
+    def _Step():
+      return pipe.ComputeLossAndGradients(x, tf.zeros([8]), loss_fn)[2]
+
+    ops = _OpsRun(_Step)
+    counts = {f'fc{k}': ops[(forward, k)] - num_micro_batches
+              for k, (_, forward, _) in enumerate(_ACTIVATION_OPS[:2])}
+    return counts, _Step()
 
   def testAlwaysSkipsBackwardsThatFollowTheirForward(self):
     # 1F1B's last stage runs F(1, m) then BW(1, m) for every m: nothing to
     # save there, so only stage 0 recomputes, all four micro-batches.
-    pipe, counts, grads = self._Recomputed('1f1b', 'always')
-    self.assertEqual([not pipe._Keep(s, m) for s in range(2) for m in range(4)],
-                     [True] * 4 + [False] * 4)
-    self.assertEqual(counts, {'fc0': 4})
-    _, never, want = self._Recomputed('1f1b', 'never')
-    self.assertEqual(never, {})
+    counts, grads = self._Recomputed('1f1b', 'always')
+    self.assertEqual(counts, {'fc0': 4, 'fc1': 0})
+    never, want = self._Recomputed('1f1b', 'never')
+    self.assertEqual(never, {'fc0': 0, 'fc1': 0})
     for g, w in zip(grads, want):
       self.assertAllClose(g, w, rtol=1e-5, atol=1e-5)
-    # GPipe: BW(s, M-1) directly follows F(s, M-1) on every device.
-    _, counts, _ = self._Recomputed('gpipe', 'always')
-    self.assertEqual(counts, {'fc0': 3, 'fc1': 3})
+    # GPipe: BW(0, M-1) directly follows F(0, M-1) on device 0.
+    counts, _ = self._Recomputed('gpipe', 'always')
+    self.assertEqual(counts['fc0'], 3)
 
   def testCellsWeighedByTheirRecomputes(self):
     # 16 equal FC layers: 1F1B with remat 'always' recomputes on cell 0 only
@@ -154,15 +149,15 @@ class RematTest(tf.test.TestCase):
     self.assertEqual(balance(schedule='gpipe', remat='always'), [8, 8])
 
   def testExceptLastAlsoSkipsTheLastMicroBatch(self):
-    _, counts, _ = self._Recomputed('1f1b', 'except_last')
-    self.assertEqual(counts, {'fc0': 3})
+    counts, _ = self._Recomputed('1f1b', 'except_last')
+    self.assertEqual(counts, {'fc0': 3, 'fc1': 0})
     # With V = 2 under gpipe, F(0, M-1) is followed by stage 2's forwards:
     # 'always' recomputes it, 'except_last' does not.
-    pipe = _Pipe(_CountingLayers(4), num_partitions=2, num_virtual_stages=2,
+    pipe = _Pipe(_TypedLayers(4), num_partitions=2, num_virtual_stages=2,
                  balance=[1, 1, 1, 1], num_micro_batches=3, remat='always')
     self.assertEqual([s for s in range(4) if pipe._Keep(s, 2)], [2, 3])
     self.assertTrue(all(not pipe._Keep(s, m) for s in range(4) for m in (0, 1)))
-    pipe = _Pipe(_CountingLayers(4), num_partitions=2, num_virtual_stages=2,
+    pipe = _Pipe(_TypedLayers(4), num_partitions=2, num_virtual_stages=2,
                  balance=[1, 1, 1, 1], num_micro_batches=3,
                  remat='except_last')
     self.assertEqual([s for s in range(4) if pipe._Keep(s, 2)],

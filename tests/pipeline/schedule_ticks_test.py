@@ -188,7 +188,7 @@ class LowerTest(unittest.TestCase):
                         fused=ticks.Fusable(schedule.Make('1f1b', 2, 3)))
     self.assertEqual(table.ToAscii().splitlines(), [
         'dev 0: F0  F1  BW0 F2  BW1 BW2',
-        'dev 1: ..  FB0 FB1 ..  FB2 .. '])
+        'dev 1: ..  FB0 FB1 ..  FB2 ..'])
 
 
 if __name__ == '__main__':

@@ -19,7 +19,7 @@ _ROW_KEYS = ('pipeline', 'num_partitions', 'num_micro_batches', 'remat',
              'mode', 'num_replicas', 'single_core', 'schedule',
              'num_virtual_stages', 'loss_inside', 'dtype', 'jit_compile',
              'execution', 'examples_per_sec', 'peak_memory_bytes',
-             'seconds_per_step_rounds')
+             'model_peak_bytes', 'seconds_per_step_rounds')
 _SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 
 
@@ -129,6 +129,12 @@ class MeasureTest(tf.test.TestCase):
                   tables.Table1(rows))
     self.assertIn('| K=2 M=2 remat=never | zb_h1 | loss inside |',
                   tables.Table1(rows))
+    # The memory model's peak beside the measured one.
+    self.assertIn('| peak MiB | model MiB |', table)
+    self.assertIn('| peak MiB | model MiB | examples/sec |',
+                  tables.Table1(rows))
+    for row in rows:
+      self.assertEqual(row['model_peak_bytes'] is None, not row['pipeline'])
 
   def testVShapedSchedulesRunTwoStagesADevice(self):
     # --virtual_stages is interleaved 1F1B's; zbv and dualpipe_v have one
@@ -156,6 +162,33 @@ class MeasureTest(tf.test.TestCase):
                         rtol=1e-5)
     self.assertAllClose(losses['gpipe', False], losses['zb_h1', True],
                         rtol=1e-5)
+
+
+class ModelPeakTest(tf.test.TestCase):
+  """The memory model's column: pure Python, no TensorFlow op runs."""
+
+  def testModelPeakFollowsTheSchedule(self):
+    # 4 FC blocks of 8 on 16 examples, K = 2, M = 4, every forward kept:
+    # gpipe holds all 4 micro-batches on both devices at once, 1f1b 2 + 1.
+    peaks = {name: lib.ModelPeakBytes(_TINY, lib.Config(
+        True, 2, 4, 'never', schedule=name, loss_inside=True))
+             for name in ('gpipe', '1f1b')}
+    # A micro-batch of 4 examples: per stage input 8 + 2 layers' outputs 16
+    # values; gradients 2 x (8 x 8 + 8) values per stage; 4 bytes each.
+    grads, unit = 2 * 2 * 72 * 4, 4 * 24 * 4
+    self.assertEqual(peaks['gpipe'], grads + 8 * unit)
+    self.assertEqual(peaks['1f1b'], grads + 3 * unit)
+    self.assertIsNone(lib.ModelPeakBytes(_TINY, lib.Config(False)))
+    self.assertIsNone(lib.ModelPeakBytes(
+        _TINY, lib.Config(True, 2, 4, 'never', mode='inference')))
+
+  def testTablesShowTheModelBesideTheMeasuredPeak(self):
+    rows = [dict(_Row(100.0, m=2, remat='never'), model_peak_bytes=3 * 2**20,
+                 peak_memory_bytes=5 * 2**20, loss_inside=True)]
+    self.assertIn('| gpipe | never | 2 | 100 | n/a | 5.0 | 3.0 |',
+                  tables.ScheduleTable(rows, [2], ['never']))
+    self.assertIn('| 5.0 | 3.0 | 100 |', tables.Table1(rows))
+    self.assertNotIn('model MiB', tables.Table1([_Row(100.0)]))
 
 
 class SingleCoreTablesTest(tf.test.TestCase):
@@ -238,6 +271,7 @@ class SingleCoreBaselineTest(tf.test.TestCase):
                               pipe['seconds_per_step_rounds'])])
     self.assertIn(f"| K=2 M=2 remat=always | "
                   f"{pipe['peak_memory_bytes'] / 2**20:.1f} | "
+                  f"{pipe['model_peak_bytes'] / 2**20:.1f} | "
                   f"{pipe['examples_per_sec']:.0f} | "
                   f"{pipe['speedup_vs_single_core']:.2f}x |",
                   tables.Table1([base, pipe]))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 import dataclasses
 
 from gpipe_tf.pipeline.schedule import action as action_lib
+from gpipe_tf.pipeline.schedule import ascii as ascii_lib
 
 __all__ = ['Replay', 'Replayed']
 
@@ -58,7 +59,7 @@ class Replayed:
         the bad step of an error message.
 
     Returns:
-      K lines; '..' is an idle tick; cells are padded to the widest label.
+      K lines (ascii_lib.Grid); '..' is an idle tick.
     """
     label = (lambda a: a.stage_label) if stage_labels else (lambda a: a.label)
     rows = [['..'] * int(self.makespan) for _ in range(num_devices)]
@@ -72,11 +73,7 @@ class Replayed:
       for row in rows:
         row.extend(['..'] * (tick + 1 - len(row)))
       rows[d][tick] = '!' + label(act)
-    width = max([2] + [len(cell) for row in rows for cell in row])
-    digits = len(str(num_devices - 1))
-    return '\n'.join(
-        f'dev {d:>{digits}}: ' + ' '.join(c.ljust(width) for c in row).rstrip()
-        for d, row in enumerate(rows))
+    return ascii_lib.Grid(rows)
 
 
 def Replay(actions: Sequence[Sequence[Action]],

@@ -46,6 +46,7 @@ import dataclasses
 from typing import Callable
 
 from gpipe_tf.pipeline.schedule import action as action_lib
+from gpipe_tf.pipeline.schedule import ascii as ascii_lib
 from gpipe_tf.pipeline.schedule import replay
 from gpipe_tf.pipeline.schedule import table
 
@@ -119,19 +120,11 @@ class TickProgram:
   def ToAscii(self) -> str:
     """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3',
     'FB3' (fused), '..' idle."""
-    rows = []
-    for d, row in enumerate(self.grid):
-      cells = []
-      for act in row:
-        if act is None:
-          cells.append('..')
-        elif act.kind == F and (act.stage, act.micro_batch) in self.fused:
-          cells.append(f'FB{act.micro_batch}')
-        else:
-          cells.append(act.label)
-      width = max(len(c) for c in cells)
-      rows.append(f'dev {d}: ' + ' '.join(c.ljust(width) for c in cells))
-    return '\n'.join(rows)
+    return ascii_lib.Grid(
+        [[None if act is None else
+          f'FB{act.micro_batch}' if (act.kind == F and (
+              act.stage, act.micro_batch) in self.fused) else act.label
+          for act in row] for row in self.grid])
 
 
 def Fusable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:

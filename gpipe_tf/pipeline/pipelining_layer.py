@@ -18,6 +18,7 @@ from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline.schedule import memory
 from gpipe_tf.pipeline.schedule import periods
 
 __all__ = ['EXECUTIONS', 'PipeliningLayer', 'REMAT_POLICIES']
@@ -285,19 +286,11 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   def _KeptForwards(self, sched: schedule_lib.Schedule
                     ) -> frozenset[tuple[int, int]] | None:
-    """The (stage, micro-batch) pairs ``remat`` does not recompute; None: all.
-
-    'always' keeps the pairs whose backward directly follows their forward on
-    the device; 'except_last' keeps those and the last micro-batch of every
-    stage; 'never' keeps everything.
-    """
-    p = self.p
-    if p.remat == 'never':
+    """The (stage, micro-batch) pairs ``remat`` does not recompute
+    (memory.KeptForwards, the policy the memory model reads); None: all."""
+    if self.p.remat == 'never':
       return None
-    kept = set(sched.ForwardsFollowedByBackward())
-    if p.remat == 'except_last':
-      kept |= {(s, p.num_micro_batches - 1) for s in range(sched.num_stages)}
-    return frozenset(kept)
+    return memory.KeptForwards(sched, self.p.remat)
 
   def _Keep(self, s: int, m: int) -> bool:
     """True when F(s, m) keeps its activations for its backward (False: it

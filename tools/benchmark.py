@@ -58,6 +58,15 @@ it held before the step (activations, gradients, temporaries; the weights and
 optimizer slots are allocated before and are not included). All logical CPU
 devices share one allocator, so this is the total over all cells and replicas.
 
+--devices=processes puts each of the D devices in a local worker process of
+its own instead (gpipe_tf.runtime.local_workers: pinned to its own core, one
+intra-op thread; --intra_op_threads and --inter_op_threads set the workers'),
+this process driving every step as the cluster's chief: a device that waits
+then leaves its core idle, as an accelerator does. One replica only. Every
+row then also has per-device figures (tools/benchmark_processes.py: busy
+time, peak memory of each worker's own allocator, bytes sent, the schedule's
+boundary bytes), printed as a per-device table.
+
     python -m tools.benchmark                      # 32 FC blocks, K in {1,2}
     python -m tools.benchmark --block=transformer  # 32 Transformer blocks
     python -m tools.benchmark --replicas=1,2       # also 1 x 2 vs 2 x 1
@@ -66,6 +75,8 @@ devices share one allocator, so this is the total over all cells and replicas.
     python -m tools.benchmark --partitions=2 --micro_batches=4,8 \
         --remat=never,always --noinference \
         --schedules=gpipe,1f1b,interleaved_1f1b,zb_h1
+    python -m tools.benchmark --devices=processes --partitions=2 \
+        --micro_batches=8 --remat=never --noinference --schedules=1f1b,zb_h1
 """
 
 from __future__ import annotations
@@ -194,9 +205,11 @@ def _Run(spec, workers, worker_devices, threads):
                          lib.LossInside(_SCHEDULES.value)))
   measure = None
   if workers:
-    measure = lambda also_time: processes_lib.Measure(  # pylint: disable=g-long-lambda
-        spec, configs, workers, worker_devices, _ROUNDS.value, _STEPS.value,
-        also_time=also_time)
+
+    def measure(also_time):
+      return processes_lib.Measure(spec, configs, workers, worker_devices,
+                                   _ROUNDS.value, _STEPS.value,
+                                   also_time=also_time)
   load = [os.getloadavg()[0]]
   if _COMPARE_SINGLE_CORE.value:
     rows, baseline_rounds = baseline_lib.MeasureWithBaseline(

@@ -26,6 +26,7 @@ process, on logical devices that share one thread pool and one allocator;
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, Sequence
 
 from gpipe_tf.pipeline import schedule as schedule_lib
@@ -117,7 +118,7 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
   Raises:
     ValueError: a configuration with R > 1 (one replica only here).
   """
-  log = log or (lambda line: print(line, flush=True))
+  log = log or (lambda line: print(line, file=sys.stderr, flush=True))
   if any(cfg['num_replicas'] > 1 for cfg in configs):
     raise ValueError('--devices=processes times one replica; leave out '
                      '--replicas (or use --devices=shared).')

@@ -58,6 +58,15 @@ it held before the step (activations, gradients, temporaries; the weights and
 optimizer slots are allocated before and are not included). All logical CPU
 devices share one allocator, so this is the total over all cells and replicas.
 
+--devices=processes puts each of the D devices in a local worker process of
+its own instead (gpipe_tf.runtime.local_workers: pinned to its own core, one
+intra-op thread; --intra_op_threads and --inter_op_threads set the workers'),
+this process driving every step as the cluster's chief: a device that waits
+then leaves its core idle, as an accelerator does. One replica only. Every
+row then also has per-device figures (tools/benchmark_processes.py: busy
+time, peak memory of each worker's own allocator, bytes sent, the schedule's
+boundary bytes), printed as a per-device table.
+
     python -m tools.benchmark                      # 32 FC blocks, K in {1,2}
     python -m tools.benchmark --block=transformer  # 32 Transformer blocks
     python -m tools.benchmark --replicas=1,2       # also 1 x 2 vs 2 x 1
@@ -66,6 +75,8 @@ devices share one allocator, so this is the total over all cells and replicas.
     python -m tools.benchmark --partitions=2 --micro_batches=4,8 \
         --remat=never,always --noinference \
         --schedules=gpipe,1f1b,interleaved_1f1b,zb_h1
+    python -m tools.benchmark --devices=processes --partitions=2 \
+        --micro_batches=8 --remat=never --noinference --schedules=1f1b,zb_h1
 """
 
 from __future__ import annotations
@@ -82,8 +93,10 @@ import tensorflow as tf
 
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
 from gpipe_tf.runtime import devices
+from gpipe_tf.runtime import local_workers
 from tools import benchmark_baseline as baseline_lib
 from tools import benchmark_lib as lib
+from tools import benchmark_processes as processes_lib
 from tools import benchmark_tables as tables
 
 __all__ = ['main']
@@ -95,8 +108,15 @@ _DIM = flags.DEFINE_integer('dim', 256, 'Model width.')
 _SEQ_LEN = flags.DEFINE_integer('seq_len', 32, 'Transformer sequence length.')
 _BATCH = flags.DEFINE_integer('batch_size', 2048,
                               'Mini-batch size N (sequences for transformer).')
-_NUM_DEVICES = flags.DEFINE_integer('num_devices', 2,
-                                    'Logical CPU devices to split into.')
+_NUM_DEVICES = flags.DEFINE_integer(
+    'num_devices', 2, 'D: devices (logical CPU devices, or worker processes '
+    'with --devices=processes).')
+_DEVICES = flags.DEFINE_enum(
+    'devices', processes_lib.SHARED, list(processes_lib.MODES),
+    "What a device is. 'shared': " + processes_lib.Mode(processes_lib.SHARED)
+    + " (the CPU split into logical devices). 'processes': "
+    + processes_lib.Mode(processes_lib.PROCESSES) + ' (local serve_worker '
+    'processes; this process drives the step). --replicas needs shared.')
 _PARTITIONS = flags.DEFINE_list('partitions', ['1', '2'], 'Values of K.')
 _MICRO = flags.DEFINE_list('micro_batches', ['1', '2', '4', '8'],
                            'Values of M.')
@@ -155,12 +175,28 @@ def main(argv):
     baseline_lib.Serve(spec, _STEPS.value, _INFERENCE.value, sys.stdin,
                        sys.stdout)
     return
+  if _DEVICES.value == processes_lib.PROCESSES:
+    options = local_workers.Options(
+        num_workers=_NUM_DEVICES.value,
+        intra_op_threads=_INTRA_OP.value or 1,
+        inter_op_threads=_INTER_OP.value or 2)
+    with local_workers.LocalWorkers(options) as workers:
+      print(f'--devices=processes: {workers.Describe()}', flush=True)
+      _Run(spec, workers, workers.Connect(),
+           dict(intra_op_threads=options.intra_op_threads,
+                inter_op_threads=options.inter_op_threads))
+    return
   devices.SplitCpu(_NUM_DEVICES.value, _INTRA_OP.value or None,
                    _INTER_OP.value or None)
-  threads = dict(
+  _Run(spec, None, None, dict(
       intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads(),
-      inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads())
+      inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads()))
 
+
+def _Run(spec, workers, worker_devices, threads):
+  """Measures the grid and prints the tables; on worker processes when
+  ``workers`` (local_workers.LocalWorkers, cells on ``worker_devices``)."""
+  mode = processes_lib.PROCESSES if workers else processes_lib.SHARED
   configs = lib.Merge(
       lib.PipelineConfigs(_Ints(_PARTITIONS), _Ints(_MICRO), _REMAT.value,
                           _INFERENCE.value, _SCHEDULES.value,
@@ -170,20 +206,31 @@ def main(argv):
       lib.ReplicaConfigs(_NUM_DEVICES.value, _Ints(_REPLICAS), _Ints(_MICRO),
                          _REMAT.value, _BATCH.value,
                          lib.LossInside(_SCHEDULES.value)))
+  measure = None
+  if workers:
+
+    def measure(also_time):
+      return processes_lib.Measure(spec, configs, workers, worker_devices,
+                                   _ROUNDS.value, _STEPS.value,
+                                   also_time=also_time)
   load = [os.getloadavg()[0]]
   if _COMPARE_SINGLE_CORE.value:
     rows, baseline_rounds = baseline_lib.MeasureWithBaseline(
         spec, configs, _NUM_DEVICES.value, _ROUNDS.value, _STEPS.value,
-        _INFERENCE.value)
+        _INFERENCE.value, measure)
+  elif measure:
+    rows, baseline_rounds = measure(()), []
   else:
     rows, baseline_rounds = lib.Measure(
         spec, configs, _NUM_DEVICES.value, _ROUNDS.value, _STEPS.value), []
   load.append(os.getloadavg()[0])
   rows = tables.WithSpeedups(rows)
+  per = 'per worker' if workers else 'in the one process'
   print(f'\n{_NUM_BLOCKS.value} x {_BLOCK.value} blocks, dim {_DIM.value}, '
-        f'batch {_BATCH.value}, {_NUM_DEVICES.value} logical devices, '
+        f'batch {_BATCH.value}, {_NUM_DEVICES.value} devices: '
+        f'--devices={mode} ({processes_lib.Mode(mode)}); '
         f"{os.cpu_count()} cores, {threads['intra_op_threads']} intra-op and "
-        f"{threads['inter_op_threads']} inter-op threads; 1-minute load "
+        f"{threads['inter_op_threads']} inter-op threads {per}; 1-minute load "
         f'average {load[0]:.1f} before, {load[1]:.1f} after (this run counts '
         'too; other load slows multi-threaded rows more than the baseline)\n')
   partitions, micro = _Ints(_PARTITIONS), _Ints(_MICRO)
@@ -193,13 +240,15 @@ def main(argv):
   print(tables.SingleCoreTargets(rows, os.cpu_count() or 1, baseline_rounds))
   if len(_SCHEDULES.value) > 1:
     print(tables.ScheduleTable(rows, micro, _REMAT.value))
+  if workers:
+    print(tables.DeviceTable(rows))
   if _REPLICAS.value:
     print(tables.ReplicaTable(rows, _NUM_DEVICES.value, _Ints(_REPLICAS), micro,
                               _REMAT.value))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(dict(dataclasses.asdict(spec), num_devices=_NUM_DEVICES.value,
-                     **threads, load_average_before_after=load,
+                     devices=mode, **threads, load_average_before_after=load,
                      single_core_examples_per_sec_rounds=baseline_rounds,
                      rows=rows), f, indent=1)
 

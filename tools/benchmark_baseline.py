@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 from gpipe_tf.runtime import devices as devices_lib
 from tools import benchmark_lib as lib
@@ -79,10 +79,17 @@ def Serve(spec: lib.ModelSpec, steps_per_round: int, inference: bool,
                                      for step in steps])
 
 
-def MeasureWithBaseline(spec: lib.ModelSpec, configs: Sequence[dict],
-                        num_devices: int, rounds: int, steps_per_round: int,
-                        inference: bool) -> tuple[list[dict], list[float]]:
+def MeasureWithBaseline(
+    spec: lib.ModelSpec, configs: Sequence[dict], num_devices: int,
+    rounds: int, steps_per_round: int, inference: bool,
+    measure: Callable[[Sequence[Callable[[], None]]], list[dict]] | None = None
+) -> tuple[list[dict], list[float]]:
   """lib.Measure with the single-core baseline timed in the same rounds.
+
+  Args:
+    measure: times the grid instead of lib.Measure (e.g. on worker
+      processes, tools/benchmark_processes.py): called with the callables to
+      run first in every round (lib.Measure's ``also_time``), returns rows.
 
   Returns:
     The baseline's rows (training, and with ``inference`` forward only)
@@ -90,8 +97,11 @@ def MeasureWithBaseline(spec: lib.ModelSpec, configs: Sequence[dict],
     round.
   """
   with SingleCoreBaseline(spec, steps_per_round, inference) as base:
-    rows = lib.Measure(spec, configs, num_devices, rounds, steps_per_round,
-                       also_time=[base.Round])
+    if measure is None:
+      rows = lib.Measure(spec, configs, num_devices, rounds, steps_per_round,
+                         also_time=[base.Round])
+    else:
+      rows = measure([base.Round])
     return base.Rows() + rows, base.ExamplesPerSecOfRounds()
 
 

@@ -33,6 +33,7 @@ Logical CPU devices must exist before this module runs any op
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import sys
@@ -311,15 +312,18 @@ def MakeStep(spec: ModelSpec, cfg: dict,
   """
   if cfg['num_replicas'] > 1:
     return _ReplicatedStep(spec, cfg, all_devices)
-  model = _Build(spec, cfg)
-  opt = tf.keras.optimizers.SGD(spec.learning_rate)
-  inputs = _Inputs(spec)
+  # The input sits where cell 0 runs; a SequentialLayer runs there too.
+  with tf.device(all_devices[0]):
+    inputs = _Inputs(spec)
+  with _Unpipelined(cfg, all_devices):
+    model = _Build(spec, cfg, all_devices)
 
   if cfg['mode'] == 'inference':
 
     @tf.function
     def _Infer():
-      with precision.Policy(cfg.get('dtype', 'float32')):
+      with precision.Policy(cfg.get('dtype', 'float32')), _Unpipelined(
+          cfg, all_devices):
         return _Loss(model, inputs, training=False)
 
     return _Infer
@@ -327,12 +331,25 @@ def MakeStep(spec: ModelSpec, cfg: dict,
   @tf.function
   def _Step():
     variables = model.trainable_variables
-    with precision.Policy(cfg.get('dtype', 'float32')):
+    with precision.Policy(cfg.get('dtype', 'float32')), _Unpipelined(
+        cfg, all_devices):
       loss, grads = _LossAndGradients(model, cfg, inputs, variables)
-    opt.apply_gradients(zip(grads, variables))
+    for v, g in zip(variables, grads):
+      # Plain SGD beside its variable: with cells on worker processes, an
+      # optimizer's ops without a device would run on the chief, and every
+      # gradient would cross to it and back.
+      with tf.device(v.device):
+        v.assign_sub(tf.cast(spec.learning_rate, g.dtype) * g)
     return loss
 
   return _Step
+
+
+def _Unpipelined(cfg, all_devices):
+  """A SequentialLayer's placement (the first device); none for a pipeline."""
+  if cfg['pipeline']:
+    return contextlib.nullcontext()
+  return tf.device(all_devices[0])
 
 
 def _ReplicatedStep(spec, cfg, all_devices):
@@ -425,7 +442,9 @@ def LayersOf(spec: ModelSpec) -> tuple[list, list]:
           _InputShapes(spec))
 
 
-def _Build(spec, cfg):
+def _Build(spec, cfg, all_devices=None):
+  """The model of ``cfg``; a pipeline's cells on the first K of
+  ``all_devices`` (default: the default devices)."""
   blocks, shapes = LayersOf(spec)
   if not cfg['pipeline']:
     return layers.SequentialLayer.Params().Set(name='net',
@@ -437,4 +456,5 @@ def _Build(spec, cfg):
       num_virtual_stages=cfg['num_virtual_stages'],
       execution=cfg.get('execution', 'loop'),
       jit_compile=cfg.get('jit_compile', False),
-      input_shapes=shapes).Instantiate()
+      input_shapes=shapes,
+      devices=list(all_devices) if all_devices else None).Instantiate()

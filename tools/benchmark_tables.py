@@ -6,6 +6,7 @@ grid they came from); they run no TensorFlow op.
 
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 from tools import benchmark_lib as lib
@@ -286,3 +287,38 @@ def Targets(rows: Sequence[dict], partitions: Sequence[int],
   return '\nTargets\n' + '\n'.join(
       f"  [{'ok' if ok else 'MISSED'}] {text}" for text, ok in checks)
 
+
+
+def DeviceTable(rows: Sequence[dict]) -> str:
+  """Per-device figures of rows timed on worker processes (--devices=processes).
+
+  One line per row that has them: step time, each device's busy time (its
+  worker's CPU time per step) and its share of the step, each device's peak
+  step memory, the MiB each sent per step (measured on its sockets) and what
+  the schedule's boundary tensors alone make (all devices together).
+  """
+  lines = ['\nPer device (worker processes; lists are device 0 / device 1 / '
+           '...; busy = worker CPU time per step; sent = bytes on its '
+           'sockets; boundary = what the schedule must send, all devices)',
+           '| configuration | schedule | step ms | busy ms | busy % of step | '
+           'peak MiB | sent MiB | boundary MiB |',
+           '|---|---|---|---|---|---|---|---|']
+  for r in rows:
+    busy = r.get('device_busy_seconds_per_step')
+    if busy is None:
+      continue
+    step = statistics.median(r['seconds_per_step_rounds'])
+    boundary = r.get('boundary_bytes_per_step')
+    lines.append(
+        f"| {lib.Label(r, with_schedule=False)} | "
+        f"{lib.ScheduleLabel(r) if r['pipeline'] else '-'} | "
+        f'{1000 * step:.0f} | ' + _Each(busy, 1000, '.0f') + ' | ' +
+        _Each([b / step for b in busy], 100, '.0f') + ' | ' +
+        _Each(r['device_peak_memory_bytes'], 1 / 2**20, '.1f') + ' | ' +
+        _Each(r['device_bytes_sent_per_step'], 1 / 2**20, '.2f') + ' | ' +
+        ('-' if boundary is None else f'{boundary / 2**20:.2f}') + ' |')
+  return '\n'.join(lines)
+
+
+def _Each(values: Sequence[float], scale: float, fmt: str) -> str:
+  return ' / '.join(format(v * scale, fmt) for v in values)

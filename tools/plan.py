@@ -16,7 +16,10 @@ is the experiment's training batch unless --batch_size says otherwise.
 --compare=ROWS.json (a ``python -m tools.benchmark --json`` output) plans
 the model the benchmark timed instead (on its devices and batch unless
 --devices and --batch_size say otherwise), and prints the planner's
-estimates beside the measured rows (docs/planning.md).
+estimates beside the measured rows (docs/planning.md). Rows timed with
+``tools.benchmark --devices=processes`` (one worker process per device)
+are compared device by device: the fullest device's measured peak beside
+its estimate; shared-mode rows by the one allocator's total.
 """
 
 from __future__ import annotations
@@ -135,8 +138,11 @@ def Run(fv: flags.FlagValues) -> str:
   if measured is not None:
     table = plan_check.Compare(model, measured['rows'],
                                measured['batch_size'])
+    mode = measured.get('devices', 'shared')
+    what = ('one worker process per device' if mode == 'processes' else
+            'one process, logical devices sharing one thread pool')
     text += (f'\n\nThe estimates beside the measured rows of '
-             f'{fv.compare}:\n\n{table}')
+             f'{fv.compare} (--devices={mode}: {what}):\n\n{table}')
   return text
 
 

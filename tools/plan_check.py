@@ -24,10 +24,14 @@ def Compare(model: plan_lib.Model, rows: Sequence[dict],
 
   Takes the pipelined training rows of one replica with remat 'never' or
   'always'. Throughput is shown relative to the first such row (the estimate's
-  absolute scale is arbitrary); memory beside the measured peak step memory,
-  which counts gradients and activations of all devices (one allocator), so
-  the estimate shown is Plan.total_step_bytes. Spearman rank correlations
-  of both close the table.
+  absolute scale is arbitrary); memory beside the measured peak step memory.
+  Rows of the shared mode (logical devices of one process) measured one
+  allocator for all devices, their gradients and activations together, so
+  the estimate shown is Plan.total_step_bytes; rows of the processes mode
+  (tools.benchmark --devices=processes) measured each device's own
+  allocator, so the fullest device's measured peak is shown beside the
+  fullest device's estimate (max of Plan.step_bytes). Spearman rank
+  correlations of both close the table.
 
   Raises:
     plan_lib.PlanError: no row to compare with.
@@ -45,23 +49,31 @@ def Compare(model: plan_lib.Model, rows: Sequence[dict],
                              r.get('num_virtual_stages', 1), r['remat'])
              for r in rows]
   plans = [plan_lib.Evaluate(model, lo, batch_size) for lo in layouts]
+  per_device = all(r.get('device_peak_memory_bytes') for r in rows)
+  if per_device:
+    peaks = [max(r['device_peak_memory_bytes']) for r in rows]
+    estimates = [max(p.step_bytes) for p in plans]
+  else:
+    peaks = [r['peak_memory_bytes'] for r in rows]
+    estimates = [p.total_step_bytes for p in plans]
   measured = [r['examples_per_sec'] for r in rows]
   estimated = [p.examples_per_sec for p in plans]
   rank_m, rank_e = _Ranks([-x for x in measured]), _Ranks(
       [-float(f'{x:.9g}') for x in estimated])
+  which = ' (fullest device)' if per_device else ' (all devices)'
   lines = ['| configuration | examples/sec | measured x | planner x | rank '
-           'measured | rank planner | peak MiB measured | step MiB planner |',
+           f'measured | rank planner | peak MiB measured{which} | step MiB '
+           f'planner{which} |',
            '|---|---|---|---|---|---|---|---|']
-  for r, p, rm, re in zip(rows, plans, rank_m, rank_e):
+  for r, p, rm, re, peak, estimate in zip(rows, plans, rank_m, rank_e, peaks,
+                                          estimates):
     lo = p.layout
     lines.append(
         f'| {lo.Label().replace(" R=1", "")} | {r["examples_per_sec"]:.0f} | '
         f'{r["examples_per_sec"] / measured[0]:.2f} | '
         f'{p.examples_per_sec / estimated[0]:.2f} | {rm:g} | {re:g} | '
-        f'{r["peak_memory_bytes"] / MIB:.1f} | '
-        f'{p.total_step_bytes / MIB:.1f} |')
-  memory = _Spearman(_Ranks([r['peak_memory_bytes'] for r in rows]),
-                     _Ranks([p.total_step_bytes for p in plans]))
+        f'{peak / MIB:.1f} | {estimate / MIB:.1f} |')
+  memory = _Spearman(_Ranks(peaks), _Ranks(estimates))
   lines.append(
       f'\nSpearman rank correlation, planner vs measured: throughput '
       f'{_Spearman(rank_m, rank_e):.2f}, memory {memory:.2f} ({len(rows)} '

@@ -29,6 +29,13 @@ M and V.
     python -m tools.schedule_trace --schedule=interleaved_1f1b \\
         --virtual_stages=2 --micro_batches=4
     python -m tools.schedule_trace --schedule_csv=my_schedule.csv
+    python -m tools.schedule_trace --schedule=zb_h1 --devices=processes
+
+--devices=processes runs each device's cells in a local worker process of
+its own (gpipe_tf.runtime.local_workers: pinned to its own core, one
+intra-op thread), as accelerators run them, instead of on logical devices
+sharing the process's thread pool (--devices=shared, the default); the
+report then also gives each worker's CPU time over the wall time.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import tensorflow as tf
 
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
 from gpipe_tf.runtime import devices as devices_lib
+from gpipe_tf.runtime import local_workers
 from gpipe_tf import layers
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
@@ -69,6 +77,11 @@ _BATCH = flags.DEFINE_integer('batch_size', 1024, 'Mini-batch size.')
 _OUT = flags.DEFINE_string('out', 'schedule.png', 'PNG to write; empty: none.')
 _CHROME_TRACE = flags.DEFINE_string(
     'chrome_trace', None, 'Also write the Chrome-trace / Perfetto JSON here.')
+_DEVICES = flags.DEFINE_enum(
+    'devices', 'shared', ['shared', 'processes'],
+    "'shared': one process, logical devices sharing one thread pool; "
+    "'processes': one local worker process per device, each pinned to its "
+    'own core with one intra-op thread.')
 
 _COLORS = {schedule_lib.F: '#4c78a8', schedule_lib.B: '#f58518',
            schedule_lib.BW: '#e45756', schedule_lib.W: '#54a24b'}
@@ -82,11 +95,15 @@ class Traced(NamedTuple):
     devices: the K devices' names.
     cores_busy: the process's CPU time over (cores x wall time) during
       ``steps`` more steps: 1.0 when every core worked all the time. Threads
-      that spin while they wait for work count as busy.
+      that spin while they wait for work count as busy. With worker
+      processes, theirs (this process only drives the step).
+    workers_busy: with worker processes, each one's CPU time over the wall
+      time of those steps (one core each: at most 1.0); else None.
   """
   timeline: trace_lib.Timeline
   devices: list[str]
   cores_busy: float
+  workers_busy: list[float] | None = None
 
 
 def _Cores() -> int:
@@ -98,7 +115,9 @@ def _Cores() -> int:
 def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
           num_micro_batches: int, num_virtual_stages: int = 1,
           remat: str = 'always', num_blocks: int = 16, dim: int = 256,
-          batch_size: int = 1024, steps: int = 3) -> Traced:
+          batch_size: int = 1024, steps: int = 3,
+          workers: local_workers.LocalWorkers | None = None,
+          devices: Sequence[str] | None = None) -> Traced:
   """Runs ``steps`` traced training steps, keeps the last one's timeline,
   then times ``steps`` more for how busy they keep the cores.
 
@@ -110,10 +129,13 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
     num_blocks, dim, batch_size: the model (FC blocks of width ``dim``) and
       the mini-batch.
     steps: steps to run (the first ones warm up).
+    workers: the local worker processes the cells run on (connected), whose
+      CPU time is read; ``devices`` then their devices.
+    devices: the K devices; default the first K default devices (split the
+      CPU first on a CPU-only host).
 
   Returns:
-    Traced: the cells run on the first K default devices (split the CPU
-    first on a CPU-only host).
+    Traced.
   """
   blocks = [layers.FCLayer.Params().Set(name=f'block{i}', input_dim=dim,
                                         output_dim=dim)
@@ -121,9 +143,11 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
   pipe = PipeliningLayer.Params().Set(
       name='net', layers=blocks, num_partitions=num_partitions,
       num_micro_batches=num_micro_batches, remat=remat, schedule=schedule,
-      num_virtual_stages=num_virtual_stages).Instantiate()
-  x = tf.random.stateless_normal([batch_size, dim], [1, 2])
-  labels = tf.zeros([batch_size])  # Unused by the loss; split like x.
+      num_virtual_stages=num_virtual_stages,
+      devices=list(devices) if devices else None).Instantiate()
+  with tf.device(pipe.devices[0]):  # Where cell 0 runs.
+    x = tf.random.stateless_normal([batch_size, dim], [1, 2])
+    labels = tf.zeros([batch_size])  # Unused by the loss; split like x.
   trace = trace_lib.ScheduleTrace()
 
   def _Step():
@@ -141,11 +165,30 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
   for _ in range(steps):  # Warm up; keep the last step.
     _, (starts, ends) = step()
   timeline = trace_lib.Timeline.FromValues(trace, starts.numpy(), ends.numpy())
-  wall, cpu = time.perf_counter(), time.process_time()
+  own = workers.CpuSeconds if workers else lambda: [time.process_time()]
+  wall, cpu = time.perf_counter(), own()
   for _ in range(steps):
     step()[1][1].numpy()
-  wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-  return Traced(timeline, pipe.devices, cpu / (wall * _Cores()))
+  wall, cpu = time.perf_counter() - wall, [b - a for a, b in zip(cpu, own())]
+  return Traced(timeline, pipe.devices, sum(cpu) / (wall * _Cores()),
+                [c / wall for c in cpu] if workers else None)
+
+
+def DeviceBusy(timeline: trace_lib.Timeline) -> list[float]:
+  """Each device's busy share of the makespan: the union of its actions'
+  intervals over the makespan (1 - the mean is the bubble fraction)."""
+  sched = timeline.schedule
+  busy = [0.0] * sched.num_devices
+  rows = [[] for _ in range(sched.num_devices)]
+  for a, s, e in zip(timeline.actions, timeline.start, timeline.end):
+    rows[sched.DeviceOf(a.stage)].append((s, e))
+  for d, row in enumerate(rows):
+    reach = None
+    for s, e in sorted(row):
+      s = s if reach is None else max(s, reach)
+      busy[d] += max(e - s, 0.0)
+      reach = e if reach is None else max(reach, e)
+  return [b / timeline.makespan for b in busy]
 
 
 def _PerExampleLoss(outputs, labels):
@@ -154,12 +197,19 @@ def _PerExampleLoss(outputs, labels):
 
 
 def Report(timeline: trace_lib.Timeline,
-           cores_busy: float | None = None) -> str:
-  """The ASCII timeline, the measured bubble beside the simulated one, and
-  (if given) how busy the cores were."""
+           cores_busy: float | None = None,
+           workers_busy: Sequence[float] | None = None) -> str:
+  """The ASCII timeline, the measured bubble beside the simulated one, each
+  device's busy share, and (if given) how busy the cores (or each worker
+  process) were."""
   sched = timeline.schedule
-  busy = '' if cores_busy is None else (
-      f'; cores busy {100 * cores_busy:.0f}% of {_Cores()}')
+  busy = '; devices busy (trace) ' + ' / '.join(
+      f'{100 * b:.0f}%' for b in DeviceBusy(timeline))
+  if cores_busy is not None:
+    busy += f'; cores busy {100 * cores_busy:.0f}% of {_Cores()}'
+  if workers_busy is not None:
+    busy += ('; worker processes busy (CPU time / wall time) ' +
+             ' / '.join(f'{100 * b:.0f}%' for b in workers_busy))
   return (f'{timeline.ToAscii()}\n'
           f'schedule {sched.name}: K={sched.num_devices} '
           f'M={sched.num_micro_batches} stages={sched.num_stages}; makespan '
@@ -207,11 +257,18 @@ def main(argv):
     schedule.Validate()
     k, m = schedule.num_devices, schedule.num_micro_batches
     v = schedule.num_stages // k
-  devices_lib.SplitCpu(k)
-  timeline, device_names, cores_busy = Trace(
-      schedule, k, m, v, _REMAT.value, _NUM_BLOCKS.value, _DIM.value,
-      _BATCH.value)
-  print(Report(timeline, cores_busy))
+  args = (schedule, k, m, v, _REMAT.value, _NUM_BLOCKS.value, _DIM.value,
+          _BATCH.value)
+  if _DEVICES.value == 'processes':
+    with local_workers.LocalWorkers(
+        local_workers.Options(num_workers=k)) as workers:
+      print(f'--devices=processes: {workers.Describe()}', flush=True)
+      traced = Trace(*args, workers=workers, devices=workers.Connect())
+  else:
+    devices_lib.SplitCpu(k)
+    traced = Trace(*args)
+  timeline, device_names = traced.timeline, traced.devices
+  print(Report(timeline, traced.cores_busy, traced.workers_busy))
   if _OUT.value:
     Draw(timeline, device_names, _OUT.value)
     print(f'wrote {_OUT.value}')

@@ -1,6 +1,10 @@
 """tools/benchmark*: the grids, the measured rows, the single-core baseline and the tables."""
 
+import importlib.util
+import json
+import os
 import statistics
+import subprocess
 import sys
 
 import test_utils  # pylint: disable=g-bad-import-order
@@ -10,7 +14,9 @@ test_utils.SetUpDevices()
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from tools import benchmark_baseline as baseline_lib  # pylint: disable=g-import-not-at-top
+from gpipe_tf.pipeline import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_lib as lib  # pylint: disable=g-import-not-at-top
+from tools import benchmark_processes as processes_lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_tables as tables  # pylint: disable=g-import-not-at-top
 
 # Tiny: the rows, not the timings, are under test.
@@ -282,6 +288,94 @@ class SingleCoreBaselineTest(tf.test.TestCase):
     with self.assertRaisesRegex(baseline_lib.BaselineError, 'exit code 3'):
       base.Round()
     base.Close()
+
+
+_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       'benchmark_processes_client.py')
+
+
+class ProcessesTest(tf.test.TestCase):
+  """--devices=processes: cells on 2 local worker processes."""
+
+  def testBoundaryBytesFollowTheSchedule(self):
+    # 1F1B, K=2: M forwards cross 0 -> 1, M backwards 1 -> 0.
+    self.assertEqual(processes_lib.BoundaryBytes(
+        schedule_lib.Make('1f1b', 2, 4, 1), 10), 8 * 10)
+    # ZBV, K=2: stages 0 1 | 1 0 on devices; 0 -> 1 and 2 -> 3 cross, both
+    # ways; the W passes send nothing.
+    self.assertEqual(processes_lib.BoundaryBytes(
+        schedule_lib.Make('zbv', 2, 4, 2), 10), 4 * 4 * 10)
+    # Interleaved, K=2 V=2: every one of the 3 stage boundaries crosses.
+    self.assertEqual(processes_lib.BoundaryBytes(
+        schedule_lib.Make('interleaved_1f1b', 2, 4, 2), 10), 6 * 4 * 10)
+    self.assertEqual(processes_lib.ExampleBytes(_TINY), 4 * 8)
+    self.assertIsNone(processes_lib.RowBoundaryBytes(
+        _TINY, lib.Config(False)))
+    with self.assertRaisesRegex(ValueError, 'use one of shared, processes'):
+      processes_lib.Mode('threads')
+
+  def testStepsEqualOneProcessAndDeviceFiguresArePlausible(self):
+    out_dir = self.get_temp_dir()
+    run = subprocess.run(
+        [sys.executable, _CLIENT, out_dir], cwd=test_utils.REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=test_utils.REPO_ROOT,
+                 TF_CPP_MIN_LOG_LEVEL='2'),
+        capture_output=True, text=True, timeout=600, check=False)
+    self.assertEqual(run.returncode, 0, run.stderr[-3000:])
+    with open(os.path.join(out_dir, 'losses.json')) as f:
+      losses = json.load(f)
+    with open(os.path.join(out_dir, 'rows.json')) as f:
+      measured = json.load(f)
+    spec_ = importlib.util.spec_from_file_location('client', _CLIENT)
+    client = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(client)
+
+    # The same steps in this process, on its logical devices.
+    devices = test_utils.devices.LogicalCpus()[:2]
+    for cfg, got in zip(client.CONFIGS, losses):
+      step = lib.MakeStep(client.SPEC, cfg, devices)
+      want = [float(step()) for _ in range(client.STEPS)]
+      self.assertNotAllClose(want[0], want[-1])  # The updates show.
+      self.assertAllClose(got, want, rtol=1e-5, msg=lib.Label(cfg))
+
+    self.assertEqual(measured['devices'], [
+        f'/job:worker/replica:0/task:{t}/device:CPU:0' for t in (0, 1)])
+    self.assertFalse(any(_Running(p) for p in measured['pids']))
+    for cfg, row in zip(client.CONFIGS, measured['rows']):
+      self.assertEqual(row['devices'], 'processes')
+      step_seconds = statistics.median(row['seconds_per_step_rounds'])
+      boundary = row['boundary_bytes_per_step']
+      self.assertEqual(boundary, processes_lib.RowBoundaryBytes(client.SPEC,
+                                                                cfg))
+      for d in range(2):
+        # A worker pinned to one core computes at most the wall time (CPU
+        # time counts in 10 ms ticks over the 2 steps).
+        self.assertBetween(row['device_busy_seconds_per_step'][d], 0,
+                           step_seconds + 0.005)
+        self.assertBetween(row['device_peak_memory_bytes'][d], 1, 2**24)
+        # Device 0 sends the forwards, device 1 the backwards: half each.
+        self.assertGreaterEqual(row['device_bytes_sent_per_step'][d],
+                                boundary // 2)
+      self.assertEqual(row['peak_memory_bytes'],
+                       sum(row['device_peak_memory_bytes']))
+    # The loss inside the pipeline: nothing else crosses (not the weights'
+    # gradients, 2 x 66 KB a device, which an update on the chief would
+    # send), up to gRPC framing.
+    inside = measured['rows'][0]
+    self.assertTrue(inside['loss_inside'])
+    for sent in inside['device_bytes_sent_per_step']:
+      self.assertLess(sent, inside['boundary_bytes_per_step'] // 2 + 2**14)
+    table = tables.DeviceTable(measured['rows'])
+    self.assertIn('| K=2 M=4 remat=never | 1f1b | ', table)
+    self.assertLen(table.strip().splitlines(), 3 + len(client.CONFIGS))
+
+
+def _Running(pid):
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except FileNotFoundError:
+    return False
 
 
 if __name__ == '__main__':

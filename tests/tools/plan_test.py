@@ -209,6 +209,28 @@ class CompareTest(absltest.TestCase):
                   text)
     self.assertNotIn('except_last', text)
     self.assertIn('throughput 1.00, memory 1.00 (3 rows)', text)
+    self.assertIn('peak MiB measured (all devices) | step MiB planner (all '
+                  'devices) |', text)
+
+  def testProcessesRowsCompareTheFullestDevice(self):
+    # Rows of --devices=processes hold each worker's own peak: the fullest
+    # device's is set beside the fullest device's estimate.
+    rows = [dict(pipeline=True, mode='train', num_replicas=1,
+                 single_core=False, num_partitions=2, num_micro_batches=m,
+                 remat='never', schedule=name, num_virtual_stages=1,
+                 examples_per_sec=100, peak_memory_bytes=9 * _MIB,
+                 device_peak_memory_bytes=[peak * _MIB, 1 * _MIB])
+            for name, m, peak in (('gpipe', 4, 5), ('1f1b', 4, 3))]
+    text = plan_check.Compare(_MODEL, rows, 64)
+    self.assertIn('peak MiB measured (fullest device) | step MiB planner '
+                  '(fullest device) |', text)
+    for row in rows:
+      plan = plan_lib.Evaluate(_MODEL, plan_lib.Layout(
+          2, 1, 4, row['schedule'], 1, 'never'), 64)
+      self.assertIn(f"| {max(row['device_peak_memory_bytes']) / _MIB:.1f} | "
+                    f'{max(plan.step_bytes) / _MIB:.1f} |', text)
+    # GPipe holds all M activations, 1F1B at most K: the ranks agree.
+    self.assertIn('memory 1.00 (2 rows)', text)
 
 
 class PlanToolTest(absltest.TestCase):
@@ -242,8 +264,9 @@ class PlanToolTest(absltest.TestCase):
     with open(path, 'w') as f:
       json.dump(dict(block='fc', num_blocks=4, dim=8, seq_len=4,
                      batch_size=16, learning_rate=0.1, num_devices=2,
-                     rows=[row]), f)
+                     devices='processes', rows=[row]), f)
     out = self._Run(f'--compare={path}', '--top=2')
+    self.assertIn('(--devices=processes: one worker process per device)', out)
     self.assertIn("tools.benchmark's 4 x fc blocks of width 8: D=2 devices, "
                   'batch 16', out)
     self.assertIn('| K=2 M=2 1f1b remat=never | 50 | 1.00 | 1.00 | 1 | 1 | '

@@ -1,0 +1,45 @@
+"""The chief of benchmark_test's processes-mode check: steps and per-device rows with the cells on 2 local workers.
+
+Run as ``python tests/tools/benchmark_processes_client.py OUT_DIR`` from the
+repository root. Starts 2 local workers (gpipe_tf.runtime.local_workers),
+connects to them before any op, and for every configuration of CONFIGS runs
+STEPS training steps of SPEC through tools/benchmark_lib.MakeStep with cell
+k on worker k, writing their losses to OUT_DIR/losses.json; then times the
+same configurations with tools/benchmark_processes.Measure and writes its
+rows to OUT_DIR/rows.json. The test computes the losses again in its own
+process on logical devices.
+"""
+
+import json
+import os
+import sys
+
+from gpipe_tf.runtime import local_workers
+from tools import benchmark_lib as lib
+from tools import benchmark_processes as processes_lib
+
+# Big enough that the weights' gradients (2 x 66 KB a device) outweigh the
+# boundary tensors (8 KB a micro-batch); a learning rate that moves the loss.
+SPEC = lib.ModelSpec(num_blocks=4, dim=128, batch_size=64, learning_rate=0.5)
+CONFIGS = (lib.Config(True, 2, 4, 'never', schedule='1f1b', loss_inside=True),
+           lib.Config(True, 2, 2, 'always'))
+STEPS = 3
+
+
+def main(out_dir: str) -> None:
+  with local_workers.LocalWorkers(local_workers.Options(num_workers=2)) as w:
+    devices = w.Connect()
+    losses = []
+    for cfg in CONFIGS:
+      step = lib.MakeStep(SPEC, cfg, devices)
+      losses.append([float(step().numpy()) for _ in range(STEPS)])
+    with open(os.path.join(out_dir, 'losses.json'), 'w') as f:
+      json.dump(losses, f)
+    rows = processes_lib.Measure(SPEC, CONFIGS, w, devices, rounds=1,
+                                 steps_per_round=2, log=lambda line: None)
+    with open(os.path.join(out_dir, 'rows.json'), 'w') as f:
+      json.dump(dict(rows=rows, devices=devices, pids=w.pids), f)
+
+
+if __name__ == '__main__':
+  main(sys.argv[1])

@@ -1,0 +1,155 @@
+"""Times the benchmark's steps with each cell in a worker process of its own, and reads every worker's figures.
+
+``--devices=processes`` of tools.benchmark, tools.schedule_trace and
+tools.plan --compare: the K cells run on K local worker processes
+(gpipe_tf.runtime.local_workers: worker k pinned to core k, one intra-op
+thread), this process is the chief that drives the step. Besides the step
+time of every configuration, each row then holds per-device figures:
+
+  * ``device_busy_seconds_per_step``: each worker's CPU time per step (user +
+    system, all its threads, from /proc; on a worker pinned to one core with
+    one intra-op thread, the time its device computed or moved data);
+  * ``device_peak_memory_bytes``: the most each worker's own allocator held
+    during one step beyond what it held before (its cell's activations,
+    gradients and temporaries);
+  * ``device_bytes_sent_per_step``: the bytes each worker sent over its TCP
+    connections per step (kernel socket counters, gRPC framing included);
+  * ``boundary_bytes_per_step``: what the schedule says must cross a device
+    boundary per step (an F whose next stage is on another device sends its
+    output, a backward whose previous stage is on another device sends its
+    input gradient), from the boundary tensor's size.
+
+The shared mode (``--devices=shared``, the default) runs every cell in ONE
+process, on logical devices that share one thread pool and one allocator;
+``Mode`` names both as the tables label them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+from gpipe_tf.pipeline import schedule as schedule_lib
+from tools import benchmark_lib as lib
+
+__all__ = ['SHARED', 'PROCESSES', 'MODES', 'Mode', 'BoundaryBytes',
+           'Measure']
+
+SHARED = 'shared'
+PROCESSES = 'processes'
+MODES = (SHARED, PROCESSES)
+_LABELS = {
+    SHARED: 'one process, logical devices sharing one thread pool',
+    PROCESSES: 'one worker process per device, each pinned to its own core '
+               'with one intra-op thread',
+}
+
+
+def Mode(name: str) -> str:
+  """The label of a --devices mode, as the tools print it.
+
+  Raises:
+    ValueError: not one of MODES.
+  """
+  if name not in _LABELS:
+    raise ValueError(f'--devices={name!r}; use one of {", ".join(MODES)}.')
+  return _LABELS[name]
+
+
+def ExampleBytes(spec: lib.ModelSpec) -> int:
+  """Pure: bytes of one example's boundary tensors (every block keeps the
+  input's shape: FC (dim,), Transformer (seq_len, dim) and its (seq_len,)
+  padding), float32."""
+  if spec.block == 'fc':
+    return 4 * spec.dim
+  return 4 * spec.seq_len * (spec.dim + 1)
+
+
+def BoundaryBytes(schedule: schedule_lib.Schedule, micro_batch_bytes: int
+                  ) -> int:
+  """Pure: the bytes one step of `schedule` sends between devices.
+
+  Every F of a stage whose next stage sits on another device sends its output
+  there; every B or BW of a stage whose previous stage sits on another
+  device sends its input gradient back (W sends nothing). Each crossing moves
+  one micro-batch's boundary tensors, ``micro_batch_bytes``.
+  """
+  last = schedule.num_stages - 1
+  crossings = 0
+  for row in schedule.actions:
+    for a in row:
+      if a.kind == schedule_lib.F and a.stage < last:
+        crossings += schedule.DeviceOf(a.stage) != schedule.DeviceOf(
+            a.stage + 1)
+      elif a.kind in (schedule_lib.B, schedule_lib.BW) and a.stage > 0:
+        crossings += schedule.DeviceOf(a.stage) != schedule.DeviceOf(
+            a.stage - 1)
+  return crossings * micro_batch_bytes
+
+
+def RowBoundaryBytes(spec: lib.ModelSpec, cfg: dict) -> int | None:
+  """BoundaryBytes of a pipelined training row (None for any other row)."""
+  if not cfg['pipeline'] or cfg['mode'] != 'train':
+    return None
+  k, m = cfg['num_partitions'], cfg['num_micro_batches']
+  schedule = schedule_lib.Make(cfg['schedule'], k, m,
+                               cfg['num_virtual_stages'])
+  return BoundaryBytes(schedule, spec.batch_size // m * ExampleBytes(spec))
+
+
+def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
+            devices: Sequence[str], rounds: int, steps_per_round: int,
+            log: Callable[[str], None] | None = None,
+            also_time: Sequence[Callable[[], None]] = ()) -> list[dict]:
+  """lib.Measure on worker processes, with every row's per-device figures.
+
+  Args:
+    spec: the model and global batch.
+    configs: configurations (lib.Config dicts) of one replica.
+    workers: the running local_workers.LocalWorkers (this process connected
+      to them); ``devices`` their devices, cell k on ``devices[k]``.
+    rounds, steps_per_round, log, also_time: as lib.Measure.
+
+  Returns:
+    lib.Measure's rows, each with the figures of the module docstring (the
+    lists hold one value per worker); ``peak_memory_bytes`` is the sum of the
+    workers' peaks (the shared mode's one allocator holds all of them).
+
+  Raises:
+    ValueError: a configuration with R > 1 (one replica only here).
+  """
+  log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+  if any(cfg['num_replicas'] > 1 for cfg in configs):
+    raise ValueError('--devices=processes times one replica; leave out '
+                     '--replicas (or use --devices=shared).')
+  steps, peaks = [], []
+  for cfg in configs:
+    step = lib.MakeStep(spec, cfg, devices)
+    step().numpy()  # Trace and warm up.
+    before = workers.Memory(reset=True)
+    step().numpy()
+    after = workers.Memory()
+    peaks.append([a['peak'] - b['current'] for a, b in zip(after, before)])
+    steps.append(step)
+    log(f'built {lib.Label(cfg)}')
+  times = [[] for _ in configs]
+  cpu = [[0.0] * len(devices) for _ in configs]
+  sent = [[0] * len(devices) for _ in configs]
+  for _ in range(rounds):
+    for time_round in also_time:
+      time_round()
+    for i, step in enumerate(steps):
+      cpu0, sent0 = workers.CpuSeconds(), workers.BytesSent()
+      times[i].append(lib.TimeRound(step, steps_per_round))
+      cpu[i] = [t + b - a for t, a, b in zip(cpu[i], cpu0,
+                                               workers.CpuSeconds())]
+      sent[i] = [t + b - a for t, a, b in zip(sent[i], sent0,
+                                               workers.BytesSent())]
+  rows = lib.Rows(spec, configs, times, [sum(p) for p in peaks])
+  total_steps = rounds * steps_per_round
+  for row, cfg, p, c, s in zip(rows, configs, peaks, cpu, sent):
+    row.update(devices=PROCESSES, device_peak_memory_bytes=[int(x) for x in p],
+               device_busy_seconds_per_step=[x / total_steps for x in c],
+               device_bytes_sent_per_step=[x // total_steps for x in s],
+               boundary_bytes_per_step=RowBoundaryBytes(spec, cfg))
+  return rows

@@ -242,13 +242,8 @@ class CellProgram:
     dy_present: without a head, per flat output whether a gradient is fed
       to it (default: every float output); see OutputsOf for its specs.
     jit_compile: compile every piece with XLA.
-    split: whether a schedule will run this program's backward as B then W.
-      If not, each op's input and weight gradients are gated (made
-      available together, tf.gradients' gate_gradients): the executor then
-      computes a layer's weight gradient before it moves on to the layer
-      below, instead of running the input-gradient chain ahead and keeping
-      every layer's output gradient alive until its weight-gradient matmul
-      runs. The gates tie B to W, so a program that is split is not gated.
+    split: whether a schedule will run this program's backward as B then W
+      (else its W pieces are never cut).
 
   Attributes:
     out_struct, out_specs: the outputs' nest and flat specs.
@@ -364,10 +359,8 @@ class CellProgram:
       targets, grads_in = [o for o, _ in pairs], [g for _, g in pairs]
     if not targets:
       grads = [None] * len(sources)
-    elif self.split:
-      grads = tape.gradient(targets, sources, output_gradients=grads_in)
     else:
-      grads = tf_internals.GatedGradients(targets, sources, grads_in)
+      grads = tape.gradient(targets, sources, output_gradients=grads_in)
     graph_edit.CastsJustInTime(
         graph, graph.get_operations()[self._mark:],
         graph_edit.TrainableReads(graph, self.variables))

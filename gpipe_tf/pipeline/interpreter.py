@@ -125,7 +125,8 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
     training: training mode.
     ticks: the tick programs the step will run, in order. A stage whose
       backward one of them splits into B and a later W
-      (ticks.SplitStages) gets a split program; every other, a gated one.
+      (ticks.SplitStages) gets a split program; every other, one whose
+      backward is never cut into B and W.
     seed_spec: the step seed's spec.
     head: with the loss inside, the loss (the last stage's).
     input_grads: whether stage 0 differentiates its inputs.

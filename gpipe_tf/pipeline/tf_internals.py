@@ -1,4 +1,4 @@
-"""The TensorFlow internals the engine relies on, in one place: graph surgery, gated gradients, loop control edges, TensorList ops.
+"""The TensorFlow internals the engine relies on, in one place: graph surgery, loop control edges, TensorList ops.
 
 Each of these is a private or graph-mode (tf.compat.v1) API that a
 TensorFlow upgrade may change or drop. tests/pipeline/tf_internals_test.py
@@ -32,17 +32,6 @@ def WrapFunction(fn: Callable[..., Any],
   it between any of its tensors, and whose `.structured_outputs` keeps the
   None leaves of what `fn` returned."""
   return tf.compat.v1.wrap_function(fn, list(signature))
-
-
-def GatedGradients(targets: Sequence[tf.Tensor],
-                   sources: Sequence[Any],
-                   grad_ys: Sequence[tf.Tensor] | None) -> list:
-  """tf.compat.v1.gradients with gate_gradients=True: every op's input
-  gradients are released together (a tuple of control edges), so a layer's
-  weight gradient is computed before the backward moves to the layer below.
-  Only graph-mode gradients have the gates."""
-  return tf.compat.v1.gradients(targets, sources, grad_ys=grad_ys,
-                                gate_gradients=True)
 
 
 def ReplaceInput(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:

@@ -133,23 +133,16 @@ class CellProgramTest(tf.test.TestCase):
     self.assertLen(p.variables, 2 * _NUM_LAYERS)
     self.assertLen({v.ref() for v in p.variables}, len(p.variables))
 
-  def testUnsplitProgramGatesEachLayersGradients(self):
-    # Not split: an op's input gradient is released only with its weight
-    # gradient (so layers' output gradients do not pile up), and the result
-    # is the split program's.
-    gated = _Program(self.cell, split=False)
+  def testUnsplitProgramRunsTheSameBackwardWithoutW(self):
+    # Not split (no W of the stage stays apart): no W piece is cut, and its
+    # BW is the split program's.
+    whole = _Program(self.cell, split=False)
     self.assertTrue(self.program.splittable)
-    self.assertFalse(gated.splittable)
-
-    def _Gates(program):  # Ops that wait for both gradients of a MatMul.
-      return [op for op in program._wrapped.graph.get_operations()  # pylint: disable=protected-access
-              if [c.type for c in op.control_inputs] == ['MatMul'] * 2]
-
-    self.assertEmpty(_Gates(self.program))
-    self.assertLen(_Gates(gated), _NUM_LAYERS)
+    self.assertFalse(whole.splittable)
+    self.assertEqual(whole.Piece(_Step(ticks.W)).makes, ())
     feeds = _T(seed=[self.seed], x=self.x, dy=self.dy)
     want = self.program.Piece(_Step(ticks.BW))(feeds)
-    got = gated.Piece(_Step(ticks.BW))(feeds)
+    got = whole.Piece(_Step(ticks.BW))(feeds)
     for role in ('dx', 'dws'):
       for g, w in zip(getattr(got, role), getattr(want, role)):
         self.assertAllClose(g, w, rtol=1e-6, atol=1e-7)

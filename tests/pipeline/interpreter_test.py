@@ -104,9 +104,9 @@ class InterpreterTest(tf.test.TestCase):
       always = _StepPeak(remat='always', execution=execution)
       self.assertLess(always, 0.75 * never, (execution, always, never))
 
-  def testAWThatFollowsItsBRunsWithItAsOneGatedBackward(self):
+  def testAWThatFollowsItsBRunsWithItAsOneBackward(self):
     # ZB-H1, K=2: stage 0's every W directly follows its B, so stage 0 runs
-    # one BW per micro-batch from a gated program, as in 1F1B; the last
+    # one BW per micro-batch from an unsplit program, as in 1F1B; the last
     # stage's W are deferred, so its program is split into B and W.
     pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
                  num_micro_batches=4, schedule='zb_h1')

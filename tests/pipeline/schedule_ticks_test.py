@@ -169,7 +169,7 @@ class LowerTest(unittest.TestCase):
         table = ticks.Lower(joined, fused=ticks.Fusable(joined))
         alone = ticks.Lower(original, fused=ticks.Fusable(original))
         self.assertLessEqual(table.num_ticks, alone.num_ticks)
-        # A stage is split (its program ungated) only where a W stays apart.
+        # A stage is split only where a W stays apart.
         self.assertEqual(ticks.SplitStages(table),
                          {a.stage for row in joined.actions for a in row
                           if a.kind == schedule.W})

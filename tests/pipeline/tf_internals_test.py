@@ -35,21 +35,6 @@ class TfInternalsTest(tf.test.TestCase):
     self.assertEqual(tf_internals.PRUNE_ERRORS[0].__name__,
                      'UnliftableError')
 
-  def testGatedGradientsWaitForEveryInputGradientOfAnOp(self):
-    w = tf.Variable(tf.ones([4, 4]))
-
-    @tf.function
-    def _Grads():
-      x = tf.ones([2, 4])
-      y = tf.matmul(x, w)
-      return tf_internals.GatedGradients([y], [x, w], None)
-
-    graph = _Grads.get_concrete_function().graph
-    gates = [op for op in graph.get_operations()
-             if [c.type for c in op.control_inputs] == ['MatMul'] * 2]
-    self.assertNotEmpty(gates)  # tuple(): dx waits on dw's MatMul too.
-    self.assertAllClose(_Grads()[0], 4.0 * tf.ones([2, 4]))
-
   def testReplaceInputRewiresABuiltOp(self):
     graph = tf.Graph()
     with graph.as_default():

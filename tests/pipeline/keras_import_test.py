@@ -79,6 +79,43 @@ def _Transformer(blocks, d=8):
                      name='transformer')
 
 
+@keras.saving.register_keras_serializable(package='gpipe_tf_test')
+class CustomGradientSwish(keras.layers.Layer):
+  """x * sigmoid(x) with a hand-written gradient (tf.custom_gradient: an
+  IdentityN op in the graph, as Keras's own swish)."""
+
+  def call(self, x):
+
+    @tf.custom_gradient
+    def _Swish(x):
+      s = tf.sigmoid(x)
+
+      def _Grad(dy):
+        return dy * s * (1.0 + x * (1.0 - s))
+
+      return x * s, _Grad
+
+    return _Swish(x)
+
+
+def _SqueezeExcite():
+  """A swish output read across a GlobalAveragePooling2D -> Reshape ->
+  Conv2D branch and by the Multiply after it (EfficientNet's block), with
+  gelu and a custom-gradient layer: 10 layers, 9 places to cut."""
+  inputs = keras.Input((6, 6, 3))
+  a = keras.layers.Conv2D(4, 3, padding='same', name='conv')(inputs)
+  a = keras.layers.Activation('swish', name='swish')(a)
+  s = keras.layers.GlobalAveragePooling2D(name='squeeze')(a)
+  s = keras.layers.Reshape((1, 1, 4), name='reshape')(s)
+  s = keras.layers.Conv2D(2, 1, activation='gelu', name='reduce')(s)
+  s = CustomGradientSwish(name='custom')(s)
+  s = keras.layers.Conv2D(4, 1, activation='sigmoid', name='expand')(s)
+  y = keras.layers.Multiply(name='excite')([a, s])
+  y = keras.layers.GlobalAveragePooling2D(name='pool')(y)
+  return keras.Model(inputs, keras.layers.Dense(5, name='logits')(y),
+                     name='squeeze_excite')
+
+
 def _Randomize(model, seed):
   """Random weights everywhere (moving variances positive), so no weight
   sits at an initial value that hides a wrong copy."""
@@ -178,6 +215,28 @@ class FromKerasTest(tf.test.TestCase):
     x = tf.random.stateless_normal([8, 5, 8], seed=[5, 6])
     y = tf.random.stateless_uniform([8], [7, 8], 0, 5, tf.int32)
     self._AssertGrid(_Transformer(blocks=1), x, y)  # 9 layers: K x V <= 8.
+
+  def testCustomGradientsCutAtEveryPlace(self):
+    # The output of a custom-gradient op (swish's IdentityN) crossing a cut
+    # made the backward's prune fail (KeyError in lift_to_graph).
+    model = _SqueezeExcite()
+    _Randomize(model, seed=3)
+    x = tf.random.stateless_normal([4, 6, 6, 3], seed=[3, 1])
+    y = tf.random.stateless_uniform([4], [3, 2], 0, 5, tf.int32)
+    want_loss, want_grads = _KerasStep(model, x, y, 2)
+    params = pipeline.FromKeras(model)
+    for cut in range(1, len(params)):
+      with self.subTest(cut=cut):
+        pipe = pipeline.PipeliningLayer.Params().Set(
+            name='net', layers=params, num_partitions=2, num_micro_batches=2,
+            balance=[cut, len(params) - cut]).Instantiate()
+        pairs = {id(k): v for k, v in pipeline.LoadKerasWeights(pipe, model)}
+        loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
+        self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+        got = dict(zip(map(id, pipe.trainable_variables), grads))
+        for keras_var, want in zip(model.trainable_variables, want_grads):
+          self.assertAllClose(want, got[id(pairs[id(keras_var)])], rtol=1e-5,
+                              atol=1e-6, msg=keras_var.path)
 
   def testResidualBlockBecomesTupleChain(self):
     params = pipeline.FromKeras(_Transformer(blocks=1))

@@ -238,6 +238,16 @@ class FromKerasTest(tf.test.TestCase):
           self.assertAllClose(want, got[id(pairs[id(keras_var)])], rtol=1e-5,
                               atol=1e-6, msg=keras_var.path)
 
+  def testInputShapesComeFromTheParams(self):
+    params = pipeline.FromKeras(_Transformer(blocks=1))
+    implied = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=params, num_partitions=2)
+    explicit = implied.Copy().Set(input_shapes=params[0].input_shapes)
+    self.assertEqual(explicit.Instantiate().balance,
+                     implied.Instantiate().balance)
+    self.assertEqual(pipeline.PipeliningLayer.CellMetas(explicit),
+                     pipeline.PipeliningLayer.CellMetas(implied))
+
   def testResidualBlockBecomesTupleChain(self):
     params = pipeline.FromKeras(_Transformer(blocks=1))
     routes = [(p.name, p.inputs, p.passthrough, len(p.input_shapes))

@@ -448,6 +448,62 @@ class FromKerasTest(tf.test.TestCase):
       pipeline.FromKeras(keras.Model(inputs, inputs + np.ones([4], 'f4')))
     self.assertTrue(issubclass(pipeline.KerasModelError, errors.Error))
 
+  def _HeavyOpDtypes(self, pipe, x, y):
+    """The dtypes of every Conv2D and MatMul op of the traced step (its
+    functions included)."""
+    step = tf.function(lambda: pipe.ComputeLossAndGradients(x, y, _LossFn))
+    graph = step.get_concrete_function().graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function
+                                for n in f.node_def]
+    return [tf.as_dtype(n.attr['T'].type).name for n in nodes
+            if n.op in ('Conv2D', 'MatMul', 'BatchMatMulV2')]
+
+  def testPipelinePrecisionComputesIn16Bits(self):
+    model = _Cnn()
+    x = tf.random.stateless_normal([4, 6, 6, 3], seed=[8, 1])
+    y = tf.random.stateless_uniform([4], [8, 2], 0, 5, tf.int32)
+    for policy, dtype in (('mixed_bfloat16', 'bfloat16'),
+                          ('mixed_float16', 'float16')):
+      with self.subTest(policy=policy):
+        pipe = pipeline.PipeliningLayer.Params().Set(
+            name='net', layers=pipeline.FromKeras(model), num_partitions=2,
+            num_micro_batches=2, precision=policy).Instantiate()
+        dtypes = self._HeavyOpDtypes(pipe, x, y)
+        self.assertNotEmpty(dtypes)
+        self.assertEqual(set(dtypes), {dtype})
+        self.assertEqual({v.dtype for v in pipe.trainable_variables},
+                         {tf.float32})
+
+  def testKerasMixedPolicyWithBatchNorm(self):
+    x = tf.random.stateless_normal([4, 6, 6, 3], seed=[9, 1])
+    y = tf.random.stateless_uniform([4], [9, 2], 0, 5, tf.int32)
+    keras.mixed_precision.set_dtype_policy('mixed_bfloat16')
+    try:
+      model = _Cnn()
+    finally:
+      keras.mixed_precision.set_dtype_policy('float32')
+    _Randomize(model, seed=9)
+    want_loss, want_grads = _KerasStep(model, x, y, 1)
+    pipe = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(model), num_partitions=2,
+        num_micro_batches=1).Instantiate()
+    pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+    self.assertEqual(set(self._HeavyOpDtypes(pipe, x, y)), {'bfloat16'})
+    loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
+    self.assertAllClose(want_loss, loss, rtol=1e-2)
+    got = dict(zip(map(id, pipe.trainable_variables), grads))
+    for var, g in zip(model.trainable_variables, want_grads):
+      scale = float(tf.reduce_max(tf.abs(g)))
+      self.assertAllClose(g, got[id(pairs[id(var)])], atol=2e-2 * scale,
+                          rtol=0, msg=var.path)
+    # Under another 16-bit precision than the model's own: a named error.
+    pipe = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(model), num_partitions=2,
+        precision='mixed_float16').Instantiate()
+    with self.assertRaisesRegex(layers.keras_layer.KerasPrecisionError,
+                                "'mixed_bfloat16'.*'mixed_float16'"):
+      pipe.FProp(x)
+
   def testModelWithoutInputShapeIsRefused(self):
     with self.assertRaisesRegex(layers.keras_layer.KerasInputShapeError,
                                 r'keras.Input\(shape=...\)'):

@@ -21,7 +21,6 @@ moving statistics to one update per mini-batch and draw stateless masks from
 from __future__ import annotations
 
 import contextlib
-import importlib
 import random
 import re
 import weakref
@@ -30,11 +29,19 @@ from typing import Any, Iterator, Sequence
 import keras
 import tensorflow as tf
 
-from gpipe_tf import errors
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import keras_flops
+from gpipe_tf.layers import keras_native
+from gpipe_tf.layers.keras_classes import KerasClassPath
+from gpipe_tf.layers.keras_classes import ResolveKerasClass
+from gpipe_tf.layers.keras_errors import KerasInputShapeError
+from gpipe_tf.layers.keras_errors import KerasLayerError
+from gpipe_tf.layers.keras_errors import KerasPrecisionError
+from gpipe_tf.layers.keras_errors import KerasWeightsError
+from gpipe_tf.layers.keras_errors import UnknownKerasClassError
+from gpipe_tf.layers.keras_errors import UnsupportedKerasLayerError
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 
@@ -45,36 +52,6 @@ __all__ = ['KerasClassPath', 'KerasInputShapeError', 'KerasLayer',
 
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
-
-# Keras initialisers BatchNormLayer starts from (their class names).
-_BATCH_NORM_INITS = {'gamma_initializer': 'Ones', 'beta_initializer': 'Zeros',
-                     'moving_mean_initializer': 'Zeros',
-                     'moving_variance_initializer': 'Ones'}
-
-
-class KerasLayerError(errors.Error, ValueError):
-  """Base of the errors raised while bringing Keras layers into gpipe_tf."""
-
-
-class UnknownKerasClassError(KerasLayerError):
-  """``keras_class`` names no importable or registered Keras layer class."""
-
-
-class KerasInputShapeError(KerasLayerError):
-  """A Keras layer (or model) lacks the input shapes needed to build it."""
-
-
-class UnsupportedKerasLayerError(KerasLayerError):
-  """A Keras layer a pipeline could not run exactly, or Params cannot hold."""
-
-
-class KerasWeightsError(KerasLayerError):
-  """Weights copied from a Keras layer that does not match the built layer."""
-
-
-class KerasPrecisionError(KerasLayerError):
-  """A Keras layer's own dtype policy conflicts with the pipeline's."""
-
 
 # The KerasLayers that own a Keras layer, by path, for the later calls of a
 # shared layer (Params ``share``) built after them under the same parent.
@@ -90,54 +67,6 @@ class _Hidden:
 
   def __init__(self, layer: keras.layers.Layer) -> None:
     self.layer = layer
-
-
-def ResolveKerasClass(name: str) -> type:
-  """The Keras layer class `name` names (see KerasLayer Params keras_class).
-
-  Raises:
-    UnknownKerasClassError: `name` names nothing, or not a Keras layer class.
-  """
-  cls = None
-  if isinstance(name, str) and name:
-    if '.' in name and '>' not in name:
-      module_name, _, attr = name.rpartition('.')
-      try:
-        cls = getattr(importlib.import_module(module_name), attr, None)
-      except ImportError:
-        cls = None
-    else:
-      cls = (keras.saving.get_registered_object(name) or
-             getattr(keras.layers, name, None))
-  if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
-    raise UnknownKerasClassError(
-        f'keras_class {name!r} is not a Keras layer class. Give an importable '
-        "path ('keras.layers.Dense', 'mypackage.layers.MyBlock'), a Keras "
-        "layer name ('Dense') or the registered name ('package>Name') of a "
-        'class decorated with @keras.saving.register_keras_serializable.')
-  return cls
-
-
-def KerasClassPath(cls: type) -> str:
-  """The text a KerasLayer's ``keras_class`` holds for Keras layer class `cls`.
-
-  Raises:
-    UnknownKerasClassError: `cls` can be neither imported nor looked up by a
-      registered name (e.g. it was defined inside a function).
-  """
-  for module in ('keras.layers', 'keras'):
-    if getattr(importlib.import_module(module), cls.__name__, None) is cls:
-      return f'{module}.{cls.__name__}'
-  registered = keras.saving.get_registered_name(cls)
-  if '>' in registered and keras.saving.get_registered_object(
-      registered) is cls:
-    return registered
-  if '<locals>' in cls.__qualname__ or '.' in cls.__qualname__:
-    raise UnknownKerasClassError(
-        f'Keras layer class {cls.__qualname__} cannot be named in Params: '
-        'define it at the top level of a module, or register it with '
-        '@keras.saving.register_keras_serializable(package=...).')
-  return f'{cls.__module__}.{cls.__qualname__}'
 
 
 def _CheckConfig(name: str, cls: type, config: Any) -> dict:
@@ -167,54 +96,6 @@ def _CheckDeclared(name: str, cls: type, shapes: Any) -> list[Shape]:
         'one shape per FProp input with the batch dimension first, e.g. '
         '[(None, 28, 28, 1)].')
   return [tuple(s) for s in shapes]
-
-
-def _NativeParams(p: hyperparams.Params, cls: type, shapes: Sequence[Shape]
-                  ) -> hyperparams.InstantiableParams | None:
-  """This project's layer standing in for Keras BatchNormalization or
-  Dropout (module docstring), or None for every other class."""
-  if not issubclass(cls, (keras.layers.BatchNormalization,
-                          keras.layers.Dropout)):
-    return None
-  where = f"KerasLayer '{p.name}' ({cls.__name__})"
-  if cls not in (keras.layers.BatchNormalization, keras.layers.Dropout):
-    raise UnsupportedKerasLayerError(
-        f'{where} subclasses {cls.__mro__[1].__name__}, which is run as this '
-        "project's own layer; a subclass's changes would be lost. Use the "
-        'Keras class itself.')
-  if p.inputs not in (None, [0], (0,)) or p.input_kwargs or p.call_kwargs:
-    raise UnsupportedKerasLayerError(
-        f'{where} takes one tensor input; set inputs=None or [0] and no '
-        'input_kwargs or call_kwargs.')
-  c = p.config
-  base = dict(random_seed=p.random_seed, dtype=p.dtype)
-  if cls is keras.layers.Dropout:
-    noise = c.get('noise_shape')
-    dims = [i for i, d in enumerate(noise) if d == 1] if noise else None
-    return core.DropoutLayer.Params().Set(
-        keep_prob=1.0 - float(c.get('rate', 0.0)),
-        noise_shape_broadcast_dims=dims, **base)
-  rank = len(shapes[0])
-  axis = c.get('axis', -1)
-  axis = list(axis) if isinstance(axis, (list, tuple)) else [axis]
-  problems = [f'{k}={c[k]!r} (use {v!r})' for k, v in (
-      ('center', True), ('scale', True), ('renorm', False)) if k in c
-              and c[k] != v]
-  if [a % rank for a in axis] != [rank - 1]:
-    problems.append(f'axis={c.get("axis")!r} (use -1)')
-  for key, want in _BATCH_NORM_INITS.items():
-    init = c.get(key)
-    got = init.get('class_name') if isinstance(init, dict) else init
-    if got is not None and str(got).lower() != want.lower():
-      problems.append(f'{key}={got!r} (use {want!r})')
-  if problems:
-    raise UnsupportedKerasLayerError(
-        f"{where} runs as gpipe_tf's BatchNormLayer, which needs: "
-        + ', '.join(problems) + '.')
-  return normalization.BatchNormLayer.Params().Set(
-      dim=int(shapes[0][-1]), decay=float(c.get('momentum', 0.99)),
-      epsilon=float(c.get('epsilon', 1e-3)),
-      cross_replica_normalization=bool(c.get('synchronized', False)), **base)
 
 
 def _Pick(route: Any, xs: Sequence[Any]) -> Any:
@@ -381,7 +262,7 @@ class KerasLayer(base_layer.BaseLayer):
     config = _CheckConfig(p.name, self._cls, p.config)
     self._shapes = _CheckDeclared(p.name, self._cls, p.input_shapes)
     _CheckRouting(p, len(self._shapes))
-    native = _NativeParams(p, self._cls, self._shapes)
+    native = keras_native.NativeParams(p, self._cls, self._shapes)
     self._keras = _Hidden(None)
     if native is not None:
       if p.share is not None and self._cls is not keras.layers.Dropout:
@@ -450,7 +331,7 @@ class KerasLayer(base_layer.BaseLayer):
     _CheckShapes(p, kcls, declared, shapes)
     _CheckRouting(p, len(shapes))
     passed = tuple(shapes[i] for i in p.passthrough)
-    native = _NativeParams(p, kcls, shapes)
+    native = keras_native.NativeParams(p, kcls, shapes)
     if native is not None:
       meta = native.cls.FPropMeta(native, shapes[0])
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)

@@ -210,7 +210,13 @@ class KerasLayer(base_layer.BaseLayer):
   layer tree: the same under a SequentialLayer and any PipeliningLayer. Their
   initial values are a function of the layer path and ``random_seed`` (the
   seeds of unseeded Keras initialisers are drawn from it), as for every
-  gpipe_tf layer.
+  gpipe_tf layer. With ``share``, the layer builds nothing: it calls the
+  Keras layer of an earlier KerasLayer under the same parent and tracks its
+  variables (a Keras layer called at several places).
+
+  Under a 16-bit precision policy (precision.Policy, PipeliningLayer
+  ``precision``) the Keras layer computes under the Keras dtype policy of
+  the same name for the call (its variables stay float32).
 
   This layer deliberately does NOT run: Keras layers with stateful randomness
   (seed generators: GaussianNoise, SpatialDropout, attention dropout > 0), any

@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import keras
+from keras.src.models import functional  # pylint: disable=g-direct-keras-import
 
 from gpipe_tf.layers import keras_layer
 
@@ -78,7 +79,6 @@ def _Functional(op: Any) -> Any:
   """The functional graph a nested model call runs, or None for a layer."""
   if isinstance(op, keras.Sequential):
     return getattr(op, '_functional', None)
-  from keras.src.models import functional  # pylint: disable=g-import-not-at-top
   return op if isinstance(op, functional.Functional) else None
 
 

@@ -12,11 +12,11 @@ pipeline draws other masks than Keras. The loss is a squared error against
 random targets over every output, so each output's gradient counts.
 
     python -m tools.keras_zoo                        # everything
-    python -m tools.keras_zoo --models=MobileNetV3Small,GPT2CausalLM \\
-        --partitions=2 --schedules=gpipe
-    python -m tools.keras_zoo --list                 # the model names
-    python -m tools.keras_zoo --results=benchmarks/keras_zoo/results.csv \\
-        --write_docs                                 # refresh docs/keras.md
+    python -m tools.keras_zoo --zoo_models=MobileNetV3Small,GPT2CausalLM \\
+        --zoo_partitions=2 --zoo_schedules=gpipe
+    python -m tools.keras_zoo --zoo_list                 # the model names
+    python -m tools.keras_zoo --zoo_results=benchmarks/keras_zoo/results.csv \\
+        --zoo_write_docs                                 # refresh docs/keras.md
 
 The table: model, layers (Params), K, schedule, status (converted, or the
 named error), the largest gradient difference over every variable relative
@@ -42,20 +42,20 @@ from gpipe_tf.runtime import devices as devices_lib
 __all__ = ['APPLICATIONS', 'HUB', 'Row', 'Build', 'Names', 'ReadResults',
            'Run', 'SupportTable', 'Table', 'UpdateDocs', 'WriteResults']
 
-_MODELS = flags.DEFINE_list('models', None, 'Models to run (default: all).')
-_PARTITIONS = flags.DEFINE_list('partitions', ['2', '4'], 'Values of K.')
-_SCHEDULES = flags.DEFINE_list('schedules', ['gpipe', '1f1b', 'zb_h1'],
+_MODELS = flags.DEFINE_list('zoo_models', None, 'Models to run (default: all).')
+_PARTITIONS = flags.DEFINE_list('zoo_partitions', ['2', '4'], 'Values of K.')
+_SCHEDULES = flags.DEFINE_list('zoo_schedules', ['gpipe', '1f1b', 'zb_h1'],
                                'Schedules.')
-_LIST = flags.DEFINE_bool('list', False, 'Print the model names and exit.')
-_RESULTS = flags.DEFINE_string('results', None,
+_LIST = flags.DEFINE_bool('zoo_list', False, 'Print the model names and exit.')
+_RESULTS = flags.DEFINE_string('zoo_results', None,
                                'Append the rows to this CSV file.')
 _WRITE_DOCS = flags.DEFINE_bool(
-    'write_docs', False, "Rewrite docs/keras.md's support table from "
-    '--results.')
+    'zoo_write_docs', False, "Rewrite docs/keras.md's support table from "
+    '--zoo_results.')
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs',
                     'keras.md')
-_BEGIN = '<!-- keras_zoo support table: python -m tools.keras_zoo --write_docs -->'
+_BEGIN = '<!-- keras_zoo support table: python -m tools.keras_zoo --zoo_write_docs -->'
 _END = '<!-- end of keras_zoo support table -->'
 _SIZES = (32, 64, 75, 96)
 _PER_MICRO_BATCH = 4
@@ -317,7 +317,7 @@ def main(argv: Sequence[str]) -> None:
   names = _MODELS.value or Names()
   unknown = sorted(set(names) - set(Names()))
   if unknown:
-    raise app.UsageError(f'unknown models {unknown}; see --list.')
+    raise app.UsageError(f'unknown models {unknown}; see --zoo_list.')
   rows = []
 
   def _Log(row):

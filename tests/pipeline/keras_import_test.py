@@ -324,10 +324,10 @@ class FromKerasTest(tf.test.TestCase):
     model = keras.Model(inputs, y, name='ops')
     _Randomize(model, seed=2)
     params = pipeline.FromKeras(model)
+    # (Keras numbers operation names per process: compare the classes.)
     self.assertEqual(
-        [(p.name, p.cls.__name__) for p in params][:4],
-        [('dense', 'KerasLayer'), ('add', 'KerasOpLayer'),
-         ('multiply', 'KerasOpLayer'), ('mean', 'KerasOpLayer')])
+        [p.cls.__name__ for p in params][:4],
+        ['KerasLayer', 'KerasOpLayer', 'KerasOpLayer', 'KerasOpLayer'])
     text = layers.SequentialLayer.Params().Set(name='net',
                                                layers=params).ToText()
     self.assertIn("'__slice__'", text)  # Params stay text.

@@ -33,8 +33,8 @@ class KerasZooTest(tf.test.TestCase):
         self.assertLess(row.max_grad_diff, 1e-5)
 
   def testDocsSupportTableIsTheZoosResults(self):
-    # Regenerate with: python -m tools.keras_zoo --write_docs
-    #   --results=benchmarks/keras_zoo/results.csv
+    # Regenerate with: python -m tools.keras_zoo --zoo_write_docs
+    #   --zoo_results=benchmarks/keras_zoo/results.csv
     with open(keras_zoo.DOCS) as f:
       text = f.read()
     rows = keras_zoo.ReadResults(_RESULTS)

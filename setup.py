@@ -24,7 +24,9 @@ setuptools.setup(
     extras_require={
         # The tools' tests draw with matplotlib (tools.schedule_trace --out).
         # pytest-xdist: the suite runs in two processes (-n 2), one per core.
-        'test': ['pytest>=7', 'pytest-xdist', 'matplotlib'],
+        # keras-hub: tools.keras_zoo's GPT-2 and BERT (tiny configs, no
+        # downloads; 0.32 installs beside tensorflow 2.21 and keras 3.15).
+        'test': ['pytest>=7', 'pytest-xdist', 'matplotlib', 'keras-hub'],
         'tools': ['matplotlib'],
     },
 )

@@ -18,6 +18,9 @@ from gpipe_tf.layers.core import FCLayer
 from gpipe_tf.layers.core import SequentialLayer
 from gpipe_tf.layers.embedding import EmbeddingLayer
 from gpipe_tf.layers.keras_layer import KerasLayer
+from gpipe_tf.layers.keras_ops import KerasInputs
+from gpipe_tf.layers.keras_ops import KerasOpLayer
+from gpipe_tf.layers.keras_ops import KerasOutputs
 from gpipe_tf.layers.attention import MultiHeadAttention
 from gpipe_tf.layers.normalization import BatchNormLayer
 from gpipe_tf.layers.normalization import LayerNorm

@@ -21,52 +21,41 @@ moving statistics to one update per mini-batch and draw stateless masks from
 from __future__ import annotations
 
 import contextlib
-import importlib
-import math
 import random
 import re
+import weakref
 from typing import Any, Iterator, Sequence
 
 import keras
 import tensorflow as tf
 
-from gpipe_tf import errors
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
+from gpipe_tf.layers import keras_flops
+from gpipe_tf.layers import keras_native
+from gpipe_tf.layers.keras_classes import KerasClassPath
+from gpipe_tf.layers.keras_classes import ResolveKerasClass
+from gpipe_tf.layers.keras_errors import KerasInputShapeError
+from gpipe_tf.layers.keras_errors import KerasLayerError
+from gpipe_tf.layers.keras_errors import KerasPrecisionError
+from gpipe_tf.layers.keras_errors import KerasWeightsError
+from gpipe_tf.layers.keras_errors import UnknownKerasClassError
+from gpipe_tf.layers.keras_errors import UnsupportedKerasLayerError
 from gpipe_tf.layers import normalization
+from gpipe_tf.layers import precision
 
 __all__ = ['KerasClassPath', 'KerasInputShapeError', 'KerasLayer',
-           'KerasLayerError', 'KerasWeightsError', 'ResolveKerasClass',
-           'UnknownKerasClassError', 'UnsupportedKerasLayerError']
+           'KerasLayerError', 'KerasPrecisionError', 'KerasWeightsError',
+           'ResolveKerasClass', 'UnknownKerasClassError',
+           'UnsupportedKerasLayerError']
 
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 
-# Keras initialisers BatchNormLayer starts from (their class names).
-_BATCH_NORM_INITS = {'gamma_initializer': 'Ones', 'beta_initializer': 'Zeros',
-                     'moving_mean_initializer': 'Zeros',
-                     'moving_variance_initializer': 'Ones'}
-
-
-class KerasLayerError(errors.Error, ValueError):
-  """Base of the errors raised while bringing Keras layers into gpipe_tf."""
-
-
-class UnknownKerasClassError(KerasLayerError):
-  """``keras_class`` names no importable or registered Keras layer class."""
-
-
-class KerasInputShapeError(KerasLayerError):
-  """A Keras layer (or model) lacks the input shapes needed to build it."""
-
-
-class UnsupportedKerasLayerError(KerasLayerError):
-  """A Keras layer a pipeline could not run exactly, or Params cannot hold."""
-
-
-class KerasWeightsError(KerasLayerError):
-  """Weights copied from a Keras layer that does not match the built layer."""
+# The KerasLayers that own a Keras layer, by path, for the later calls of a
+# shared layer (Params ``share``) built after them under the same parent.
+_OWNERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 class _Hidden:
@@ -78,54 +67,6 @@ class _Hidden:
 
   def __init__(self, layer: keras.layers.Layer) -> None:
     self.layer = layer
-
-
-def ResolveKerasClass(name: str) -> type:
-  """The Keras layer class `name` names (see KerasLayer Params keras_class).
-
-  Raises:
-    UnknownKerasClassError: `name` names nothing, or not a Keras layer class.
-  """
-  cls = None
-  if isinstance(name, str) and name:
-    if '.' in name and '>' not in name:
-      module_name, _, attr = name.rpartition('.')
-      try:
-        cls = getattr(importlib.import_module(module_name), attr, None)
-      except ImportError:
-        cls = None
-    else:
-      cls = (keras.saving.get_registered_object(name) or
-             getattr(keras.layers, name, None))
-  if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
-    raise UnknownKerasClassError(
-        f'keras_class {name!r} is not a Keras layer class. Give an importable '
-        "path ('keras.layers.Dense', 'mypackage.layers.MyBlock'), a Keras "
-        "layer name ('Dense') or the registered name ('package>Name') of a "
-        'class decorated with @keras.saving.register_keras_serializable.')
-  return cls
-
-
-def KerasClassPath(cls: type) -> str:
-  """The text a KerasLayer's ``keras_class`` holds for Keras layer class `cls`.
-
-  Raises:
-    UnknownKerasClassError: `cls` can be neither imported nor looked up by a
-      registered name (e.g. it was defined inside a function).
-  """
-  for module in ('keras.layers', 'keras'):
-    if getattr(importlib.import_module(module), cls.__name__, None) is cls:
-      return f'{module}.{cls.__name__}'
-  registered = keras.saving.get_registered_name(cls)
-  if '>' in registered and keras.saving.get_registered_object(
-      registered) is cls:
-    return registered
-  if '<locals>' in cls.__qualname__ or '.' in cls.__qualname__:
-    raise UnknownKerasClassError(
-        f'Keras layer class {cls.__qualname__} cannot be named in Params: '
-        'define it at the top level of a module, or register it with '
-        '@keras.saving.register_keras_serializable(package=...).')
-  return f'{cls.__module__}.{cls.__qualname__}'
 
 
 def _CheckConfig(name: str, cls: type, config: Any) -> dict:
@@ -157,76 +98,74 @@ def _CheckDeclared(name: str, cls: type, shapes: Any) -> list[Shape]:
   return [tuple(s) for s in shapes]
 
 
-def _NativeParams(p: hyperparams.Params, cls: type, shapes: Sequence[Shape]
-                  ) -> hyperparams.InstantiableParams | None:
-  """This project's layer standing in for Keras BatchNormalization or
-  Dropout (module docstring), or None for every other class."""
-  if not issubclass(cls, (keras.layers.BatchNormalization,
-                          keras.layers.Dropout)):
-    return None
-  where = f"KerasLayer '{p.name}' ({cls.__name__})"
-  if cls not in (keras.layers.BatchNormalization, keras.layers.Dropout):
-    raise UnsupportedKerasLayerError(
-        f'{where} subclasses {cls.__mro__[1].__name__}, which is run as this '
-        "project's own layer; a subclass's changes would be lost. Use the "
-        'Keras class itself.')
-  if p.inputs not in (None, [0], (0,)) or p.input_kwargs or p.call_kwargs:
-    raise UnsupportedKerasLayerError(
-        f'{where} takes one tensor input; set inputs=None or [0] and no '
-        'input_kwargs or call_kwargs.')
-  c = p.config
-  base = dict(random_seed=p.random_seed, dtype=p.dtype)
-  if cls is keras.layers.Dropout:
-    noise = c.get('noise_shape')
-    dims = [i for i, d in enumerate(noise) if d == 1] if noise else None
-    return core.DropoutLayer.Params().Set(
-        keep_prob=1.0 - float(c.get('rate', 0.0)),
-        noise_shape_broadcast_dims=dims, **base)
-  rank = len(shapes[0])
-  axis = c.get('axis', -1)
-  axis = list(axis) if isinstance(axis, (list, tuple)) else [axis]
-  problems = [f'{k}={c[k]!r} (use {v!r})' for k, v in (
-      ('center', True), ('scale', True), ('renorm', False)) if k in c
-              and c[k] != v]
-  if [a % rank for a in axis] != [rank - 1]:
-    problems.append(f'axis={c.get("axis")!r} (use -1)')
-  for key, want in _BATCH_NORM_INITS.items():
-    init = c.get(key)
-    got = init.get('class_name') if isinstance(init, dict) else init
-    if got is not None and str(got).lower() != want.lower():
-      problems.append(f'{key}={got!r} (use {want!r})')
-  if problems:
-    raise UnsupportedKerasLayerError(
-        f"{where} runs as gpipe_tf's BatchNormLayer, which needs: "
-        + ', '.join(problems) + '.')
-  return normalization.BatchNormLayer.Params().Set(
-      dim=int(shapes[0][-1]), decay=float(c.get('momentum', 0.99)),
-      epsilon=float(c.get('epsilon', 1e-3)),
-      cross_replica_normalization=bool(c.get('synchronized', False)), **base)
+def _Pick(route: Any, xs: Sequence[Any]) -> Any:
+  """`route` (an index or a list, tuple or dict of them) with each index
+  replaced by that input."""
+  if isinstance(route, dict):
+    return {k: _Pick(v, xs) for k, v in route.items()}
+  if isinstance(route, (list, tuple)):
+    return type(route)(_Pick(v, xs) for v in route)
+  return xs[route]
+
+
+def _Indices(route: Any) -> list:
+  if isinstance(route, dict):
+    return [i for v in route.values() for i in _Indices(v)]
+  if isinstance(route, (list, tuple)):
+    return [i for v in route for i in _Indices(v)]
+  return [route]
 
 
 def _Route(p: hyperparams.Params, xs: Sequence[Any]) -> tuple[list, dict]:
   """(args, kwargs) of the Keras call for FProp inputs `xs`."""
-  if p.inputs is None:
-    args = list(xs)
-  else:
-    args = [[xs[i] for i in a] if isinstance(a, (list, tuple)) else xs[a]
-            for a in p.inputs]
-  kwargs = {k: xs[i] for k, i in p.input_kwargs.items()}
+  args = list(xs) if p.inputs is None else [_Pick(a, xs) for a in p.inputs]
+  kwargs = {k: _Pick(i, xs) for k, i in p.input_kwargs.items()}
   kwargs.update(p.call_kwargs)
   return args, kwargs
 
 
 def _CheckRouting(p: hyperparams.Params, num_inputs: int) -> None:
-  used = [i for a in (p.inputs or []) for i in (
-      a if isinstance(a, (list, tuple)) else [a])]
-  used += list(p.input_kwargs.values()) + list(p.passthrough)
+  used = _Indices(list(p.inputs or [])) + _Indices(dict(p.input_kwargs))
+  used += list(p.passthrough)
   bad = [i for i in used if isinstance(i, bool) or not isinstance(i, int)
          or not 0 <= i < num_inputs]
   if bad:
     raise base_layer.LayerConfigError(
         f"KerasLayer '{p.name}': inputs, input_kwargs and passthrough hold "
         f'indices of its {num_inputs} inputs (input_shapes), got {bad}.')
+
+
+@contextlib.contextmanager
+def _KerasPolicy(layer: keras.layers.Layer, policy: str, path: str
+                 ) -> Iterator[None]:
+  """Inside, `layer` and its sublayers compute under the pipeline's
+  precision `policy` (their Keras dtype policy is swapped and put back), so
+  that a 16-bit policy means 16-bit math in Keras layers too.
+
+  Raises:
+    KerasPrecisionError: the layer was built under another Keras policy
+      than float32 and `policy`.
+  """
+  own = layer.dtype_policy.name
+  if policy == 'float32' or own == policy:
+    yield
+    return
+  if own != 'float32':
+    raise KerasPrecisionError(
+        f"KerasLayer '{path}' ({type(layer).__name__}) was built under the "
+        f"Keras dtype policy {own!r} but the pipeline runs under precision "
+        f"{policy!r}: build the Keras model under 'float32' and let the "
+        f"pipeline's precision set the math, or set precision={own!r} (or "
+        'None).')
+  sublayers = list(layer._flatten_layers(include_self=True))  # pylint: disable=protected-access
+  before = [l.dtype_policy for l in sublayers]
+  for l in sublayers:
+    l.dtype_policy = policy
+  try:
+    yield
+  finally:
+    for l, b in zip(sublayers, before):
+      l.dtype_policy = b
 
 
 def _BuildScope(path: str):
@@ -271,7 +210,13 @@ class KerasLayer(base_layer.BaseLayer):
   layer tree: the same under a SequentialLayer and any PipeliningLayer. Their
   initial values are a function of the layer path and ``random_seed`` (the
   seeds of unseeded Keras initialisers are drawn from it), as for every
-  gpipe_tf layer.
+  gpipe_tf layer. With ``share``, the layer builds nothing: it calls the
+  Keras layer of an earlier KerasLayer under the same parent and tracks its
+  variables (a Keras layer called at several places).
+
+  Under a 16-bit precision policy (precision.Policy, PipeliningLayer
+  ``precision``) the Keras layer computes under the Keras dtype policy of
+  the same name for the call (its variables stay float32).
 
   This layer deliberately does NOT run: Keras layers with stateful randomness
   (seed generators: GaussianNoise, SpatialDropout, attention dropout > 0), any
@@ -297,17 +242,22 @@ class KerasLayer(base_layer.BaseLayer):
              'built for them.')
     p.Define('inputs', None,
              "The Keras call's positional arguments as FProp input indices: "
-             'each an index, or a list of indices for a list argument '
-             '(merge layers: Add()([x, y]) is [[0, 1]]). None: every input, '
-             'in order.')
+             'each an index, or a list (or dict) of them for a list (dict) '
+             'argument (merge layers: Add()([x, y]) is [[0, 1]]). None: '
+             'every input, in order.')
     p.Define('input_kwargs', {},
              "Keyword tensor arguments of the Keras call: name -> FProp input "
-             "index, e.g. {'value': 1}.")
+             "index (or a list or dict of them), e.g. {'value': 1}.")
     p.Define('call_kwargs', {},
              'Constant keyword arguments of the Keras call (literals), e.g. '
              "{'use_causal_mask': True}.")
     p.Define('passthrough', [],
              'FProp input indices returned unchanged after the outputs.')
+    p.Define('share', None,
+             'The name of an earlier KerasLayer under the same parent whose '
+             'Keras layer (and so variables) this one calls again: a layer '
+             'called at several places (tied embeddings, a shared block). '
+             'None: this layer builds its own.')
     return p
 
   def __init__(self, params: hyperparams.InstantiableParams,
@@ -318,11 +268,29 @@ class KerasLayer(base_layer.BaseLayer):
     config = _CheckConfig(p.name, self._cls, p.config)
     self._shapes = _CheckDeclared(p.name, self._cls, p.input_shapes)
     _CheckRouting(p, len(self._shapes))
-    native = _NativeParams(p, self._cls, self._shapes)
+    native = keras_native.NativeParams(p, self._cls, self._shapes)
     self._keras = _Hidden(None)
     if native is not None:
+      if p.share is not None and self._cls is not keras.layers.Dropout:
+        raise UnsupportedKerasLayerError(
+            f"KerasLayer '{p.name}' shares the BatchNormalization "
+            f"'{p.share}', whose statistics cannot be pooled across two "
+            'places: give each call its own BatchNormalization.')
       self.CreateChild('native', native)
       self.keras_weights = []
+      # Statistics in float32 whatever the dtype in (as Keras does).
+      self.KEEP_FLOAT32 = isinstance(self.native,
+                                     normalization.BatchNormLayer)
+      return
+    if p.share is not None:
+      owner = _OWNERS.get(f"{self.path.rpartition('/')[0]}/{p.share}")
+      if owner is None or owner.p.keras_class != p.keras_class:
+        raise KerasLayerError(
+            f"KerasLayer '{self.path}' shares '{p.share}', which is no "
+            f'KerasLayer of class {p.keras_class} built before it under the '
+            'same parent: list the first call of a shared layer first.')
+      self._keras = owner._keras  # pylint: disable=protected-access
+      self.keras_weights = list(owner.keras_weights)  # Tracked: read here.
       return
     with _BuildScope(self.path), _SeededInitializers(self.layer_seed):
       layer = self._cls.from_config(dict(config, name=self.name))
@@ -331,6 +299,7 @@ class KerasLayer(base_layer.BaseLayer):
     _CheckBuilt(p.name, layer)
     self._keras = _Hidden(layer)
     self.keras_weights = [v.value for v in layer.weights]
+    _OWNERS[self.path] = self
 
   @property
   def keras_layer(self) -> keras.layers.Layer | None:
@@ -343,10 +312,15 @@ class KerasLayer(base_layer.BaseLayer):
     _CheckShapes(p, self._cls, self._shapes,
                  [getattr(x, 'shape', None) for x in inputs], self.path)
     args, kwargs = _Route(p, inputs)
-    if self.keras_layer is None:
+    if self.keras_layer is None and self.KEEP_FLOAT32:
+      y = tf.cast(self.native.FProp(tf.cast(args[0], tf.float32),
+                                    training=training), args[0].dtype)
+    elif self.keras_layer is None:
       y = self.native.FProp(*args, training=training)
     else:
-      y = self.keras_layer(*args, training=training, **kwargs)
+      with _KerasPolicy(self.keras_layer, precision.CurrentPolicy(),
+                        self.path):
+        y = self.keras_layer(*args, training=training, **kwargs)
     outs = tuple(tf.nest.flatten(y)) + tuple(inputs[i] for i in p.passthrough)
     return core.FromTuple(outs)
 
@@ -363,7 +337,7 @@ class KerasLayer(base_layer.BaseLayer):
     _CheckShapes(p, kcls, declared, shapes)
     _CheckRouting(p, len(shapes))
     passed = tuple(shapes[i] for i in p.passthrough)
-    native = _NativeParams(p, kcls, shapes)
+    native = keras_native.NativeParams(p, kcls, shapes)
     if native is not None:
       meta = native.cls.FPropMeta(native, shapes[0])
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)
@@ -373,8 +347,10 @@ class KerasLayer(base_layer.BaseLayer):
       args, kwargs = _Symbolic(p, shapes)
       outs = [tuple(t.shape) for t in tf.nest.flatten(layer(*args, **kwargs))]
       num_params = sum(base_layer.NumElements(w.shape) for w in layer.weights)
-      flops = _Flops(layer, args, kwargs, outs, num_params)
-    return LayerMeta(int(flops), tuple(outs) + passed, int(num_params))
+      flops = keras_flops.Flops(layer, args, kwargs, outs, num_params)
+    # A shared layer's variables are counted where they live.
+    return LayerMeta(int(flops), tuple(outs) + passed,
+                     0 if p.share is not None else int(num_params))
 
   def LoadKerasWeights(self, source: keras.layers.Layer
                        ) -> list[tuple[Any, tf.Variable]]:
@@ -454,64 +430,3 @@ def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:
           f"{where}: weight '{w.path}' is not backed by a tf.Variable "
           f'({type(w.value).__name__}); run Keras with the TensorFlow '
           'backend.')
-
-
-def _Elements(shape: Shape) -> int:
-  return base_layer.NumElements(shape)
-
-
-def _Flops(layer: keras.layers.Layer, args: list, kwargs: dict,
-           outs: list[Shape], num_params: int) -> int:
-  """Forward FLOPs of a built Keras layer called on symbolic args."""
-  first = tuple(tf.nest.flatten(args)[0].shape) if args else ()
-  if isinstance(layer, keras.layers.Dense):
-    rows = _Elements(first[:-1])
-    return 2 * rows * num_params
-  if isinstance(layer, keras.layers.EinsumDense):
-    return _EinsumFlops(layer.equation, first, tuple(layer.kernel.shape)) + (
-        _Elements(outs[0]) if layer.bias is not None else 0)
-  if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D,
-                        keras.layers.Conv3D, keras.layers.DepthwiseConv2D)):
-    channels_last = getattr(layer, 'data_format', 'channels_last') != (
-        'channels_first')
-    out_channels = outs[0][-1] if channels_last else outs[0][1]
-    per_output = _Elements(layer.kernel.shape) // max(1, int(out_channels))
-    return 2 * _Elements(outs[0]) * per_output + _Elements(outs[0])
-  if isinstance(layer, keras.layers.MultiHeadAttention) and len(first) == 3:
-    return _AttentionFlops(layer, args, kwargs, num_params)
-  batch = first[0] if first and first[0] is not None else 1
-  return 2 * num_params * batch + sum(_Elements(s) for s in outs)
-
-
-def _EinsumFlops(equation: str, x: Shape, kernel: Shape) -> int:
-  """2 x the product of every index's size in 'x,kernel->out'."""
-  sizes = {}
-  x_spec, k_spec = equation.split('->')[0].split(',')
-  ellipsis = 1
-  if '...' in x_spec:
-    explicit = x_spec.replace('...', '')
-    ellipsis = _Elements(x[:len(x) - len(explicit)])
-    x, x_spec = x[len(x) - len(explicit):], explicit
-  for spec, shape in ((x_spec, x), (k_spec, kernel)):
-    for c, d in zip(spec, shape):
-      sizes[c] = 1 if d is None else int(d)
-  return 2 * ellipsis * math.prod(sizes.values())
-
-
-def _AttentionFlops(layer: keras.layers.MultiHeadAttention, args: list,
-                    kwargs: dict, num_params: int) -> int:
-  """Projections (2 x rows x their weights) and the two attention einsums."""
-  named = dict(zip(('query', 'value', 'key'), args))
-  named.update({k: v for k, v in kwargs.items()
-                if k in ('query', 'value', 'key')})
-  query, value = named['query'].shape, named['value'].shape
-  batch = query[0] or 1
-  t, s = query[1] or 1, value[1] or 1
-  heads, key_dim = layer.num_heads, layer.key_dim
-  value_dim = layer.value_dim or key_dim
-  # Query and output projections run per query row, key and value per key row.
-  rows = {'query': t, 'attention_output': t, 'key': s, 'value': s}
-  proj = sum(2 * batch * rows.get(w.path.split('/')[-2], 1) *
-             _Elements(w.shape) for w in layer.weights)
-  scores = 2 * batch * heads * t * s * (key_dim + value_dim)
-  return proj + scores + 5 * batch * heads * t * s

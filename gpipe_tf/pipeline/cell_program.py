@@ -389,7 +389,9 @@ class CellProgram:
     def _Crossing(consumers, producers_excluded):
       out, seen = [], set()
       for op in sorted(consumers, key=lambda o: o.name):
-        for x in op.inputs:
+        # Every output of a producer: a prune fed one output of an op drops
+        # the op, so its others (tf.custom_gradient's IdentityN) must be fed.
+        for x in [y for x in op.inputs for y in x.op.outputs]:
           if (x.op not in producers_excluded and id(x) not in seen and
               _Stashable(x)):
             seen.add(id(x))

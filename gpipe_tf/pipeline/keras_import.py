@@ -1,28 +1,35 @@
 """FromKeras: a Keras Sequential or functional model as the list of layer Params a pipeline takes, and its weights.
 
-``FromKeras(model)`` walks the model's graph in topological order and gives
-one ``KerasLayer`` Params per Keras layer call. A functional model whose
-layers branch and merge (residual blocks) becomes a chain by carrying every
-tensor that a later layer still needs as a tuple: each layer reads its
-arguments from the tuple it gets and returns its outputs followed by the
-tensors still live (``KerasLayer`` ``inputs`` / ``passthrough``). For a
-pre-norm residual block::
+``FromKeras(model)`` walks the model's graph (keras_graph.Walk: nested
+functional models inlined) and gives one Params per call: a ``KerasLayer``
+per layer call, a ``KerasOpLayer`` per operation node (``x + y``,
+``keras.ops.*``). A functional model whose layers branch and merge (residual
+blocks) becomes a chain by carrying every tensor that a later call still
+needs as a tuple: each layer reads its arguments from the tuple it gets and
+returns its outputs followed by the tensors still live (``inputs`` /
+``passthrough``). For a pre-norm residual block::
 
     keras graph                       chain of Params (tuple after each)
     x -> LayerNorm -> h               ln:   (x,)   -> (h, x)
     h -> MultiHeadAttention(h, h) -> a  mha: (h, x) -> (a, x)
-    Add()([x, a]) -> y                add:  (a, x) -> (y,)
+    x + a -> y                        add:  (a, x) -> (y,)
 
-The cut between two pipeline cells then passes the whole tuple.
+The cut between two pipeline cells then passes the whole tuple. A model
+with several inputs starts with ``KerasInputs`` (fed as Keras is fed: a
+dict keyed by input name, or positionally when its inputs are a list); one
+with several outputs ends with ``KerasOutputs`` (the model's list or dict).
+A layer called at several places is built once, at its first call; each
+later call's KerasLayer reads its variables (Params ``share``), so they get
+the sum of the gradients of every call, as in Keras.
+
 ``LoadKerasWeights(layer, model)`` copies the model's weights into a built
 SequentialLayer or PipeliningLayer (or any tf.Module holding KerasLayers)
 over those Params.
 
-This module deliberately does NOT convert a model whose layer is called at
-more than one place (shared weights cannot live in two cells), a model with
-operations that are not layers (``x + y`` on Keras tensors: use
-``keras.layers.Add``), or several outputs; it raises KerasModelError saying
-what to change.
+This module deliberately does NOT convert a subclassed model (it has no
+graph: its layers can be imported one by one), Keras masks, or a call with
+constant positional arguments to a layer (not an operation); it raises
+KerasModelError saying what to change.
 """
 
 from __future__ import annotations
@@ -34,70 +41,191 @@ import tensorflow as tf
 
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import keras_layer
+from gpipe_tf.layers import keras_ops
+from gpipe_tf.pipeline import keras_graph
 
 __all__ = ['FromKeras', 'KerasModelError', 'LoadKerasWeights']
 
 _LITERALS = (type(None), bool, int, float, str)
 
-
-class KerasModelError(keras_layer.KerasLayerError):
-  """A Keras model FromKeras cannot turn into a chain of layers."""
+KerasModelError = keras_graph.KerasModelError
 
 
 def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
-  """The KerasLayer Params of each layer call of `model`, in an order that runs.
+  """The layer Params of each call of `model`, in an order that runs.
 
   Feed the result to ``SequentialLayer`` or ``PipeliningLayer`` Params
-  ``layers`` (with ``input_shapes=params[0].input_shapes`` for the cost
-  estimate), build it, then ``LoadKerasWeights`` to start from the model's
-  weights. The Params are named after the Keras layers.
+  ``layers``, build it, then ``LoadKerasWeights`` to start from the model's
+  weights. The Params are named after the Keras layers and operations.
 
   Args:
     model: a built ``keras.Sequential`` or functional ``keras.Model`` (from
-      ``keras.Input``) with one output.
+      ``keras.Input``), with any number of inputs and outputs.
 
   Raises:
     KerasInputShapeError: the model has no input shape yet.
-    KerasModelError: the model is not a chain of distinct layers (see the
-      module docstring).
+    KerasModelError: a part of the model a chain cannot hold (see the
+      module docstring); the message names it.
     UnknownKerasClassError, UnsupportedKerasLayerError: a layer cannot be
       declared or run exactly (keras_layer).
   """
-  inputs, outputs = _Ends(model)
-  nodes = _TopologicalNodes(model, inputs, outputs)
+  graph = keras_graph.Walk(model)
+  tensors = graph.tensors
+  flat_outputs = keras.tree.flatten(graph.outputs)
   last_use = {}
-  for i, node in enumerate(nodes):
-    for t in node.arguments.keras_tensors:
-      last_use[id(t)] = i
-  for t in outputs:
-    last_use[id(t)] = len(nodes)
-  live = list(inputs)
+  for i, call in enumerate(graph.calls):
+    for k in _Keys((call.args, call.kwargs)):
+      last_use[k] = i
+  for k in flat_outputs:
+    last_use[k] = len(graph.calls)
+  live = list(graph.inputs)
   params = []
-  for i, node in enumerate(nodes):
-    layer = node.operation
-    index = {id(t): j for j, t in enumerate(live)}
-    keep = [t for t in live if last_use.get(id(t), -1) > i]
-    args, input_kwargs, call_kwargs = _Arguments(model, node, index)
-    if any(getattr(t, '_keras_mask', None) is not None for t in node.outputs):
+  if len(graph.inputs) > 1 or graph.dict_inputs:
+    params.append(keras_ops.KerasInputs.Params().Set(
+        name='inputs', names=list(graph.input_names),
+        by_name_only=graph.dict_inputs, input_shapes=_Shapes(live, tensors),
+        input_dtypes=[_Dtype(tensors[k]) for k in live]))
+  for i, call in enumerate(graph.calls):
+    index = {k: j for j, k in enumerate(live)}
+    keep = [k for k in live if last_use.get(k, -1) > i]
+    where = f"Keras model '{model.name}': '{call.name}'"
+    if any(getattr(tensors[k], '_keras_mask', None) is not None
+           for k in call.outputs):
       raise KerasModelError(
-          f"Keras model '{model.name}': layer '{layer.name}' makes a Keras "
-          'mask (mask_zero, Masking), which a pipeline does not carry. Pass '
-          'the mask (or paddings) as an input tensor of the layers that use '
-          'it, or drop mask_zero.')
-    config = {k: v for k, v in layer.get_config().items() if k != 'name'}
-    _CheckLiteral(layer.name, config, 'config')
-    params.append(keras_layer.KerasLayer.Params().Set(
-        name=layer.name, keras_class=keras_layer.KerasClassPath(type(layer)),
-        config=config, input_shapes=[tuple(t.shape) for t in live],
-        inputs=args, input_kwargs=input_kwargs, call_kwargs=call_kwargs,
-        passthrough=[index[id(t)] for t in keep]))
-    live = list(node.outputs) + keep
-  if [id(t) for t in live] != [id(t) for t in outputs]:
+          f'{where} makes a Keras mask (mask_zero, Masking), which a '
+          'pipeline does not carry. Pass the mask (or paddings) as an input '
+          'tensor of the layers that use it, or drop mask_zero.')
+    common = dict(name=call.name, input_shapes=_Shapes(live, tensors),
+                  passthrough=[index[k] for k in keep])
+    if isinstance(call.operation, keras.layers.Layer):
+      params.append(_LayerParams(call, index, where).Set(**common))
+    else:
+      params.append(_OpParams(call, index, where, live, tensors).Set(
+          **common))
+    live = list(call.outputs) + keep
+  if not graph.calls:
     raise KerasModelError(
-        f"Keras model '{model.name}': its output must be what its last layer "
-        'returns; return that tensor (an input passed straight out is not a '
-        'layer).')
+        f"Keras model '{model.name}' has no layer or operation between its "
+        'inputs and outputs.')
+  index = {k: j for j, k in enumerate(live)}
+  if not _IsKey(graph.outputs) or live != flat_outputs:
+    params.append(keras_ops.KerasOutputs.Params().Set(
+        name='outputs', input_shapes=_Shapes(live, tensors),
+        structure=_Template(graph.outputs, index)))
   return params
+
+
+def _IsKey(value: Any) -> bool:
+  return isinstance(value, keras_graph.Key)
+
+
+def _Keys(value: Any) -> list:
+  if _IsKey(value):
+    return [value]
+  if isinstance(value, (list, tuple)):
+    return [k for v in value for k in _Keys(v)]
+  if isinstance(value, dict):
+    return [k for v in value.values() for k in _Keys(v)]
+  return []
+
+
+def _Template(value: Any, index: dict) -> Any:
+  """`value` with its Keys as {'__input__': i} (keras_ops templates)."""
+  if _IsKey(value):
+    return {'__input__': index[value]}
+  if isinstance(value, (list, tuple)):
+    return type(value)(_Template(v, index) for v in value)
+  if isinstance(value, dict):
+    return {k: _Template(v, index) for k, v in value.items()}
+  return value
+
+
+def _Shapes(keys: list, tensors: dict) -> list:
+  return [tuple(tensors[k].shape) for k in keys]
+
+
+def _Dtype(tensor: Any) -> str:
+  return keras.backend.standardize_dtype(tensor.dtype)
+
+
+def _LayerParams(call: keras_graph.Call, index: dict, where: str
+                 ) -> hyperparams.InstantiableParams:
+  """A KerasLayer's Params for a layer call."""
+  layer = call.operation
+
+  def _Index(value, what):
+    if _Keys(value) and _IsIndexable(value):
+      return _Indices(value, index)
+    raise KerasModelError(
+        f'{where} ({type(layer).__name__}) takes {what} {value!r} mixing '
+        'tensors and constants; a pipeline layer takes tensors (or a list or '
+        'dict of them) as positional arguments and constants by keyword: '
+        "call the layer so, or set the constant in the layer's config.")
+
+  args = [_Index(a, 'positional argument') for a in call.args]
+  tensors, constants = {}, {}
+  for key, value in call.kwargs.items():
+    if key == 'training' or (key == 'mask' and value is None):
+      continue  # The pipeline passes training; Keras adds mask=None.
+    if key == 'mask':
+      raise KerasModelError(
+          f'{where} takes a mask; a pipeline does not carry Keras masks. '
+          'Pass the mask as an input tensor of a layer that applies it.')
+    if _Keys(value):
+      tensors[key] = _Index(value, f'keyword argument {key}')
+    else:
+      _CheckLiteral(call.name, value, f'keyword argument {key}')
+      constants[key] = value
+  config = {k: v for k, v in layer.get_config().items() if k != 'name'}
+  _CheckLiteral(call.name, config, 'config')
+  return keras_layer.KerasLayer.Params().Set(
+      keras_class=keras_layer.KerasClassPath(type(layer)), config=config,
+      inputs=args, input_kwargs=tensors, call_kwargs=constants,
+      share=call.first)
+
+
+def _IsIndexable(value: Any) -> bool:
+  """Whether `value` is Keys only, in lists, tuples and dicts."""
+  if _IsKey(value):
+    return True
+  if isinstance(value, (list, tuple)):
+    return all(_IsIndexable(v) for v in value)
+  if isinstance(value, dict):
+    return all(_IsIndexable(v) for v in value.values())
+  return False
+
+
+def _Indices(value: Any, index: dict) -> Any:
+  if _IsKey(value):
+    return index[value]
+  if isinstance(value, dict):
+    return {k: _Indices(v, index) for k, v in value.items()}
+  return [_Indices(v, index) for v in value]
+
+
+def _OpParams(call: keras_graph.Call, index: dict, where: str, live: list,
+              tensors: dict) -> hyperparams.InstantiableParams:
+  """A KerasOpLayer's Params for an operation node."""
+  op = call.operation
+  config = op.get_config()
+  _CheckLiteral(call.name, config, 'config')
+  try:
+    path = keras_layer.KerasClassPath(type(op))
+  except keras_layer.UnknownKerasClassError:
+    path = f'{type(op).__module__}.{type(op).__qualname__}'
+  where = f'{where} (operation {type(op).__name__})'
+  keys = lambda v: _Template(v, index)  # pylint: disable=unnecessary-lambda-assignment
+  return keras_ops.KerasOpLayer.Params().Set(
+      op=path, config=config,
+      input_dtypes=[_Dtype(tensors[k]) for k in live],
+      args=_Encode(list(call.args), keys, where),
+      kwargs=_Encode(dict(call.kwargs), keys, where))
+
+
+def _Encode(value: Any, keys: Any, where: str) -> Any:
+  """The keras_ops template of an argument holding Keys."""
+  value = keys(value)
+  return keras_ops.EncodeArguments(value, None, where + ' argument')
 
 
 def LoadKerasWeights(layer: tf.Module, model: keras.Model
@@ -105,7 +233,8 @@ def LoadKerasWeights(layer: tf.Module, model: keras.Model
   """Copies `model`'s weights into the KerasLayers of built `layer`.
 
   Each KerasLayer takes the weights of the model's layer of the same name
-  (FromKeras names the Params after the Keras layers).
+  (FromKeras names the Params after the Keras layers' calls); the later
+  calls of a shared layer read the first call's variables.
 
   Args:
     layer: a SequentialLayer, PipeliningLayer or any tf.Module holding the
@@ -119,9 +248,11 @@ def LoadKerasWeights(layer: tf.Module, model: keras.Model
     KerasWeightsError: a KerasLayer has no same-named layer in `model`, a
       weighted layer of `model` has no KerasLayer, or shapes differ.
   """
-  by_name = {l.name: l for l in _Layers(model)}
+  by_name = {c.name: c.operation for c in keras_graph.Walk(model).calls
+             if c.first is None and
+             isinstance(c.operation, keras.layers.Layer)}
   found = [m for m in (layer,) + tuple(layer.submodules)
-           if isinstance(m, keras_layer.KerasLayer)]
+           if isinstance(m, keras_layer.KerasLayer) and m.p.share is None]
   unknown = [m.p.name for m in found if m.p.name not in by_name]
   missing = sorted(set(n for n, l in by_name.items() if l.weights) -
                    set(m.p.name for m in found))
@@ -138,104 +269,6 @@ def LoadKerasWeights(layer: tf.Module, model: keras.Model
   return pairs
 
 
-def _Ends(model: keras.Model) -> tuple[list, list]:
-  """The model's input and output Keras tensors."""
-  if not isinstance(model, keras.Model):
-    raise KerasModelError(
-        f'FromKeras takes a keras.Sequential or functional keras.Model, got '
-        f'{type(model).__name__}; wrap a single layer in keras.Sequential.')
-  try:
-    inputs, outputs = list(model.inputs), list(model.outputs)
-  except (AttributeError, ValueError):
-    inputs = outputs = None
-  if not inputs or not outputs:
-    raise keras_layer.KerasInputShapeError(
-        f"Keras model '{model.name}' has no input shape: start it with "
-        'keras.Input(shape=...) or call model.build((None, ...)) first. '
-        'Subclassed models have no graph; build them functionally.')
-  if len(outputs) != 1:
-    raise KerasModelError(
-        f"Keras model '{model.name}' has {len(outputs)} outputs; a pipeline "
-        'returns its last layer\'s outputs: concatenate them in a last layer '
-        'or import one output per model.')
-  return inputs, outputs
-
-
-def _TopologicalNodes(model: keras.Model, inputs: list, outputs: list
-                      ) -> list:
-  """The call nodes from `inputs` to `outputs`, each after its arguments."""
-  is_input = {id(t) for t in inputs}
-  order, done, calls = [], set(), {}
-  stack = [(t, False) for t in reversed(outputs)]
-  while stack:
-    tensor, expanded = stack.pop()
-    if id(tensor) in is_input:
-      continue
-    # The call that made a Keras tensor, as Keras's own graph walk finds it.
-    op, node_index, _ = tensor._keras_history  # pylint: disable=protected-access
-    node = op._inbound_nodes[node_index]  # pylint: disable=protected-access
-    if id(node) in done:
-      continue
-    if expanded:
-      done.add(id(node))
-      order.append(node)
-      continue
-    stack.append((tensor, True))
-    stack.extend((t, False) for t in reversed(node.arguments.keras_tensors)
-                 if id(t) not in is_input)
-  for node in order:
-    op = node.operation
-    if not isinstance(op, keras.layers.Layer) or isinstance(
-        op, keras.layers.InputLayer):
-      raise KerasModelError(
-          f"Keras model '{model.name}': '{op.name}' ({type(op).__name__}) is "
-          'an operation, not a layer. Write it as a layer: keras.layers.Add '
-          '/ Multiply / Concatenate / Activation instead of x + y, x * y, '
-          'keras.ops....')
-    calls[id(op)] = calls.get(id(op), 0) + 1
-    if calls[id(op)] > 1:
-      raise KerasModelError(
-          f"Keras model '{model.name}' is not a chain of layers: layer "
-          f"'{op.name}' is called at {calls[id(op)]} places (shared "
-          'weights). Give each call its own layer.')
-  return order
-
-
-def _Arguments(model: keras.Model, node: Any, index: dict
-               ) -> tuple[list, dict, dict]:
-  """(inputs, input_kwargs, call_kwargs) of a KerasLayer for a call node."""
-  name = node.operation.name
-
-  def _Index(value, where):
-    if isinstance(value, keras.KerasTensor):
-      return index[id(value)]
-    if isinstance(value, (list, tuple)) and value and all(
-        isinstance(v, keras.KerasTensor) for v in value):
-      return [index[id(v)] for v in value]
-    raise KerasModelError(
-        f"Keras model '{model.name}': layer '{name}' takes {where} "
-        f'{value!r}; a pipeline layer takes tensors (or one list of them) '
-        'as positional arguments: pass constants by keyword or in the '
-        "layer's config.")
-
-  args = [_Index(a, 'positional argument') for a in node.arguments.args]
-  tensors, constants = {}, {}
-  for key, value in node.arguments.kwargs.items():
-    if key == 'training' or (key == 'mask' and value is None):
-      continue  # The pipeline passes training; Keras adds mask=None.
-    if key == 'mask':
-      raise KerasModelError(
-          f"Keras model '{model.name}': layer '{name}' takes a mask; a "
-          'pipeline does not carry Keras masks. Pass the mask as an input '
-          'tensor of a layer that applies it.')
-    if isinstance(value, keras.KerasTensor):
-      tensors[key] = index[id(value)]
-    else:
-      _CheckLiteral(name, value, f'keyword argument {key}')
-      constants[key] = value
-  return args, tensors, constants
-
-
 def _CheckLiteral(name: str, value: Any, where: str) -> None:
   """Raises unless `value` is built of literals Params can write as text."""
   if isinstance(value, dict):
@@ -250,7 +283,3 @@ def _CheckLiteral(name: str, value: Any, where: str) -> None:
         f"Keras layer '{name}': its {where} holds a {type(value).__name__}, "
         'which Params cannot hold as text; give the layer a config of '
         'literals (register custom objects and serialise them by name).')
-
-
-def _Layers(model: keras.Model) -> list:
-  return [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]

@@ -34,6 +34,15 @@ def _Registered(name: str, k: int, m: int, v: int) -> schedule_lib.Schedule:
   return schedule_lib.Make(name, k, m, v)
 
 
+def _InputShapes(p) -> Sequence | None:
+  """``input_shapes``, else the first layer's own ``input_shapes`` Params
+  (a KerasLayer's, which FromKeras sets)."""
+  first = p.layers[0]
+  if p.input_shapes is None and 'input_shapes' in first:
+    return first.input_shapes
+  return p.input_shapes
+
+
 class PipeliningLayer(base_layer.BaseLayer):
   """Runs a sequence of L layers as a K-cell pipeline over M micro-batches.
 
@@ -112,7 +121,8 @@ class PipeliningLayer(base_layer.BaseLayer):
              "Shapes of FProp's inputs for the 'flops' and 'profile' costs; "
              'the batch dimension may be None, or the mini-batch size N (then '
              "cost='profile' times N / num_micro_batches examples). Inferred "
-             "from the first layer's input_dim when unset.")
+             "from the first layer's input_shapes (KerasLayer) or input_dim "
+             'when unset.')
     p.Define('profile_batch_size', None,
              "Examples per micro-batch that cost='profile' times each layer "
              "at (Lingvo's micro_batch_size; torchgpipe's balance_by_time "
@@ -233,7 +243,7 @@ class PipeliningLayer(base_layer.BaseLayer):
       return partition.PartitionBalanced([1.0] * num_layers, num_cells)
     if num_cells == 1:
       return [num_layers]
-    costs = cost_lib.LayerCosts(p.layers, p.cost, p.input_shapes,
+    costs = cost_lib.LayerCosts(p.layers, p.cost, _InputShapes(p),
                                 p.profile_batch_size, p.num_micro_batches)
     return partition.PartitionBalanced(costs, num_cells,
                                        self._RecomputeWeights())
@@ -391,7 +401,7 @@ class PipeliningLayer(base_layer.BaseLayer):
   def CellMetas(cls, p, num_partitions: int | None = None,
                 input_shapes: Sequence | None = None) -> list:
     """Per-cell (num_layers, num_params, flops) for planning, without building."""
-    shapes = input_shapes or p.input_shapes or cost_lib.InferInputShapes(
+    shapes = input_shapes or _InputShapes(p) or cost_lib.InferInputShapes(
         p.layers)
     metas = core.MetaOfSequence(list(p.layers), shapes)
     k = num_partitions or p.num_partitions

@@ -79,6 +79,43 @@ def _Transformer(blocks, d=8):
                      name='transformer')
 
 
+@keras.saving.register_keras_serializable(package='gpipe_tf_test')
+class CustomGradientSwish(keras.layers.Layer):
+  """x * sigmoid(x) with a hand-written gradient (tf.custom_gradient: an
+  IdentityN op in the graph, as Keras's own swish)."""
+
+  def call(self, x):
+
+    @tf.custom_gradient
+    def _Swish(x):
+      s = tf.sigmoid(x)
+
+      def _Grad(dy):
+        return dy * s * (1.0 + x * (1.0 - s))
+
+      return x * s, _Grad
+
+    return _Swish(x)
+
+
+def _SqueezeExcite():
+  """A swish output read across a GlobalAveragePooling2D -> Reshape ->
+  Conv2D branch and by the Multiply after it (EfficientNet's block), with
+  gelu and a custom-gradient layer: 10 layers, 9 places to cut."""
+  inputs = keras.Input((6, 6, 3))
+  a = keras.layers.Conv2D(4, 3, padding='same', name='conv')(inputs)
+  a = keras.layers.Activation('swish', name='swish')(a)
+  s = keras.layers.GlobalAveragePooling2D(name='squeeze')(a)
+  s = keras.layers.Reshape((1, 1, 4), name='reshape')(s)
+  s = keras.layers.Conv2D(2, 1, activation='gelu', name='reduce')(s)
+  s = CustomGradientSwish(name='custom')(s)
+  s = keras.layers.Conv2D(4, 1, activation='sigmoid', name='expand')(s)
+  y = keras.layers.Multiply(name='excite')([a, s])
+  y = keras.layers.GlobalAveragePooling2D(name='pool')(y)
+  return keras.Model(inputs, keras.layers.Dense(5, name='logits')(y),
+                     name='squeeze_excite')
+
+
 def _Randomize(model, seed):
   """Random weights everywhere (moving variances positive), so no weight
   sits at an initial value that hides a wrong copy."""
@@ -179,6 +216,38 @@ class FromKerasTest(tf.test.TestCase):
     y = tf.random.stateless_uniform([8], [7, 8], 0, 5, tf.int32)
     self._AssertGrid(_Transformer(blocks=1), x, y)  # 9 layers: K x V <= 8.
 
+  def testCustomGradientsCutAtEveryPlace(self):
+    # The output of a custom-gradient op (swish's IdentityN) crossing a cut
+    # made the backward's prune fail (KeyError in lift_to_graph).
+    model = _SqueezeExcite()
+    _Randomize(model, seed=3)
+    x = tf.random.stateless_normal([4, 6, 6, 3], seed=[3, 1])
+    y = tf.random.stateless_uniform([4], [3, 2], 0, 5, tf.int32)
+    want_loss, want_grads = _KerasStep(model, x, y, 2)
+    params = pipeline.FromKeras(model)
+    for cut in range(1, len(params)):
+      with self.subTest(cut=cut):
+        pipe = pipeline.PipeliningLayer.Params().Set(
+            name='net', layers=params, num_partitions=2, num_micro_batches=2,
+            balance=[cut, len(params) - cut]).Instantiate()
+        pairs = {id(k): v for k, v in pipeline.LoadKerasWeights(pipe, model)}
+        loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
+        self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+        got = dict(zip(map(id, pipe.trainable_variables), grads))
+        for keras_var, want in zip(model.trainable_variables, want_grads):
+          self.assertAllClose(want, got[id(pairs[id(keras_var)])], rtol=1e-5,
+                              atol=1e-6, msg=keras_var.path)
+
+  def testInputShapesComeFromTheParams(self):
+    params = pipeline.FromKeras(_Transformer(blocks=1))
+    implied = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=params, num_partitions=2)
+    explicit = implied.Copy().Set(input_shapes=params[0].input_shapes)
+    self.assertEqual(explicit.Instantiate().balance,
+                     implied.Instantiate().balance)
+    self.assertEqual(pipeline.PipeliningLayer.CellMetas(explicit),
+                     pipeline.PipeliningLayer.CellMetas(implied))
+
   def testResidualBlockBecomesTupleChain(self):
     params = pipeline.FromKeras(_Transformer(blocks=1))
     routes = [(p.name, p.inputs, p.passthrough, len(p.input_shapes))
@@ -209,42 +278,231 @@ class FromKerasTest(tf.test.TestCase):
     self.assertAllClose(model(x, training=False), net.FProp(x), rtol=1e-5,
                         atol=1e-6)
 
-  def testSeveralInputsAndNestedModels(self):
-    a, b = keras.Input((4,)), keras.Input((3,))
-    inner = keras.Sequential([keras.Input((5,)), keras.layers.Dense(5)],
-                             name='inner')
-    merged = keras.layers.Add(name='add')([keras.layers.Dense(5)(a),
-                                           keras.layers.Dense(5)(b)])
-    model = keras.Model([a, b], inner(merged))
-    params = pipeline.FromKeras(model)
-    self.assertEqual(params[-1].keras_class, 'keras.Sequential')
-    pipe = pipeline.PipeliningLayer.Params().Set(
-        name='net', layers=params, num_partitions=2, num_micro_batches=2,
-        input_shapes=params[0].input_shapes).Instantiate()
-    pipeline.LoadKerasWeights(pipe, model)
-    xs = [tf.random.stateless_normal([4, 4], seed=[1, 3]),
-          tf.random.stateless_normal([4, 3], seed=[1, 4])]
-    self.assertAllClose(model(xs), pipe.FProp(*xs), rtol=1e-5, atol=1e-6)
+  def _AssertSameStep(self, model, x, targets, k=2, m=2, schedule='1f1b'):
+    """The pipeline's loss and gradients (a squared error over every output)
+    equal Keras's tape step over the same m micro-batches."""
+    def _PerExampleSquares(outputs, targets):
+      return tf.add_n([
+          tf.reduce_mean(tf.reshape(tf.square(tf.cast(o, tf.float32) - t),
+                                    [tf.shape(t)[0], -1]), 1)
+          for o, t in zip(tf.nest.flatten(outputs), tf.nest.flatten(targets))])
 
-  def testNotAChainIsRefused(self):
+    flat_x, flat_t = tf.nest.flatten(x), tf.nest.flatten(targets)
+    with tf.GradientTape() as tape:
+      total = tf.add_n([
+          tf.reduce_sum(_PerExampleSquares(
+              model(tf.nest.pack_sequence_as(x, list(xm)), training=True),
+              tf.nest.pack_sequence_as(targets, list(tm))))
+          for xm, tm in zip(zip(*[tf.split(a, m) for a in flat_x]),
+                            zip(*[tf.split(a, m) for a in flat_t]))])
+      want_loss = total / tf.cast(tf.shape(flat_x[0])[0], tf.float32)
+    want = tape.gradient(want_loss, model.trainable_variables)
+    params = pipeline.FromKeras(model)
+    pipe = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=params, num_partitions=k, num_micro_batches=m,
+        schedule=schedule).Instantiate()
+    pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+    loss, _, grads = pipe.ComputeLossAndGradients(
+        x if isinstance(x, tuple) else (x,), targets,
+        lambda o, t: loss_lib.LossTerms(_PerExampleSquares(o, t)))
+    self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+    got = dict(zip(map(id, pipe.trainable_variables), grads))
+    self.assertLen(got, len(want))
+    for var, g in zip(model.trainable_variables, want):
+      self.assertAllClose(tf.convert_to_tensor(g), got[id(pairs[id(var)])],
+                          rtol=1e-5, atol=1e-6, msg=var.path)
+    return pipe, params
+
+  def testOperationNodesBecomeLayers(self):
+    # What keras.applications' own code writes (ConvNeXt, MobileNetV3).
+    inputs = keras.Input((6, 4))
+    h = keras.layers.Dense(4, name='dense')(inputs)
+    y = h + inputs
+    y = keras.ops.concatenate([y * 2.0, keras.ops.mean(
+        y, axis=-1, keepdims=True)], axis=-1)[:, 1:, ...]
+    y = keras.ops.relu(1.0 - y) @ y[:, :, :3]
+    model = keras.Model(inputs, y, name='ops')
+    _Randomize(model, seed=2)
+    params = pipeline.FromKeras(model)
+    # (Keras numbers operation names per process: compare the classes.)
+    self.assertEqual(
+        [p.cls.__name__ for p in params][:4],
+        ['KerasLayer', 'KerasOpLayer', 'KerasOpLayer', 'KerasOpLayer'])
+    text = layers.SequentialLayer.Params().Set(name='net',
+                                               layers=params).ToText()
+    self.assertIn("'__slice__'", text)  # Params stay text.
+    x = tf.random.stateless_normal([4, 6, 4], seed=[2, 2])
+    pipe, _ = self._AssertSameStep(
+        model, x, tf.random.stateless_normal([4, 5, 3], seed=[2, 3]))
+    self.assertAllClose(model(x), pipe.FProp(x), rtol=1e-5, atol=1e-6)
+
+  def testSeveralOutputsComeInTheModelsStructure(self):
     inputs = keras.Input((4,))
-    shared = keras.layers.Dense(4, name='shared')
-    twice = keras.Model(inputs, shared(shared(inputs)))
-    with self.assertRaisesRegex(pipeline.KerasModelError,
-                                "'shared' is called at 2 places.*own layer"):
-      pipeline.FromKeras(twice)
-    a = keras.layers.Dense(4, name='a')(inputs)
-    with self.assertRaisesRegex(pipeline.KerasModelError,
-                                'not a layer.*keras.layers.Add'):
-      pipeline.FromKeras(keras.Model(inputs, a + inputs))
+    h = keras.layers.Dense(5, activation='tanh', name='h')(inputs)
+    model = keras.Model(inputs, {'logits': keras.layers.Dense(3)(h),
+                                 'features': h}, name='two')
+    _Randomize(model, seed=4)
+    x = tf.random.stateless_normal([4, 4], seed=[4, 4])
+    targets = {'logits': tf.random.stateless_normal([4, 3], seed=[4, 5]),
+               'features': tf.random.stateless_normal([4, 5], seed=[4, 6])}
+    pipe, params = self._AssertSameStep(model, x, targets)
+    self.assertEqual(params[-1].cls.__name__, 'KerasOutputs')
+    got = pipe.FProp(x)
+    self.assertEqual(sorted(got), ['features', 'logits'])
+    for key, value in model(x).items():
+      self.assertAllClose(value, got[key], rtol=1e-5, atol=1e-6)
+
+  def testNestedModelCalledWithADictIsInlined(self):
+    # A keras_hub task model calls its backbone with a dict of tensors.
+    ids, scale = keras.Input((5,), dtype='int32'), keras.Input((5, 1))
+    inner_ids, inner_scale = keras.Input((5,), dtype='int32'), keras.Input(
+        (5, 1))
+    e = keras.layers.Embedding(10, 4, name='embed')(inner_ids)
+    backbone = keras.Model(
+        {'ids': inner_ids, 'scale': inner_scale},
+        keras.layers.Multiply(name='scaled')([e, inner_scale]),
+        name='backbone')
+    h = backbone({'scale': scale, 'ids': ids})
+    model = keras.Model({'ids': ids, 'scale': scale},
+                        keras.layers.Dense(2, name='head')(h), name='task')
+    _Randomize(model, seed=5)
+    params = pipeline.FromKeras(model)
+    self.assertEqual([p.name for p in params],
+                     ['inputs', 'embed', 'scaled', 'head'])
+    x = {'ids': tf.random.stateless_uniform([4, 5], [5, 1], 0, 10, tf.int32),
+         'scale': tf.random.stateless_normal([4, 5, 1], seed=[5, 2])}
+    self._AssertSameStep(model, x,
+                         tf.random.stateless_normal([4, 5, 2], seed=[5, 3]))
+
+  def testTiedLayerIsOneSetOfVariables(self):
+    # An embedding read at two places and a block called twice, in
+    # different cells.
+    ids = keras.Input((5,), dtype='int32')
+    embed = keras.layers.Embedding(10, 4, name='embed')
+    block = keras.layers.Dense(4, activation='tanh', name='block')
+    h = block(block(embed(ids)))
+    h = keras.layers.Concatenate(name='concat')([
+        h, embed(keras.ops.flip(ids, axis=1))])
+    model = keras.Model(ids, keras.layers.Dense(3, name='head')(
+        keras.layers.Flatten(name='flat')(h)), name='tied')
+    _Randomize(model, seed=6)
+    x = tf.random.stateless_uniform([4, 5], [6, 1], 0, 10, tf.int32)
+    target = tf.random.stateless_normal([4, 3], seed=[6, 2])
+    params = pipeline.FromKeras(model)
+    self.assertEqual([(p.name, p.share) for p in params if 'share' in p],
+                     [('embed', None), ('block', None),
+                      ('block.call2', 'block'), ('embed.call2', 'embed'),
+                      ('concat', None), ('flat', None), ('head', None)])
+    for k in (2, 4):
+      with self.subTest(k=k):
+        pipe, _ = self._AssertSameStep(model, x, target, k=k, m=2,
+                                       schedule='zb_h1')
+        self.assertLen(pipe.trainable_variables,
+                       len(model.trainable_variables))
+
+  def testInputsByName(self):
+    ids, mask = (keras.Input((5,), dtype='int32', name='token_ids'),
+                 keras.Input((5,), dtype='int32', name='padding_mask'))
+    h = keras.layers.Embedding(10, 4, name='embed')(ids)
+    h = h * keras.ops.expand_dims(keras.ops.cast(mask, 'float32'), -1)
+    dict_model = keras.Model({'token_ids': ids, 'padding_mask': mask},
+                             keras.layers.Dense(2, name='head')(h))
+    list_model = keras.Model([ids, mask], dict_model.output)
+    x_ids = tf.random.stateless_uniform([4, 5], [7, 1], 1, 10, tf.int32)
+    x_mask = tf.constant([[1] * 5, [1] * 3 + [0] * 2] * 2)
+    feed = {'token_ids': x_ids, 'padding_mask': x_mask}
+    for model in (dict_model, list_model):
+      net = layers.SequentialLayer.Params().Set(
+          name='net', layers=pipeline.FromKeras(model)).Instantiate()
+      pipeline.LoadKerasWeights(net, model)
+      self.assertAllClose(dict_model(feed), net.FProp(feed))
+      with self.assertRaisesRegex(layers.keras_ops.KerasInputsError,
+                                  r"missing \['token_ids'\], unknown "
+                                  r"\['ids'\]"):
+        net.FProp({'ids': x_ids, 'padding_mask': x_mask})
+    # A list model takes them in model.inputs order, as Keras does.
+    self.assertAllClose(list_model([x_ids, x_mask]), net.FProp(x_ids, x_mask))
+    self.assertNotAllClose(net.FProp(x_ids, x_mask), net.FProp(x_mask, x_ids))
+    dict_net = layers.SequentialLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(dict_model)).Instantiate()
+    with self.assertRaisesRegex(layers.keras_ops.KerasInputsError,
+                                'takes a dict of inputs keyed by'):
+      dict_net.FProp(x_mask, x_ids)
+    with self.assertRaisesRegex(layers.keras_ops.KerasInputsError,
+                                "'token_ids' is int32.*got float32"):
+      dict_net.FProp({'token_ids': tf.cast(x_ids, tf.float32),
+                      'padding_mask': x_mask})
+
+  def testWhatIsStillRefusedIsNamed(self):
+    inputs = keras.Input((4,))
     ids = keras.Input((5,), dtype='int32')
     masked = keras.layers.Embedding(10, 4, mask_zero=True, name='embed')(ids)
     with self.assertRaisesRegex(pipeline.KerasModelError,
                                 "'embed' makes a Keras mask.*drop mask_zero"):
       pipeline.FromKeras(keras.Model(ids, keras.layers.Dense(2)(masked)))
-    with self.assertRaisesRegex(pipeline.KerasModelError, '2 outputs'):
-      pipeline.FromKeras(keras.Model(inputs, [a, keras.layers.Dense(2)(a)]))
+    with self.assertRaisesRegex(pipeline.KerasModelError,
+                                'no layer or operation'):
+      pipeline.FromKeras(keras.Model(inputs, inputs))
+    with self.assertRaisesRegex(layers.keras_layer.UnsupportedKerasLayerError,
+                                "'add.*ndarray.*keras.Input"):
+      pipeline.FromKeras(keras.Model(inputs, inputs + np.ones([4], 'f4')))
     self.assertTrue(issubclass(pipeline.KerasModelError, errors.Error))
+
+  def _HeavyOpDtypes(self, pipe, x, y):
+    """The dtypes of every Conv2D and MatMul op of the traced step (its
+    functions included)."""
+    step = tf.function(lambda: pipe.ComputeLossAndGradients(x, y, _LossFn))
+    graph = step.get_concrete_function().graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function
+                                for n in f.node_def]
+    return [tf.as_dtype(n.attr['T'].type).name for n in nodes
+            if n.op in ('Conv2D', 'MatMul', 'BatchMatMulV2')]
+
+  def testPipelinePrecisionComputesIn16Bits(self):
+    model = _Cnn()
+    x = tf.random.stateless_normal([4, 6, 6, 3], seed=[8, 1])
+    y = tf.random.stateless_uniform([4], [8, 2], 0, 5, tf.int32)
+    for policy, dtype in (('mixed_bfloat16', 'bfloat16'),
+                          ('mixed_float16', 'float16')):
+      with self.subTest(policy=policy):
+        pipe = pipeline.PipeliningLayer.Params().Set(
+            name='net', layers=pipeline.FromKeras(model), num_partitions=2,
+            num_micro_batches=2, precision=policy).Instantiate()
+        dtypes = self._HeavyOpDtypes(pipe, x, y)
+        self.assertNotEmpty(dtypes)
+        self.assertEqual(set(dtypes), {dtype})
+        self.assertEqual({v.dtype for v in pipe.trainable_variables},
+                         {tf.float32})
+
+  def testKerasMixedPolicyWithBatchNorm(self):
+    x = tf.random.stateless_normal([4, 6, 6, 3], seed=[9, 1])
+    y = tf.random.stateless_uniform([4], [9, 2], 0, 5, tf.int32)
+    keras.mixed_precision.set_dtype_policy('mixed_bfloat16')
+    try:
+      model = _Cnn()
+    finally:
+      keras.mixed_precision.set_dtype_policy('float32')
+    _Randomize(model, seed=9)
+    want_loss, want_grads = _KerasStep(model, x, y, 1)
+    pipe = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(model), num_partitions=2,
+        num_micro_batches=1).Instantiate()
+    pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+    self.assertEqual(set(self._HeavyOpDtypes(pipe, x, y)), {'bfloat16'})
+    loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
+    self.assertAllClose(want_loss, loss, rtol=1e-2)
+    got = dict(zip(map(id, pipe.trainable_variables), grads))
+    for var, g in zip(model.trainable_variables, want_grads):
+      scale = float(tf.reduce_max(tf.abs(g)))
+      self.assertAllClose(g, got[id(pairs[id(var)])], atol=2e-2 * scale,
+                          rtol=0, msg=var.path)
+    # Under another 16-bit precision than the model's own: a named error.
+    pipe = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(model), num_partitions=2,
+        precision='mixed_float16').Instantiate()
+    with self.assertRaisesRegex(layers.keras_layer.KerasPrecisionError,
+                                "'mixed_bfloat16'.*'mixed_float16'"):
+      pipe.FProp(x)
 
   def testModelWithoutInputShapeIsRefused(self):
     with self.assertRaisesRegex(layers.keras_layer.KerasInputShapeError,

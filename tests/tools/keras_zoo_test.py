@@ -25,12 +25,13 @@ _RESULTS = os.path.join(os.path.dirname(keras_zoo.DOCS), os.pardir,
 
 class KerasZooTest(tf.test.TestCase):
 
-  def testHubModelsEqualKeras(self):
-    for name, schedule in (('GPT2CausalLM', '1f1b'), ('BertBackbone', 'zb_h1')):
-      with self.subTest(model=name):
-        [row] = keras_zoo.Run(name, [2], [schedule])
-        self.assertEqual(row.status, 'converted', row.detail)
-        self.assertLess(row.max_grad_diff, 1e-5)
+  def testHubModelEqualsKeras(self):
+    # A keras_hub task model (a nested backbone called with a dict, tied
+    # embeddings) through the zoo's own path; several outputs and the rest
+    # are keras_import_test's, BertBackbone the zoo table's.
+    [row] = keras_zoo.Run('GPT2CausalLM', [2], ['1f1b'])
+    self.assertEqual(row.status, 'converted', row.detail)
+    self.assertLess(row.max_grad_diff, 1e-5)
 
   def testDocsSupportTableIsTheZoosResults(self):
     # Regenerate with: python -m tools.keras_zoo --zoo_write_docs

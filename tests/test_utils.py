@@ -3,7 +3,6 @@
 import collections
 import os
 import shutil
-import socket
 import tempfile
 import threading
 
@@ -112,15 +111,9 @@ def Batches(generator, num, skip=0):
 
 
 def FreePorts(n):
-  """n distinct free localhost ports (bound to port 0, then released)."""
-  sockets = [socket.socket() for _ in range(n)]
-  try:
-    for s in sockets:
-      s.bind(('localhost', 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
+  """n distinct free localhost ports (local_workers.FreePorts)."""
+  from gpipe_tf.runtime import local_workers  # pylint: disable=g-import-not-at-top
+  return local_workers.FreePorts(n)
 
 
 def RaisesWithin(seconds, fn):

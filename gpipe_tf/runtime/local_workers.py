@@ -42,7 +42,7 @@ from typing import Sequence
 from gpipe_tf import errors
 
 __all__ = ['LocalWorkersError', 'Options', 'LocalWorkers', 'CoreOf',
-           'SharesCores']
+           'FreePorts', 'SharesCores']
 
 _SERVING = 'is serving devices'
 # How a serve_worker --stats_on_stdin prefixes its answers.
@@ -89,7 +89,8 @@ def SharesCores(num_workers: int, cores: Sequence[int]) -> bool:
   return num_workers > len(cores)
 
 
-def _FreePorts(n: int) -> list[int]:
+def FreePorts(n: int) -> list[int]:
+  """n distinct free localhost ports (bound to port 0, then released)."""
   sockets = [socket.socket() for _ in range(n)]
   try:
     for s in sockets:
@@ -142,7 +143,7 @@ class LocalWorkers:
   def _Start(self) -> None:
     from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
     k = self.options.num_workers
-    ports = _FreePorts(k + 1)
+    ports = FreePorts(k + 1)
     self.cluster = pipeline_cluster.PipelineCluster(
         f'localhost:{ports[0]}', tuple(f'localhost:{p}' for p in ports[1:]))
     log_dir = self._log_dir or tempfile.mkdtemp(prefix='local_workers_')

@@ -196,9 +196,8 @@ def RunLossAndGradients(cells: Sequence[Any],
   m = schedule.num_micro_batches
   # Passes over the schedule, then lowering: a W that directly follows its
   # B runs with it as one BW; the last stage's F and its backward as one FB.
-  joined = ticks_lib.JoinBackward(schedule)
-  program = ticks_lib.Lower(joined, fused=ticks_lib.Fusable(joined),
-                            keep=keep)
+  program = ticks_lib.Lower(
+      ticks_lib.FuseLast(ticks_lib.JoinBackward(schedule)), keep=keep)
   if loss_scale is not None:
     labels = (labels, tf.cast(loss_scale, tf.float32))
   label_flat = tf.nest.flatten(labels)

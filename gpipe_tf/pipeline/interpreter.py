@@ -281,15 +281,22 @@ def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
           continue
         starts, ends = state[act.stage].stamps
         start, end = starts.read(t), ends.read(t)
-        for a in program.Runs(act):
-          for part in _Unjoined(c.schedule, a):
-            trace.Record(part, start, end)
+        for part in _Unjoined(c.schedule, program, act):
+          trace.Record(part, start, end)
   return state
 
 
-def _Unjoined(schedule: Any, act: Any) -> list:
-  """The actions of `schedule` a lowered action runs: a BW that
-  ticks.JoinBackward made of a B and its W is both."""
+def _Unjoined(schedule: Any, program: ticks_lib.TickProgram,
+              act: Any) -> list:
+  """The actions of `schedule` an action of `program` runs: an FB that
+  ticks.FuseLast made of an F and its backward is both (and its W, unless
+  the program runs that later), and a BW that ticks.JoinBackward made of a
+  B and its W is both."""
+  if act.kind == ticks_lib.FB:
+    back = (ticks_lib.B if dataclasses.replace(act, kind=ticks_lib.W)
+            in program.tick else ticks_lib.BW)
+    return [dataclasses.replace(act, kind=ticks_lib.F)] + _Unjoined(
+        schedule, program, dataclasses.replace(act, kind=back))
   if act.kind == ticks_lib.BW and schedule.SplitBackward(act.stage,
                                                         act.micro_batch):
     return [dataclasses.replace(act, kind=kind)

@@ -4,6 +4,7 @@ from absl.testing import absltest
 
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline.schedule import memory
+from gpipe_tf.pipeline.schedule import ticks
 
 # Per micro-batch: input 1, activations 4 (a kept forward holds 5), wcut 8.
 _STAGE = memory.StageBytes(input=1, activations=4, wcut=8)
@@ -65,6 +66,18 @@ class ProfileTest(absltest.TestCase):
     # A combined BW holds no wcut at all: wcut does not change 1F1B.
     big = memory.StageBytes(input=1, activations=4, wcut=1000)
     self.assertEqual(_Profile('1f1b', stage=big).step_peak, (10, 5))
+
+  def testFusedLastStageHoldsWhatItsForwardAndBackwardHeld(self):
+    # ticks.FuseLast's FB holds a kept forward while it runs, as its F and
+    # the backward that directly followed it did; a split FB leaves wcut.
+    for name in ('gpipe', '1f1b', 'zb_h1'):
+      sched = schedule_lib.Make(name, 2, 4)
+      fused = ticks.FuseLast(sched)
+      with self.subTest(name=name):
+        self.assertEqual(
+            memory.Profile(fused, [_STAGE] * 2,
+                           memory.KeptForwards(sched, 'never')).step_peak,
+            _Profile(name).step_peak)
 
   def testWeightsAndGradientSumsOfEveryStageOfADevice(self):
     stage = memory.StageBytes(input=1, activations=4, weights=100,

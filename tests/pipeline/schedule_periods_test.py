@@ -12,7 +12,7 @@ S = periods.Segment
 
 def _Program(name, k, m, v=1):
   sched = ticks.JoinBackward(schedule.Make(name, k, m, v))
-  return sched, ticks.Lower(sched, fused=ticks.Fusable(sched))
+  return sched, ticks.Lower(ticks.FuseLast(sched))
 
 
 def _Plan(name, k, m, v=1, per_stage=None):

@@ -145,6 +145,27 @@ class ScheduleTest(unittest.TestCase):
     self.assertEqual(sched.Dependencies(WGrad(1, 0)), [InGrad(1, 0)])
     self.assertEqual(sched.Dependencies(InGrad(1, 0)), [Fwd(1, 0)])
 
+  def testFusedForwardAndBackward(self):
+    # The last stage's pairs as FB (ticks.FuseLast); micro-batch 0 splits
+    # its backward: a W follows its FB.
+    fused = lambda m: Action(schedule.FB, 1, m)
+    sched = TwoStage(dev1=[fused(0), fused(1), WGrad(1, 0)])
+    sched.Validate()
+    self.assertTrue(sched.SplitBackward(1, 0))
+    self.assertFalse(sched.SplitBackward(1, 1))
+    self.assertEqual(sched.Dependencies(fused(0)), [Fwd(0, 0)])
+    # What stage 0 reads from a fused pair comes from its FB.
+    self.assertEqual(sched.Dependencies(Bwd(0, 1)), [Fwd(0, 1), fused(1)])
+    self.assertEqual(sched.Dependencies(WGrad(1, 0)), [fused(0)])
+    self.assertEqual(sched.ForwardsFollowedByBackward(), {(1, 0), (1, 1)})
+    # FB(1, 0) takes F's tick and B's; FB(1, 1) F's and BW's two.
+    self.assertEqual(sched.ToAscii().splitlines()[1].split()[2:],
+                     ['..', 'FB0', 'FB0', 'FB1', 'FB1', 'FB1', 'W0', '..'])
+    for rival in (Fwd(1, 1), Bwd(1, 1), InGrad(1, 1)):
+      with self.subTest(rival=str(rival)):
+        with self.assertRaisesRegex(ScheduleError, 'runs beside an FB'):
+          TwoStage(dev1=[fused(0), fused(1), rival]).Validate()
+
   def testClocksAndOrder(self):
     # Unit replay by hand: device 1 runs F(1,0) at tick 1, BW(1,0) at 2-3, F(1,1)
     # at 4, BW(1,1) at 5-6; device 0 waits for BW(1,0) (ends at 4) and BW(1,1)

@@ -19,18 +19,18 @@ def _Layouts():
 
 
 def _Run(table, sched, d):
-  """Device d's actions in tick order (a fused pair's backward after its
-  F)."""
+  """Device d's actions of `sched` in tick order (an FB as its F and the
+  backward that followed it)."""
   out = []
   for act in table.grid[d]:
     if act is None:
       continue
-    out.append(act)
-    pair = (act.stage, act.micro_batch)
-    if act.kind == schedule.F and pair in table.fused:
-      out += [a for a in sched.actions[d] if a.kind in (schedule.B,
-                                                        schedule.BW) and
-              (a.stage, a.micro_batch) == pair]
+    if act.kind != ticks.FB:
+      out.append(act)
+      continue
+    out += [a for a in sched.actions[d] if a.kind in (
+        schedule.F, schedule.B, schedule.BW) and (
+            a.stage, a.micro_batch) == (act.stage, act.micro_batch)]
   return out
 
 
@@ -40,9 +40,9 @@ class LowerTest(unittest.TestCase):
     for original in _Layouts():
       for fused, joined in ((False, False), (True, False), (True, True)):
         sched = ticks.JoinBackward(original) if joined else original
+        lowered = ticks.FuseLast(sched) if fused else sched
         with self.subTest(sched=repr(sched), fused=fused, joined=joined):
-          table = ticks.Lower(
-              sched, fused=ticks.Fusable(sched) if fused else frozenset())
+          table = ticks.Lower(lowered)
           for d, acts in enumerate(sched.actions):
             # W included: zero-bubble's weight gradients run where the
             # schedule put them.
@@ -51,7 +51,8 @@ class LowerTest(unittest.TestCase):
             times = [table.tick[a] for a in run]
             self.assertEqual(times, sorted(set(times)))
             for i, a in enumerate(run):
-              deps = [table.tick[dep] + 1 for dep in sched.Dependencies(a)]
+              deps = [table.tick[dep] + 1
+                      for dep in lowered.Dependencies(a)]
               earliest = max(deps + [table.tick[run[i - 1]] + 1 if i else 0])
               self.assertEqual(table.tick[a], earliest, a)
           self.assertEqual(table.num_ticks, 1 + max(table.tick.values()))
@@ -101,8 +102,10 @@ class LowerTest(unittest.TestCase):
     self.assertEqual(min(backward.tick.values()), 0)
     with self.assertRaisesRegex(schedule.ScheduleError, 'phase'):
       ticks.Lower(sched, phase='sideways')
-    with self.assertRaisesRegex(schedule.ScheduleError, "need phase 'all'"):
-      ticks.Lower(sched, phase='forward', fused=ticks.Fusable(sched))
+    with self.assertRaisesRegex(schedule.ScheduleError,
+                                r"FB\(stage=5, micro_batch=3\) needs phase "
+                                "'all'.*before FuseLast"):
+      ticks.Lower(ticks.FuseLast(sched), phase='forward')
 
   def testFusableIsTheLastStagesForwardsFollowedByTheirBackward(self):
     self.assertEqual(ticks.Fusable(schedule.Make('1f1b', 2, 3)),
@@ -112,33 +115,49 @@ class LowerTest(unittest.TestCase):
     self.assertEqual(
         ticks.Fusable(schedule.Make('interleaved_1f1b', 2, 4, 2)),
         {(3, m) for m in range(4)})
-    with self.assertRaisesRegex(schedule.ScheduleError,
-                                r"cannot fuse \[\(0, 0\)\].*last stage"):
-      ticks.Lower(schedule.Make('1f1b', 2, 3), fused={(0, 0)})
 
-  def testFusedPairRunsInItsForwardsTick(self):
+  def testFuseLastMakesTheFusablePairsOneFBEach(self):
     for sched in _Layouts():
-      fused = ticks.Fusable(sched)
+      fused = ticks.FuseLast(sched)
       with self.subTest(sched=repr(sched)):
-        table = ticks.Lower(sched, fused=fused)
+        fused.Validate()
+        self.assertEqual(
+            {(a.stage, a.micro_batch) for row in fused.actions for a in row
+             if a.kind == ticks.FB}, ticks.Fusable(sched))
+        self.assertEqual(ticks.Fusable(fused), ticks.Fusable(sched))
+        self.assertEqual(ticks.FuseLast(fused), fused)
+        # The same work: unit-time replays end together, and an FB's
+        # backward is split exactly where the original's was.
+        self.assertEqual(schedule.Simulate(fused).makespan,
+                         schedule.Simulate(sched).makespan)
+        for s, m in ticks.Fusable(sched):
+          self.assertEqual(fused.SplitBackward(s, m),
+                           sched.SplitBackward(s, m))
+    self.assertEqual(
+        ticks.FuseLast(schedule.Make('1f1b', 2, 3)).actions[1],
+        tuple(schedule.Action(ticks.FB, 1, m) for m in range(3)))
+
+  def testFBRunsAsOneStepAndSendsItsInputGradient(self):
+    for sched in _Layouts():
+      with self.subTest(sched=repr(sched)):
+        table = ticks.Lower(ticks.FuseLast(sched))
         self.assertLessEqual(table.num_ticks, ticks.Lower(sched).num_ticks)
         for act, t in table.tick.items():
+          if act.kind != ticks.FB:
+            continue
           d = sched.DeviceOf(act.stage)
-          pair = (act.stage, act.micro_batch)
-          if pair in fused and act.kind in (schedule.B, schedule.BW):
-            self.assertEqual(t, table.tick[schedule.Action(schedule.F,
-                                                           *pair)])
-            step = table.steps[d][table.branch[d][t] - 1]
-            self.assertEqual(step.kind, ticks.FB)
-            self.assertEqual(step.split, act.kind == schedule.B)
-            if act.stage > 0:
-              self.assertEqual(table.got_dx[act.stage - 1][t + 1],
-                               act.micro_batch)
+          step = table.steps[d][table.branch[d][t] - 1]
+          self.assertEqual(step, ticks.Step(
+              ticks.FB, act.stage, True,
+              sched.SplitBackward(act.stage, act.micro_batch)))
+          if act.stage > 0 and t + 1 < table.num_ticks:
+            self.assertEqual(table.got_dx[act.stage - 1][t + 1],
+                             act.micro_batch)
     # 1F1B, K=4, M=8: the last device's 8 BW ticks go; 22 -> 20 ticks.
     sched = schedule.Make('1f1b', 4, 8)
     self.assertEqual(
         [ticks.Lower(sched).num_ticks,
-         ticks.Lower(sched, fused=ticks.Fusable(sched)).num_ticks], [22, 20])
+         ticks.Lower(ticks.FuseLast(sched)).num_ticks], [22, 20])
 
   def testJoinBackwardMakesEachBItsWFollowsOneBW(self):
     # ZB-H1, K=2: every W of stage 0 directly follows its B; the last
@@ -166,8 +185,8 @@ class LowerTest(unittest.TestCase):
           for b, w in zip(after, after[1:]):
             self.assertFalse(b.kind == schedule.B and w == schedule.Action(
                 schedule.W, b.stage, b.micro_batch))
-        table = ticks.Lower(joined, fused=ticks.Fusable(joined))
-        alone = ticks.Lower(original, fused=ticks.Fusable(original))
+        table = ticks.Lower(ticks.FuseLast(joined))
+        alone = ticks.Lower(ticks.FuseLast(original))
         self.assertLessEqual(table.num_ticks, alone.num_ticks)
         # A stage is split only where a W stays apart.
         self.assertEqual(ticks.SplitStages(table),
@@ -175,17 +194,16 @@ class LowerTest(unittest.TestCase):
                           if a.kind == schedule.W})
     sched = schedule.Make('zb_h1', 2, 8)
     joined = ticks.JoinBackward(sched)
-    table = ticks.Lower(joined, fused=ticks.Fusable(joined))
+    table = ticks.Lower(ticks.FuseLast(joined))
     self.assertEqual(
-        [table.num_ticks, ticks.Lower(sched, fused=ticks.Fusable(sched))
-         .num_ticks], [17, 24])
+        [table.num_ticks, ticks.Lower(ticks.FuseLast(sched)).num_ticks],
+        [17, 24])
     self.assertEqual(ticks.SplitStages(table), {1})
     self.assertEqual(table.ToAscii().splitlines()[0].split()[:5],
                      ['dev', '0:', 'F0', 'F1', 'BW0'])
 
   def testToAscii(self):
-    table = ticks.Lower(schedule.Make('1f1b', 2, 3),
-                        fused=ticks.Fusable(schedule.Make('1f1b', 2, 3)))
+    table = ticks.Lower(ticks.FuseLast(schedule.Make('1f1b', 2, 3)))
     self.assertEqual(table.ToAscii().splitlines(), [
         'dev 0: F0  F1  BW0 F2  BW1 BW2',
         'dev 1: ..  FB0 FB1 ..  FB2 ..'])

@@ -219,7 +219,7 @@ class ScheduleTransparencyTest(tf.test.TestCase):
       pipe = _Pipe(_MlpLayers(), 2, 12, remat, name, v, 'folded')
       with self.subTest(schedule=name, remat=remat):
         joined = ticks.JoinBackward(pipe.schedule)
-        program = ticks.Lower(joined, fused=ticks.Fusable(joined))
+        program = ticks.Lower(ticks.FuseLast(joined))
         kinds = [seg.kind for seg in
                  periods.Plan(periods.Columns(program), 'folded', 0)]
         self.assertIn(periods.REPEAT, kinds)

@@ -191,7 +191,7 @@ class SupportTest(tf.test.TestCase):
         with self.subTest(schedule=name, v=v, remat=remats[i % 3]):
           seq, pipe = self._Models(name, v, remats[i % 3], 'folded')
           joined = ticks.JoinBackward(pipe.schedule)
-          program = ticks.Lower(joined, fused=ticks.Fusable(joined))
+          program = ticks.Lower(ticks.FuseLast(joined))
           plan = periods.Plan(periods.Columns(program), 'folded', 0)
           want_loss, want_grads, _ = _Reference(seq, ids, labels)
           with random_seeds.StepSeedScope(_SEED):

@@ -12,6 +12,7 @@ from gpipe_tf.pipeline.schedule.action import Action
 from gpipe_tf.pipeline.schedule.action import B
 from gpipe_tf.pipeline.schedule.action import BW
 from gpipe_tf.pipeline.schedule.action import F
+from gpipe_tf.pipeline.schedule.action import FB
 from gpipe_tf.pipeline.schedule.action import ScheduleError
 from gpipe_tf.pipeline.schedule.action import W
 from gpipe_tf.pipeline.schedule.csv_io import Dump
@@ -26,6 +27,6 @@ from gpipe_tf.pipeline.schedule.table import Schedule
 from gpipe_tf.pipeline.schedule.vshape import V_SHAPED
 from gpipe_tf.pipeline.schedule.vshape import VStageDevices  # Registers zbv, dualpipe_v.
 
-__all__ = ['Action', 'B', 'BW', 'Dump', 'DumpTorch', 'F', 'Load', 'Make',
+__all__ = ['Action', 'B', 'BW', 'Dump', 'DumpTorch', 'F', 'FB', 'Load', 'Make',
            'Names', 'Register', 'Schedule', 'ScheduleError', 'SimResult',
            'Simulate', 'V_SHAPED', 'VStageDevices', 'W']

@@ -10,6 +10,9 @@ nobody waits for, so a schedule may defer it to fill idle time):
     B(s, m) <-- B(s+1, m)          input gradients flow back
     W(s, m) after B(s, m)          weight gradients hang off the side
     BW(s, m) = B(s, m) then W(s, m), as one pass
+    FB(s, m) = F(s, m) then its backward (B, or BW when no W follows), as
+               one pass: what ticks.FuseLast makes of the last stage's
+               forward and the backward that directly follows it
 
 This module deliberately knows nothing of devices or time.
 """
@@ -19,14 +22,16 @@ import numbers
 
 from gpipe_tf import errors
 
-__all__ = ['Action', 'B', 'BW', 'CheckIndex', 'F', 'KINDS', 'ScheduleError',
-           'W']
+__all__ = ['Action', 'B', 'BW', 'CheckIndex', 'F', 'FB', 'KINDS',
+           'ScheduleError', 'W']
 
 F = 'F'
 B = 'B'
 W = 'W'
 BW = 'BW'
-KINDS = (F, B, W, BW)
+FB = 'FB'
+KINDS = (F, B, W, BW)  # What schedules are written in (library, CSV).
+_PASS_KINDS = (FB,)  # Made only by passes over a schedule (ticks.FuseLast).
 
 
 class ScheduleError(errors.Error, ValueError):
@@ -61,7 +66,7 @@ class Action:
   micro-batch), so they serve as dict keys and sort deterministically.
 
   Attributes:
-    kind: F, B, W or BW (see the module docstring).
+    kind: F, B, W, BW or FB (see the module docstring).
     stage: s, the 0-based pipeline stage.
     micro_batch: m, the 0-based micro-batch.
   """
@@ -70,7 +75,7 @@ class Action:
   micro_batch: int
 
   def __post_init__(self):
-    if self.kind not in KINDS:
+    if self.kind not in KINDS + _PASS_KINDS:
       raise ScheduleError(f'Action kind must be one of {", ".join(KINDS)}; '
                           f'got {self.kind!r}')
     CheckIndex(self.stage, 'Action stage')

@@ -48,6 +48,7 @@ __all__ = ['REMATS', 'MemoryProfile', 'KeptForwards', 'Profile', 'StageBytes',
 Action = action_lib.Action
 ScheduleError = action_lib.ScheduleError
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
+FB = action_lib.FB
 REMATS = ('never', 'always', 'except_last')
 
 
@@ -197,7 +198,8 @@ def Profile(schedule: table.Schedule, stages: Sequence[StageBytes],
   for d, acts in enumerate(schedule.actions):
     for a in acts:
       events += _Events(a, d, stages[a.stage], sim,
-                        (a.stage, a.micro_batch) in kept)
+                        (a.stage, a.micro_batch) in kept,
+                        schedule.SplitBackward(a.stage, a.micro_batch))
   changes = {}
   for t, delta, d in events:
     changes.setdefault(t, []).append((delta, d))
@@ -214,12 +216,16 @@ def Profile(schedule: table.Schedule, stages: Sequence[StageBytes],
 
 
 def _Events(a: Action, d: int, st: StageBytes, sim: simulate_lib.SimResult,
-            keep: bool) -> list[tuple[float, float, int]]:
+            keep: bool, split: bool) -> list[tuple[float, float, int]]:
   """(time, bytes, device) holds (> 0) and releases (< 0) of one action."""
   forward = st.input + (st.activations if keep else st.pinned)
   start, end = sim.start[a], sim.end[a]
   if a.kind == F:
     return [(start, forward, d)]
+  if a.kind == FB:  # Its activations live only while it runs.
+    held = st.input + st.activations
+    return [(start, held, d), (end, -held, d)] + (
+        [(end, st.wcut, d)] if split else [])
   events = []
   if a.kind in (B, BW):
     events.append((end, -forward, d))

@@ -27,6 +27,7 @@ __all__ = ['SimResult', 'Simulate']
 Action = action_lib.Action
 ScheduleError = action_lib.ScheduleError
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
+FB = action_lib.FB
 
 
 @dataclasses.dataclass
@@ -95,8 +96,15 @@ def Simulate(schedule: table.Schedule,
            W: _PerStage(weight_time, num_s, 'weight_time', allow_zero=True)}
   times[BW] = [b + w for b, w in zip(times[B], times[W])]
   comm = _PerStage(comm_time, 1, 'comm_time', allow_zero=True)[0]
+
+  def _Time(act):
+    if act.kind != FB:
+      return times[act.kind][act.stage]
+    back = B if schedule.SplitBackward(act.stage, act.micro_batch) else BW
+    return times[F][act.stage] + times[back][act.stage]
+
   replayed = replay_lib.Replay(schedule.actions, schedule.Dependencies,
-                               lambda act: times[act.kind][act.stage], comm)
+                               _Time, comm)
   busy = [sum(replayed.end[a] - replayed.start[a] for a in acts)
           for acts in schedule.actions]
   makespan = replayed.makespan
@@ -111,10 +119,12 @@ def Simulate(schedule: table.Schedule,
 def _PeakInFlight(acts: Sequence[Action], replayed: replay_lib.Replayed) -> int:
   """The most (s, m) held at once by one device; a release at t precedes a hold at t."""
   events = []
+  split = {(a.stage, a.micro_batch) for a in acts if a.kind == W}
   for act in acts:
-    if act.kind == F:
+    if act.kind in (F, FB):
       events.append((replayed.start[act], 1))
-    elif act.kind in (W, BW):
+    if act.kind in (W, BW) or (
+        act.kind == FB and (act.stage, act.micro_batch) not in split):
       events.append((replayed.end[act], -1))
   held = peak = 0
   for _, delta in sorted(events):

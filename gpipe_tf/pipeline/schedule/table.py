@@ -34,8 +34,13 @@ __all__ = ['Schedule', 'UNIT_TICKS']
 Action = action_lib.Action
 ScheduleError = action_lib.ScheduleError
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
+FB = action_lib.FB
 
-UNIT_TICKS = {F: 1, B: 1, W: 1, BW: 2}
+# FB takes its F's tick and its backward's: 2 when a W follows it, else 3.
+UNIT_TICKS = {F: 1, B: 1, W: 1, BW: 2, FB: 3}
+# The kinds one (stage, micro-batch) cannot have beside each kind: a pair
+# runs one F (or FB) and one backward (BW, B and W, or FB's and a W).
+_RIVALS = {F: (FB,), BW: (B, W, FB), B: (BW, FB), W: (BW,), FB: (F, B, BW)}
 
 
 class Schedule:
@@ -141,14 +146,24 @@ class Schedule:
     return [s for s, d in enumerate(self._stage_devices) if d == device]
 
   def SplitBackward(self, stage: int, micro_batch: int) -> bool:
-    """True when the backward of (stage, micro_batch) runs as B + W, False for BW."""
-    return Action(B, stage, micro_batch) in self._present
+    """True when the backward of (stage, micro_batch) runs as B (or FB's)
+    and a later W, False for BW (or an FB without a W)."""
+    return (Action(B, stage, micro_batch) in self._present or
+            (Action(FB, stage, micro_batch) in self._present and
+             Action(W, stage, micro_batch) in self._present))
+
+  def _Made(self, act: Action) -> Action:
+    """The action of this schedule that makes `act`'s output: FB(s, m)
+    for the F and the backward it holds, else `act`."""
+    fused = Action(FB, act.stage, act.micro_batch)
+    return fused if act.kind != W and fused in self._present else act
 
   def ForwardsFollowedByBackward(self) -> frozenset[tuple[int, int]]:
     """Returns the (stage, micro_batch) pairs whose backward directly follows their F.
 
     (s, m) is in the set when the action right after F(s, m) in its device's
-    list is B(s, m) or BW(s, m). Nothing else runs on that device in between,
+    list is B(s, m) or BW(s, m), or FB(s, m) runs both. Nothing else runs on
+    that device in between,
     so rematerialising F(s, m) would drop its activations only to rebuild the
     same ones at once: keeping them costs no peak memory on the device. E.g.
     every micro-batch of 1F1B's last stage, and for 'gpipe' (M - 1) on the
@@ -156,7 +171,8 @@ class Schedule:
 
     Pure list inspection: the schedule need not be validated.
     """
-    pairs = set()
+    pairs = {(a.stage, a.micro_batch) for acts in self._actions for a in acts
+             if a.kind == FB}
     for acts in self._actions:
       for fwd, nxt in zip(acts, acts[1:]):
         if (fwd.kind == F and nxt.kind in (B, BW) and
@@ -172,7 +188,9 @@ class Schedule:
     last stage, the input gradient of (s+1, m): B(s+1, m) if that backward is
     split, else BW(s+1, m). The loss of micro-batch m is computed right after
     F(S-1, m) on the last stage's device, so B/BW(S-1, m) needs only F(S-1, m).
-    W(s, m) needs B(s, m).
+    W(s, m) needs B(s, m). FB(s, m) needs what its F and its backward need
+    from other stages, and any of these read from a pair that runs as FB is
+    read from that FB.
 
     Raises:
       ScheduleError: if the action's stage or micro-batch is out of range.
@@ -181,21 +199,23 @@ class Schedule:
     if not (0 <= s < self.num_stages and 0 <= m < self.num_micro_batches):
       raise ScheduleError(f'{act} is outside this schedule of {self.num_stages} '
                           f'stages and {self.num_micro_batches} micro-batches')
-    if act.kind == F:
-      return [Action(F, s - 1, m)] if s > 0 else []
     if act.kind == W:
-      return [Action(B, s, m)]
-    deps = [Action(F, s, m)]
-    if s < self.num_stages - 1:
+      return [self._Made(Action(B, s, m))]
+    deps = []
+    if act.kind in (F, FB) and s > 0:
+      deps.append(Action(F, s - 1, m))
+    if act.kind in (B, BW):
+      deps.append(Action(F, s, m))
+    if act.kind != F and s < self.num_stages - 1:
       deps.append(Action(B if self.SplitBackward(s + 1, m) else BW, s + 1, m))
-    return deps
+    return [self._Made(d) for d in deps]
 
   def Validate(self) -> None:
     """Checks that the schedule is complete, well placed and runs to the end.
 
     The checks, in order: every action's stage and micro-batch are in range and
     it sits on the device of its stage; no action appears twice and no
-    (stage, micro-batch) mixes BW with B/W; replaying every device's list in
+    (stage, micro-batch) mixes BW with B/W (or FB with F, B or BW); replaying every device's list in
     order never gets stuck (a deadlock); every (s, m) has its F and a backward.
 
     Raises:
@@ -273,6 +293,8 @@ class Schedule:
     return hash((self._actions, self._num_micro_batches, self._stage_devices))
 
   def _UnitTicks(self, act: Action) -> float:
+    if act.kind == FB and self.SplitBackward(act.stage, act.micro_batch):
+      return UNIT_TICKS[F] + UNIT_TICKS[B]
     return UNIT_TICKS[act.kind]
 
   def _UnitReplay(self) -> replay_lib.Replayed:
@@ -306,11 +328,13 @@ class Schedule:
               f'{self._stage_devices[s]} (stage_devices[{s}]); move it there')
     if act in seen:
       return 'is a duplicate of device {}, position {}'.format(*seen[act])
-    for kind in {F: [], BW: [B, W], B: [BW], W: [BW]}[act.kind]:
+    for kind in _RIVALS[act.kind]:
       rival = Action(kind, s, m)
       if rival in seen:
-        return ('mixes BW with B/W for its (stage, micro-batch): device {}, '
-                'position {} has {}'.format(*seen[rival], rival))
+        what = 'mixes BW with B/W' if FB not in (kind, act.kind) else (
+            'runs beside an FB, which already holds its F and backward,')
+        return ('{} for its (stage, micro-batch): device {}, position {} has '
+                '{}'.format(what, *seen[rival], rival))
     return None
 
   def _Position(self, act: Action) -> tuple[int, int] | None:
@@ -353,6 +377,8 @@ class Schedule:
     for s in range(self.num_stages):
       for m in range(self.num_micro_batches):
         fwd, back, weight = Action(F, s, m), Action(B, s, m), Action(W, s, m)
+        if Action(FB, s, m) in self._present:
+          continue  # Its F and backward; a W after it is optional.
         if fwd not in self._present:
           raise ScheduleError(
               f'schedule {self._name!r}: stage {s}, micro-batch {m} has no F; '

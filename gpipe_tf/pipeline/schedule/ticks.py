@@ -13,18 +13,20 @@ Each action is lowered to a *step*: its kind and stage, and whether the
 forward keeps its activations for its backward (``keep``) or the backward
 recomputes them from the stage's input. A device's distinct steps are its
 branches (branch 0 idles), so the loop body holds one piece of code per step,
-whatever M is. 1F1B with K = 2, M = 3, the last stage fused
-(``ToAscii()``)::
+whatever M is. 1F1B with K = 2, M = 3, after FuseLast (``ToAscii()``)::
 
     dev 0: F0  F1  BW0 F2  BW1 BW2
     dev 1: ..  FB0 FB1 ..  FB2 ..
 
-A *fused* pair (s, m) runs F(s, m), the loss and its backward as one step
-(FB) in F's tick, keeping the activations in between: only the last stage's
-pairs whose backward directly follows their F on the device (Fusable) can
-be fused, since that backward reads nothing but the loss of its own forward.
+Two passes over the schedule come before lowering; each returns a new
+schedule that does the same work, in the same order, in fewer actions.
 
-``JoinBackward`` is a pass over the schedule: it returns the schedule with
+``FuseLast`` replaces the last stage's F(s, m) and the backward that
+directly follows it on the device (``Fusable``) by one FB(s, m): F, the loss
+and the backward as one step, keeping the activations in between, since
+that backward reads nothing but the loss of its own forward.
+
+``JoinBackward`` returns the schedule with
 every B(s, m) that its W(s, m) directly follows on the device replaced by
 one BW(s, m), so the backward computes each layer's input and weight
 gradients together instead of stashing what W reads until the next tick.
@@ -35,7 +37,8 @@ the engine lowers (SplitStages), once.
 
 A *phase* lowers part of a schedule: 'forward' its F actions (inference, or
 the forward of a tape-driven fill-drain step), 'backward' the rest (their F
-having run in an earlier loop), 'all' everything (the loss inside).
+having run in an earlier loop), 'all' everything (the loss inside; the only
+phase an FB belongs to).
 
 Pure Python; importing it does not import TensorFlow.
 """
@@ -50,12 +53,12 @@ from gpipe_tf.pipeline.schedule import ascii as ascii_lib
 from gpipe_tf.pipeline.schedule import replay
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['FB', 'PHASES', 'Fusable', 'JoinBackward', 'Lower', 'SplitStages',
-           'Step', 'TickProgram']
+__all__ = ['FB', 'PHASES', 'FuseLast', 'Fusable', 'JoinBackward', 'Lower',
+           'SplitStages', 'Step', 'TickProgram']
 
 Action = action_lib.Action
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
-FB = 'FB'  # A fused F, loss and backward of the last stage.
+FB = action_lib.FB
 PHASES = ('all', 'forward', 'backward')
 
 
@@ -83,11 +86,8 @@ class TickProgram:
 
   Attributes:
     num_ticks: the loop's iterations.
-    tick: the tick of every action of the phase (a fused pair's backward
-      has its F's tick).
-    grid: grid[d][t] is device d's action at tick t, None when it idles (a
-      fused pair shows as its F).
-    fused: the (stage, micro-batch) pairs run as one FB step.
+    tick: the tick of every action of the phase.
+    grid: grid[d][t] is device d's action at tick t, None when it idles.
     steps: steps[d] lists device d's distinct steps; branch j + 1 runs
       steps[d][j].
     branch: branch[d][t], 0 when device d idles at tick t.
@@ -100,39 +100,49 @@ class TickProgram:
   num_ticks: int
   tick: dict[Action, int]
   grid: tuple[tuple[Action | None, ...], ...]
-  fused: frozenset[tuple[int, int]]
   steps: tuple[tuple[Step, ...], ...]
   branch: tuple[tuple[int, ...], ...]
   micro: tuple[tuple[int, ...], ...]
   got_y: tuple[tuple[int, ...], ...]
   got_dx: tuple[tuple[int, ...], ...]
 
-  def Runs(self, act: Action) -> list[Action]:
-    """The actions grid entry `act` runs in its tick: itself, and a fused
-    pair's backward after its F."""
-    pair = (act.stage, act.micro_batch)
-    runs = [act]
-    if act.kind == F and pair in self.fused:
-      runs += [a for a in (Action(B, *pair), Action(BW, *pair))
-               if a in self.tick]
-    return runs
-
   def ToAscii(self) -> str:
     """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3',
-    'FB3' (fused), '..' idle."""
-    return ascii_lib.Grid(
-        [[None if act is None else
-          f'FB{act.micro_batch}' if (act.kind == F and (
-              act.stage, act.micro_batch) in self.fused) else act.label
-          for act in row] for row in self.grid])
+    'FB3', '..' idle."""
+    return ascii_lib.Grid([[None if act is None else act.label
+                            for act in row] for row in self.grid])
 
 
 def Fusable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:
-  """The pairs Lower can fuse: the last stage's (s, m) whose backward
-  directly follows F(s, m) on its device."""
+  """The pairs FuseLast fuses: the last stage's (s, m) whose backward
+  directly follows F(s, m) on its device (or already runs with it)."""
   last = schedule.num_stages - 1
   return frozenset((s, m) for s, m in schedule.ForwardsFollowedByBackward()
                    if s == last)
+
+
+def FuseLast(schedule: table.Schedule) -> table.Schedule:
+  """The schedule with the last stage's F(s, m) and the B(s, m) or
+  BW(s, m) that directly follows it on its device replaced by one FB(s, m)
+  (a pass: the schedule is not changed). Only with the loss inside (phase
+  'all'): that backward reads nothing but its own forward's loss."""
+  last = schedule.num_stages - 1
+  rows = []
+  for acts in schedule.actions:
+    row, i = [], 0
+    while i < len(acts):
+      act, nxt = acts[i], acts[i + 1] if i + 1 < len(acts) else None
+      if (act.kind == F and act.stage == last and nxt is not None and
+          nxt.kind in (B, BW) and nxt.stage == last and
+          nxt.micro_batch == act.micro_batch):
+        row.append(Action(FB, last, act.micro_batch))
+        i += 2
+      else:
+        row.append(act)
+        i += 1
+    rows.append(row)
+  return table.Schedule(rows, schedule.num_micro_batches,
+                        schedule.stage_devices, schedule.name)
 
 
 def JoinBackward(schedule: table.Schedule) -> table.Schedule:
@@ -170,62 +180,48 @@ def _InPhase(act: Action, phase: str) -> bool:
   return True
 
 
-def _Ticks(schedule: table.Schedule, phase: str,
-           fused: frozenset[tuple[int, int]]) -> dict[Action, int]:
+def _Ticks(schedule: table.Schedule, phase: str) -> dict[Action, int]:
   """Each action's tick: its earliest start when every action takes one
-  tick (replay.Replay), a fused pair's backward in its F's tick and an
-  action's inputs from an earlier phase ready from the start."""
-
-  def _Fused(act):
-    return act.kind in (B, BW) and (act.stage, act.micro_batch) in fused
-
-  rows = [[a for a in acts if _InPhase(a, phase) and not _Fused(a)]
+  tick (replay.Replay), an action's inputs from an earlier phase ready from
+  the start."""
+  rows = [[a for a in acts if _InPhase(a, phase)]
           for acts in schedule.actions]
   present = {a for row in rows for a in row}
 
   def _Deps(act):
-    deps = [Action(F, d.stage, d.micro_batch) if _Fused(d) else d
-            for d in schedule.Dependencies(act)]
-    return [d for d in deps if d in present]
+    return [d for d in schedule.Dependencies(act) if d in present]
 
   start = replay.Replay(rows, _Deps, lambda act: 1.0).start
   # In the schedule's order (what numbers each device's steps).
-  return {act: int(start[Action(F, act.stage, act.micro_batch)
-                         if _Fused(act) else act])
+  return {act: int(start[act])
           for act in schedule.Order() if _InPhase(act, phase)}
 
 
 def Lower(schedule: table.Schedule, *, phase: str = 'all',
-          fused: frozenset[tuple[int, int]] = frozenset(),
           keep: Callable[[int, int], bool] = lambda s, m: True
           ) -> TickProgram:
   """Lowers (a phase of) a validated schedule to its tick program.
 
   Args:
-    schedule: the schedule (validated here).
+    schedule: the schedule (validated here), after the passes it should
+      have (FuseLast, JoinBackward).
     phase: 'all', 'forward' or 'backward' (module docstring).
-    fused: (stage, micro-batch) pairs to run as one FB step; a subset of
-      Fusable(schedule), and only with phase 'all'.
     keep: keep(s, m) is True when F(s, m) keeps its activations for its
       backward, False when the backward recomputes them.
 
   Raises:
     ScheduleError: the schedule is not valid (Schedule.Validate), the phase
-      is unknown, or a fused pair is not fusable.
+      is unknown, or it has an FB and the phase is not 'all'.
   """
   schedule.Validate()
   if phase not in PHASES:
     raise table.ScheduleError(f'phase must be one of {PHASES}, got {phase!r}')
-  fused = frozenset(fused)
+  fused = [a for acts in schedule.actions for a in acts if a.kind == FB]
   if fused and phase != 'all':
     raise table.ScheduleError(
-        f"fused pairs need phase 'all' (the loss inside), not {phase!r}")
-  if not fused <= Fusable(schedule):
-    raise table.ScheduleError(
-        f'cannot fuse {sorted(fused - Fusable(schedule))}: only the last '
-        "stage's pairs whose backward directly follows their F on the device "
-        f'can run as one action ({sorted(Fusable(schedule))} here).')
-  tick = _Ticks(schedule, phase, fused)
+        f"{fused[0]} needs phase 'all' (the loss inside), not {phase!r}: "
+        'lower the schedule from before FuseLast')
+  tick = _Ticks(schedule, phase)
   num_ticks = 1 + max(tick.values(), default=-1)
   k, num_stages = schedule.num_devices, schedule.num_stages
   grid = [[None] * num_ticks for _ in range(k)]
@@ -238,13 +234,11 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
     s, m = act.stage, act.micro_batch
     d = schedule.DeviceOf(s)
     if t + 1 < num_ticks:
-      if act.kind == F and s + 1 < num_stages:
+      if act.kind in (F, FB) and s + 1 < num_stages:
         got_y[s + 1][t + 1] = m
-      elif act.kind in (B, BW) and s > 0:
+      if act.kind in (B, BW, FB) and s > 0:
         got_dx[s - 1][t + 1] = m
-    if act.kind in (B, BW) and (s, m) in fused:
-      continue  # Runs inside its F's step.
-    if act.kind == F and (s, m) in fused:
+    if act.kind == FB:
       step = Step(FB, s, True, schedule.SplitBackward(s, m))
     elif act.kind == W:
       step = Step(W, s)
@@ -256,7 +250,7 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
     branch[d][t] = 1 + steps[d].index(step)
     micro[d][t] = m
   return TickProgram(
-      num_ticks, tick, tuple(tuple(r) for r in grid), fused,
+      num_ticks, tick, tuple(tuple(r) for r in grid),
       tuple(tuple(r) for r in steps), tuple(tuple(r) for r in branch),
       tuple(tuple(r) for r in micro), tuple(tuple(r) for r in got_y),
       tuple(tuple(r) for r in got_dx))

@@ -248,8 +248,25 @@ class FromKerasTest(tf.test.TestCase):
     self.assertEqual(pipeline.PipeliningLayer.CellMetas(explicit),
                      pipeline.PipeliningLayer.CellMetas(implied))
 
-  def testResidualBlockBecomesTupleChain(self):
+  def testResidualBlockStashesTheStreamForTheAdd(self):
     params = pipeline.FromKeras(_Transformer(blocks=1))
+    routes = [(p.name, p.inputs, p.passthrough, len(p.input_shapes),
+               len(p.stash), len(p.pop)) for p in params]
+    self.assertEqual(routes, [
+        ('ln0a', [0], [0], 1, 1, 0),       # (x,) -> (h,), x stashed
+        ('mha0', [0, 0], [], 1, 0, 0),     # mha(h, h): (h,) -> (a,)
+        ('res0a', [[1, 0]], [], 2, 0, 1),  # x popped: Add([x, a]) -> (x,)
+        ('ln0b', [0], [0], 1, 1, 0),
+        ('ff0a', [0], [], 1, 0, 0),
+        ('ff0b', [0], [], 1, 0, 0),
+        ('res0b', [[1, 0]], [], 2, 0, 1),
+        ('pool', [0], [], 1, 0, 0),
+        ('logits', [0], [], 1, 0, 0)])
+    self.assertEqual(params[0].stash, params[2].pop)
+
+  def testResidualBlockBecomesTupleChainWithoutSkips(self):
+    params = pipeline.FromKeras(_Transformer(blocks=1), skips=False)
+    self.assertFalse(any(p.stash or p.pop for p in params))
     routes = [(p.name, p.inputs, p.passthrough, len(p.input_shapes))
               for p in params]
     self.assertEqual(routes, [

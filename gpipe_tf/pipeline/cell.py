@@ -110,9 +110,13 @@ class Route:
 def Routes(cells: Sequence[Cell]) -> tuple[Route, ...]:
   """The skips that cross cells, in the order of the stashing cells'
   skip_out."""
-  popper = {n: (c.index, i) for c in cells for i, n in enumerate(c.skip_in)}
-  return tuple(Route(n, c.index, *popper[n][:1], i, popper[n][1])
-               for c in cells for i, n in enumerate(c.skip_out))
+  routes = []
+  for c in cells:
+    for i, n in enumerate(c.skip_out):
+      # The first later cell that takes it in.
+      dst = next(d for d in cells[c.index + 1:] if n in d.skip_in)
+      routes.append(Route(n, c.index, dst.index, i, dst.skip_in.index(n)))
+  return tuple(routes)
 
 
 def IsFloat(x: Any) -> bool:

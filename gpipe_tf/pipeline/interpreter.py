@@ -334,9 +334,15 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   layout = c.layouts[s]
   reads = piece.reads
   new = {}
-  dy = dskip = saved = pinned = wcut = ()
+  dy = dskip = skip = saved = pinned = wcut = ()
   if 'dy' in reads:  # Each of these is read by one step: taken.
     dy, new['dy'] = slots_lib.Take(mine.dy, m, program.Specs('dy'))
+  if 'skip_in' in reads and mine.skip_in is not None:
+    # Freed by the last step that reads it: a skip lives until its reader
+    # has run (a recomputing backward reads it again).
+    read = (slots_lib.Take if _LastReadOfInputs(step, program.training) else
+            slots_lib.Peek)
+    skip, new['skip_in'] = read(mine.skip_in, m, program.Specs('skip_in'))
   if 'dskip_out' in reads and mine.dskip_out is not None:
     dskip, new['dskip_out'] = slots_lib.Take(mine.dskip_out, m,
                                              program.Specs('dskip_out'))
@@ -351,8 +357,7 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
             else ()),
       x=(tuple(slots_lib.Read(feeds.inputs if s == 0 else mine.x, m))
          if 'x' in reads else ()),
-      skip_in=(tuple(slots_lib.Read(mine.skip_in, m))
-               if 'skip_in' in reads and mine.skip_in is not None else ()),
+      skip_in=tuple(skip),
       dskip_out=tuple(dskip),
       labels=(tuple(slots_lib.Read(feeds.labels, m)) if 'labels' in reads
               else ()),
@@ -404,6 +409,17 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
     new['stamps'] = (mine.stamps[0].write(t, start),
                      mine.stamps[1].write(t, end))
   return mine._replace(**new), made
+
+
+def _LastReadOfInputs(step: ticks_lib.Step, training: bool) -> bool:
+  """Whether `step` is the last of its stage's steps on a micro-batch to
+  read the stage's inputs: an F that keeps its activations (its backward
+  reads those), an FB, a recomputing B or BW, or any step in inference."""
+  if not training or step.kind == ticks_lib.FB:
+    return True
+  if step.kind == ticks_lib.F:
+    return step.keep
+  return step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep
 
 
 def Outputs(compiled: Compiled, state: State) -> list:

@@ -45,7 +45,9 @@ class Slots(NamedTuple):
       gradients).
     skip_in: per skip an earlier stage stashed for this one
       (Cell.skip_in), a TensorArray of M + 1 slots the stashing stage writes
-      (tick_graph's receipts); no stage in between has one.
+      (tick_graph's receipts), emptied by the micro-batch's last step that
+      reads it (its F, or its recomputing backward); no stage in between
+      has one.
     skip_out: the skips its latest F stashed for later stages
       (Cell.skip_out).
     dskip_out: per skip it stashed for a later stage, a TensorArray of
@@ -130,6 +132,25 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any]
   return values, emptied
 
 
+def Peek(slots: Sequence[Any], m: Any, specs: Sequence[Any]
+         ) -> tuple[list, list]:
+  """(micro-batch m of each read-once slot, the slots with it still in
+  place): a read a later step's Take follows. Inside a tf.function a read
+  leaves the item where it is; an eager TensorArray's read-once read clears
+  it, so there it is written back."""
+  values, kept = [], []
+  for ta, spec in zip(slots, specs):
+    if ta is None:
+      values.append(None)
+      kept.append(None)
+      continue
+    value = ta.read(m)
+    value.set_shape(spec.shape)
+    values.append(value)
+    kept.append(ta.write(m, value) if tf.executing_eagerly() else ta)
+  return values, kept
+
+
 class Layout(NamedTuple):
   """Where a stage's packed slots keep each tensor (tensor_loop.Packed):
   its weight-gradient sums (`acc`), BatchNorm sums (`bn`), and the
@@ -176,7 +197,7 @@ def Make(programs: Sequence[Any], s: int, layout: Layout | None,
     token = tf.zeros([])
     skip_in = skip_out = None
     if program.tensors.skip_in:  # Written by the stage that stashed them.
-      skip_in = _Arrays(program.Specs('skip_in'), m + 1)
+      skip_in = _Arrays(program.Specs('skip_in'), m + 1, read_once=True)
     if program.tensors.skip_out:
       skip_out = [tl.Filler(v) if v else None
                   for v in program.Specs('skip_out')]

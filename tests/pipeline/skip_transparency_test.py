@@ -14,6 +14,7 @@ test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.layers import random_seeds
@@ -48,6 +49,18 @@ def UNetLayers():
       # cell 3
       merge().Set(name='m4', pop=('s4',)), merge().Set(name='m1', pop=('s1',)),
       _Fc('logits', 8, 5)]
+
+
+class _Identity(base_layer.BaseLayer):
+  """Returns its inputs: with pop and stash, a skip passed on unchanged
+  (what FromKeras makes of a tensor read at several places)."""
+
+  def FProp(self, *inputs, training=False):
+    return core.FromTuple(tuple(inputs))
+
+  @classmethod
+  def FPropMeta(cls, p, *shapes):
+    return base_layer.LayerMeta(0, tuple(tuple(s) for s in shapes), 0)
 
 
 def _LossFn(logits, labels):
@@ -155,6 +168,33 @@ class SkipsTest(tf.test.TestCase):
          (0, 2): mb * m, (0, 3): mb * m,                      # s2, s1
          (3, 2): mb * 2 * m, (2, 1): mb * m, (1, 0): mb * m,  # dx; dx + ds4
          (2, 0): mb * m, (3, 0): mb * m})                     # ds2, ds1
+
+  def testSkipPoppedAndStashedAgainUnchanged(self):
+    # Cell 1 pops 's' and stashes the same tensor as 't' for cell 3: its
+    # program's skip_out is its skip_in placeholder.
+    layers = [_Fc('a', 6, 8),
+              core.BranchLayer.Params().Set(name='b', stash=('s',)),
+              _Fc('c', 8, 8),
+              _Identity.Params().Set(name='i', pop=('s',), stash=('t',)),
+              _Fc('d', 8, 8), _Fc('e', 8, 8),
+              core.MergeLayer.Params().Set(name='m', pop=('t',)),
+              _Fc('logits', 8, 5)]
+    seq = core.SequentialLayer.Params().Set(name='net',
+                                            layers=layers).Instantiate()
+    with tf.GradientTape() as tape:
+      want_loss = loss_lib.ReduceTerms(
+          _LossFn(seq.FProp(self.x, training=True), self.y))[0]
+    want = tape.gradient(want_loss, seq.trainable_variables)
+    pipe = PipeliningLayer.Params().Set(
+        name='net', layers=layers, num_partitions=4, num_micro_batches=4,
+        schedule='1f1b', remat='always', balance=[2, 2, 2, 2]).Instantiate()
+    self.assertEqual([(c.skip_in, c.skip_out) for c in pipe.cells],
+                     [((), ('s',)), (('s',), ('t',)), ((), ()),
+                      (('t',), ())])
+    loss, _, grads = pipe.ComputeLossAndGradients(
+        self.x, self.y, _LossFn, pipe.trainable_variables)
+    self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+    self._AssertAllClose(want, grads)
 
   def testNamedErrors(self):
     layers = UNetLayers()

@@ -13,8 +13,10 @@ from gpipe_tf.layers.conv import PoolingLayer
 from gpipe_tf.layers.conv import SeparableConv2DLayer
 from gpipe_tf.layers.core import Activation
 from gpipe_tf.layers.core import ActivationLayer
+from gpipe_tf.layers.core import BranchLayer
 from gpipe_tf.layers.core import DropoutLayer
 from gpipe_tf.layers.core import FCLayer
+from gpipe_tf.layers.core import MergeLayer
 from gpipe_tf.layers.core import SequentialLayer
 from gpipe_tf.layers.embedding import EmbeddingLayer
 from gpipe_tf.layers.keras_layer import KerasLayer
@@ -31,13 +33,14 @@ from gpipe_tf.layers.losses import SoftmaxLayer
 from gpipe_tf.layers import initializers
 from gpipe_tf.layers import losses
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.layers import skips
 
 __all__ = ['Activation', 'ActivationLayer', 'BaseLayer', 'BatchNormLayer',
-           'Conv2DLayer', 'DepthwiseConv2DLayer', 'DropoutLayer',
-           'EmbeddingLayer', 'FCLayer', 'GlobalPoolingLayer', 'InRecompute',
-           'KerasLayer', 'LayerInputError', 'LayerMeta', 'LayerNorm',
-           'MultiHeadAttention', 'PoolingLayer', 'RecomputeScope',
+           'BranchLayer', 'Conv2DLayer', 'DepthwiseConv2DLayer',
+           'DropoutLayer', 'EmbeddingLayer', 'FCLayer', 'GlobalPoolingLayer',
+           'InRecompute', 'KerasLayer', 'LayerInputError', 'LayerMeta',
+           'LayerNorm', 'MergeLayer', 'MultiHeadAttention', 'PoolingLayer', 'RecomputeScope',
            'SeparableConv2DLayer', 'SequentialLayer', 'ShapeMismatchError',
            'SoftmaxLayer', 'TransformerDecoderLayer', 'TransformerEncoderLayer',
            'TransformerFeedForwardLayer', 'initializers', 'losses',
-           'random_seeds']
+           'random_seeds', 'skips']

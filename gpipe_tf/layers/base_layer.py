@@ -111,6 +111,14 @@ class BaseLayer(tf.Module):
     p.Define('random_seed', None,
              'Seed of initialisers and of dropout masks. None: derived from '
              'the layer path (stable across runs).')
+    p.Define('stash', (),
+             'Names under which the last len(stash) outputs are stashed: '
+             'taken out of the flow for a later layer of the same list to '
+             'pop (layers/skips.py). A pipeline sends each straight to the '
+             'cell that pops it.')
+    p.Define('pop', (),
+             'Names of tensors an earlier layer of the same list stashed, '
+             'appended (in this order) to this layer\'s inputs.')
     return p
 
   def __init__(self, params: hyperparams.InstantiableParams,

@@ -9,10 +9,11 @@ import tensorflow as tf
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.layers import skips as skips_lib
 
-__all__ = ['Activation', 'ActivationLayer', 'AsTuple', 'DropoutLayer',
-           'FCLayer', 'FromTuple', 'MetaOfSequence', 'RunSequence',
-           'SequentialLayer']
+__all__ = ['Activation', 'ActivationLayer', 'AsTuple', 'BranchLayer',
+           'DropoutLayer', 'FCLayer', 'FromTuple', 'MergeLayer',
+           'MetaOfSequence', 'RunSequence', 'RunWithSkips', 'SequentialLayer']
 
 LayerMeta = base_layer.LayerMeta
 
@@ -166,11 +167,85 @@ class DropoutLayer(base_layer.BaseLayer):
     return LayerMeta(2 * base_layer.NumElements(shape), (tuple(shape),), 0)
 
 
+class BranchLayer(base_layer.BaseLayer):
+  """Returns its inputs, then a copy of each of its last len(stash) inputs.
+
+  With ``stash=names`` the copies are stashed (layers/skips.py) while the
+  inputs flow on: the encoder side of a U-Net skip::
+
+      x -> BranchLayer(stash=('s1',)) -> x     (and x stashed as 's1')
+
+  Without a stash it is the identity.
+  """
+
+  def FProp(self, *inputs, training=False):
+    n = len(self.p.stash)
+    return FromTuple(tuple(inputs) + (tuple(inputs[len(inputs) - n:])
+                                      if n else ()))
+
+  @classmethod
+  def FPropMeta(cls, p, *shapes):
+    n = len(p.stash)
+    shapes = _Unpack(shapes)
+    return LayerMeta(0, shapes + (shapes[len(shapes) - n:] if n else ()), 0)
+
+
+_MERGES = ('add', 'concat')
+
+
+class MergeLayer(base_layer.BaseLayer):
+  """Merges all its inputs into one: their sum ('add') or their
+  concatenation on the last axis ('concat').
+
+  With ``pop=names`` the popped skips are among the inputs: the decoder side
+  of a U-Net skip::
+
+      h -> MergeLayer(pop=('s1',), op='concat') -> concat(h, s1)
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('op', 'add', f'How the inputs merge: one of {_MERGES}.')
+    return p
+
+  def __init__(self, params, parent_path=None):
+    super().__init__(params, parent_path)
+    if self.p.op not in _MERGES:
+      raise base_layer.LayerConfigError(
+          f"MergeLayer '{self.path}': op must be one of {_MERGES}, got "
+          f'{self.p.op!r}.')
+
+  def FProp(self, *inputs, training=False):
+    if self.p.op == 'add':
+      return tf.add_n(list(inputs)) if len(inputs) > 1 else inputs[0]
+    return tf.concat(list(inputs), axis=-1)
+
+  @classmethod
+  def FPropMeta(cls, p, *shapes):
+    shapes = _Unpack(shapes)
+    first = shapes[0]
+    if any(len(s) != len(first) for s in shapes) or (
+        p.op == 'add' and any(s[1:] != first[1:] for s in shapes)) or (
+            p.op == 'concat' and any(s[1:-1] != first[1:-1] for s in shapes)):
+      raise base_layer.LayerInputError(
+          f"layer '{p.name}' (MergeLayer, {p.op}) cannot merge shapes "
+          f'{[list(s) for s in shapes]}')
+    if p.op == 'add':
+      return LayerMeta((len(shapes) - 1) * base_layer.NumElements(first),
+                       (first,), 0)
+    last = sum(s[-1] for s in shapes) if all(s[-1] is not None
+                                             for s in shapes) else None
+    return LayerMeta(0, (first[:-1] + (last,),), 0)
+
+
 class SequentialLayer(base_layer.BaseLayer):
   """Runs child layers in order; the outputs of one are the inputs of the next.
 
   A child returning a tuple passes its elements as separate inputs to the next
-  child. This is the unpipelined reference that PipeliningLayer must match.
+  child. A child's Params ``stash`` and ``pop`` move tensors past the children
+  in between (layers/skips.py). This is the unpipelined reference that
+  PipeliningLayer must match.
   """
 
   @classmethod
@@ -184,6 +259,7 @@ class SequentialLayer(base_layer.BaseLayer):
     if not self.p.layers:
       raise base_layer.LayerConfigError(
           f"SequentialLayer '{self.path}' has no layers.")
+    skips_lib.Check(self.p.layers)
     self.CreateChildren('layers', self.p.layers)
 
   def FProp(self, *inputs, training=False):
@@ -198,11 +274,33 @@ class SequentialLayer(base_layer.BaseLayer):
 
 def RunSequence(layers, inputs: tuple, training: bool) -> Any:
   """Runs `layers` in order on `inputs` (under the precision policy in
-  force); names both layers on a shape mismatch."""
+  force), stashing and popping skips (layers/skips.py); names both layers
+  on a shape mismatch.
+
+  Raises:
+    StashNeverPoppedError: a skip is left when the last layer has run.
+  """
+  out, left = RunWithSkips(layers, inputs, {}, training)
+  if left:
+    skips_lib.Check([l.params for l in layers])  # Names the layers.
+  return FromTuple(out)
+
+
+def RunWithSkips(layers, inputs: tuple, popped: dict, training: bool
+                 ) -> tuple[tuple, dict]:
+  """Runs `layers` in order (a pipeline cell): the skips in `popped` (name
+  -> tensor, stashed by earlier cells) are there for them to pop.
+
+  Returns:
+    (the last layer's outputs as a tuple, {name: tensor} of what they
+    stashed and did not pop: the skips later cells pop).
+  """
   xs = tuple(inputs)
+  stashed = dict(popped)
   for i, layer in enumerate(layers):
+    xs = skips_lib.Pop(layer.params, xs, stashed)
     try:
-      xs = AsTuple(precision.RunLayer(
+      ys = AsTuple(precision.RunLayer(
           layer, lambda *a, l=layer: l.FProp(*a, training=training), xs))
     except base_layer.LayerInputError as e:
       if i == 0:
@@ -213,14 +311,23 @@ def RunSequence(layers, inputs: tuple, training: bool) -> Any:
       raise base_layer.ShapeMismatchError(
           f"layer '{layers[i - 1].path}' produced {FromTuple(tuple(shapes))} "
           f"but layer '{layer.path}' cannot take it: {e}") from e
-  return FromTuple(xs)
+    xs = skips_lib.Stash(layer.params, ys, stashed)
+  return xs, stashed
 
 
 def MetaOfSequence(layer_params: list, shapes: tuple) -> list:
-  """FPropMeta of each layer of a sequence, chaining output shapes."""
+  """FPropMeta of each layer of a sequence, chaining output shapes (a
+  stashed shape goes to the layer that pops it, layers/skips.py).
+
+  Raises:
+    SkipError: the layers' stash and pop names do not pair up.
+  """
+  skips_lib.Check(layer_params)
   metas = []
   shapes = tuple(tuple(s) for s in shapes)
+  stashed: dict = {}
   for i, lp in enumerate(layer_params):
+    shapes = skips_lib.Pop(lp, shapes, stashed)
     try:
       meta = lp.cls.FPropMeta(lp, *shapes)
     except base_layer.LayerInputError as e:
@@ -231,5 +338,6 @@ def MetaOfSequence(layer_params: list, shapes: tuple) -> list:
           f"{[list(s) for s in shapes]} but layer '{lp.name}' cannot take it: "
           f'{e}') from e
     metas.append(meta)
-    shapes = _Unpack(meta.out_shapes)
+    shapes = skips_lib.Stash(lp, _Unpack(meta.out_shapes), stashed,
+                             'output shapes')
   return metas

@@ -4,19 +4,24 @@ A ``Cell`` is what one stage of a schedule runs. It owns no variables itself:
 its layers (children of the PipeliningLayer) do, created on the cell's device.
 Cells take and return *flat* lists of tensors plus the nest structure they came
 in, so the interpreter can pass boundary tensors between devices without
-knowing what a layer returns.
+knowing what a layer returns. A skip (layers/skips.py) stashed in one cell
+and popped in a later one leaves the first as one of its ``skip_out`` and
+enters the second as one of its ``skip_in``; ``Routes`` pairs them up, and
+the cells in between never see it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import dataclasses
+
 import tensorflow as tf
 
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 
-__all__ = ['Cell', 'IsFloat', 'Unique']
+__all__ = ['Cell', 'IsFloat', 'Route', 'Routes', 'Unique']
 
 
 def Unique(variables: Sequence[tf.Variable]) -> list[tf.Variable]:
@@ -47,22 +52,40 @@ class Cell:
       by what they were traced for (cell_program.ProgramKey).
     outputs: the output nest and specs of its forward, cached by what it
       was traced for (cell_program.OutputsOf).
+    skip_in: the names of the skips its layers pop that earlier cells
+      stashed, in the order its forward takes them.
+    skip_out: the names of the skips its layers stash that later cells pop,
+      in the order its forward returns them.
   """
 
   def __init__(self, index: int, layers: Sequence[base_layer.BaseLayer],
-               device: str) -> None:
+               device: str, skip_in: Sequence[str] = (),
+               skip_out: Sequence[str] = ()) -> None:
     self.index = index
     self.layers = list(layers)
     self.device = device
+    self.skip_in = tuple(skip_in)
+    self.skip_out = tuple(skip_out)
     self.variables = Unique(
         [v for l in self.layers for v in l.trainable_variables])
     self.programs: dict[Any, Any] = {}
     self.outputs: dict[tuple, tuple] = {}
 
   def Run(self, structure: Any, flat: Sequence[Any], training: bool) -> tuple:
-    """Runs the layers on the inputs `flat` packed as `structure`."""
+    """Runs the layers on the inputs `flat` packed as `structure` (a cell
+    without skips from earlier cells); returns its outputs."""
+    return self.Forward(structure, flat, (), training)[0]
+
+  def Forward(self, structure: Any, flat: Sequence[Any],
+              skips: Sequence[Any], training: bool) -> tuple[tuple, tuple]:
+    """Runs the layers on the inputs `flat` packed as `structure`, with
+    `skips` the tensors of `skip_in`; returns (its outputs, the tensors of
+    `skip_out`)."""
     xs = tf.nest.pack_sequence_as(structure, list(flat))
-    return core.AsTuple(core.RunSequence(self.layers, xs, training))
+    out, stashed = core.RunWithSkips(self.layers, xs,
+                                     dict(zip(self.skip_in, skips)), training)
+    return (core.AsTuple(core.FromTuple(out)),
+            tuple(stashed.pop(n) for n in self.skip_out))
 
   def OnDevice(self, device: str) -> 'Cell':
     """The same layers placed on another device (a data-parallel replica).
@@ -70,7 +93,30 @@ class Cell:
     The copy traces its own programs: a program traced in one replica's
     context captures that replica's copies of the variables.
     """
-    return Cell(self.index, self.layers, device)
+    return Cell(self.index, self.layers, device, self.skip_in, self.skip_out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+  """Where one skip goes: from cell `src`'s `skip_out[out_index]` to cell
+  `dst`'s `skip_in[in_index]`."""
+  name: str
+  src: int
+  dst: int
+  out_index: int
+  in_index: int
+
+
+def Routes(cells: Sequence[Cell]) -> tuple[Route, ...]:
+  """The skips that cross cells, in the order of the stashing cells'
+  skip_out."""
+  routes = []
+  for c in cells:
+    for i, n in enumerate(c.skip_out):
+      # The first later cell that takes it in.
+      dst = next(d for d in cells[c.index + 1:] if n in d.skip_in)
+      routes.append(Route(n, c.index, dst.index, i, dst.skip_in.index(n)))
+  return tuple(routes)
 
 
 def IsFloat(x: Any) -> bool:

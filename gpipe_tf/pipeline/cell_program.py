@@ -22,6 +22,14 @@ twice::
     W            wcut                 -> dws
     FB           seed, x, labels      -> everything  (F, loss and backward)
 
+Skips that cross cells ride beside the boundary tensors: every piece that
+reads x reads ``skip_in`` (the skips earlier cells stashed for this one),
+every piece that makes y makes ``skip_out`` (what this cell stashes for later
+ones), every piece that reads dy reads ``dskip_out`` (their gradients, from
+the cells that popped them) and every piece that makes dx makes ``dskip_in``.
+A recomputing backward recomputes exactly the forward ops its gradients need,
+the stashed tensors' included.
+
 ``saved`` are the forward tensors the backward reads (the activations a kept
 forward stashes), ``wcut`` the tensors the W ops read from outside W (layer
 inputs and output gradients, stashed from B to W), ``pinned`` the values of
@@ -67,30 +75,38 @@ class Tensors:
   Attributes:
     seed: the micro-batch's seed (one tensor).
     x: the cell's flat inputs.
+    skip_in: the skips it pops that earlier cells stashed (Cell.skip_in).
     labels: the flat labels (last stage, loss inside).
     dy: the gradients of the flat outputs (loss outside, or stages before
       the last).
+    dskip_out: the gradients of skip_out, from the cells that popped them.
     pinned: the non-trainable values (BatchNorm's moving statistics) the
       forward read, fed to a recomputing backward.
     saved: the forward tensors a kept forward stashes for its backward.
     wcut: what W reads from B (layer inputs and output gradients).
     y: the flat outputs.
+    skip_out: the skips it stashes that later cells pop (Cell.skip_out).
     bn: the BatchNorm sufficient statistics, three per BatchNorm layer.
     sums: the flat loss.Sums (last stage, loss inside).
     dx: the gradients of the flat inputs.
+    dskip_in: the gradients of skip_in.
     dws: the gradients of `CellProgram.variables`.
   """
   seed: tuple = ()
   x: tuple = ()
+  skip_in: tuple = ()
   labels: tuple = ()
   dy: tuple = ()
+  dskip_out: tuple = ()
   pinned: tuple = ()
   saved: tuple = ()
   wcut: tuple = ()
   y: tuple = ()
+  skip_out: tuple = ()
   bn: tuple = ()
   sums: tuple = ()
   dx: tuple = ()
+  dskip_in: tuple = ()
   dws: tuple = ()
 
   def Present(self, *roles: str) -> list:
@@ -108,10 +124,12 @@ class ProgramKey:
   (Cell.programs) by it."""
   in_struct: str
   in_specs: tuple
+  skip_specs: tuple
   training: bool
   head: Any
   input_grads: bool
   dy_present: tuple | None
+  dskip_present: tuple | None
   policy: Any
   jit_compile: bool
   split: bool
@@ -183,9 +201,10 @@ _NO_PIECE = _NoPiece()
 
 
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
-             xs: Sequence[Any], training: bool) -> Any:
+             xs: Sequence[Any], skips: Sequence[Any], training: bool
+             ) -> tuple[tuple, tuple]:
   with random_seeds.StepSeedScope(seed):
-    return cell.Run(structure, xs, training)
+    return cell.Forward(structure, xs, skips, training)
 
 
 def NestKey(nest: Any) -> str:
@@ -194,21 +213,27 @@ def NestKey(nest: Any) -> str:
 
 
 def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
-              seed_spec: tf.TensorSpec, training: bool) -> tuple[Any, list]:
-  """(output nest, flat output specs) of the cell's forward on `in_specs`,
-  from a trace of the forward alone (cached on the cell: Cell.outputs)."""
-  key = (NestKey(in_struct), tuple(map(repr, in_specs)), training,
-         precision.CurrentPolicy())
+              seed_spec: tf.TensorSpec, training: bool,
+              skip_specs: Sequence[Any] = ()) -> tuple[Any, list, list]:
+  """(output nest, flat output specs, skip_out specs) of the cell's forward
+  on `in_specs` and the skip_in `skip_specs`, from a trace of the forward
+  alone (cached on the cell: Cell.outputs)."""
+  skip_specs = list(skip_specs)
+  key = (NestKey(in_struct), tuple(map(repr, in_specs)),
+         tuple(map(repr, skip_specs)), training, precision.CurrentPolicy())
   if key not in cell.outputs:
+    num_x = len(leaves.Present(in_specs))
 
-    def _Body(seed, *xs):
+    def _Body(seed, *args):
       with normalization.DeferMovingStats():
-        return _RunCell(cell, in_struct, seed, leaves.Fill(in_specs, xs),
-                        training)
+        return _RunCell(cell, in_struct, seed,
+                        leaves.Fill(in_specs, args[:num_x]),
+                        leaves.Fill(skip_specs, args[num_x:]), training)
 
-    y = tf_internals.WrapFunction(
-        _Body, [seed_spec] + leaves.Present(in_specs)).structured_outputs
-    cell.outputs[key] = (y, _Specs(tf.nest.flatten(y)))
+    y, skips = tf_internals.WrapFunction(
+        _Body, [seed_spec] + leaves.Present(in_specs) +
+        leaves.Present(skip_specs)).structured_outputs
+    cell.outputs[key] = (y, _Specs(tf.nest.flatten(y)), _Specs(skips))
   return cell.outputs[key]
 
 
@@ -241,6 +266,10 @@ class CellProgram:
     input_grads: whether to differentiate the cell's float inputs.
     dy_present: without a head, per flat output whether a gradient is fed
       to it (default: every float output); see OutputsOf for its specs.
+    skip_specs: one micro-batch's specs of the skips it pops that earlier
+      cells stashed (Cell.skip_in).
+    dskip_present: per skip it stashes for later cells (Cell.skip_out),
+      whether a gradient is fed to it (default: every float one).
     jit_compile: compile every piece with XLA.
     split: whether a schedule will run this program's backward as B then W
       (else its W pieces are never cut).
@@ -257,7 +286,9 @@ class CellProgram:
                training: bool, head: LossHead | None = None,
                input_grads: bool = True,
                dy_present: Sequence[bool] | None = None,
-               jit_compile: bool = False, split: bool = True) -> None:
+               jit_compile: bool = False, split: bool = True,
+               skip_specs: Sequence[Any] = (),
+               dskip_present: Sequence[bool] | None = None) -> None:
     self.cell = cell
     self.in_struct = in_struct
     self.training = training
@@ -267,17 +298,26 @@ class CellProgram:
     self.tensors = Tensors()
     self._pieces: dict[tuple, Piece] = {}
     in_specs = list(in_specs)
-    dy_specs = []
-    if training and head is None:
-      _, out_specs = OutputsOf(cell, in_struct, in_specs, seed_spec, training)
-      if dy_present is None:
-        dy_present = [cell_lib.IsFloat(o) for o in out_specs]
-      dy_specs = [o for o, p in zip(out_specs, dy_present) if p]
+    skip_specs = list(skip_specs)
+    dy_specs, dskip_specs = [], []
+    if training:
+      _, out_specs, skip_out = OutputsOf(cell, in_struct, in_specs, seed_spec,
+                                         training, skip_specs)
+      if dskip_present is None:
+        dskip_present = [cell_lib.IsFloat(o) for o in skip_out]
+      dskip_specs = [o for o, p in zip(skip_out, dskip_present) if p]
+      if head is None:
+        if dy_present is None:
+          dy_present = [cell_lib.IsFloat(o) for o in out_specs]
+        dy_specs = [o for o, p in zip(out_specs, dy_present) if p]
     self._dy_present = dy_present
+    self._dskip_present = dskip_present
     signature = ([seed_spec] + leaves.Present(in_specs) +
-                 leaves.Present(head.label_specs if head else ()) + dy_specs)
+                 leaves.Present(skip_specs) +
+                 leaves.Present(head.label_specs if head else ()) + dy_specs +
+                 dskip_specs)
     self._wrapped = tf_internals.WrapFunction(
-        lambda *args: self._Trace(args, in_specs, input_grads),
+        lambda *args: self._Trace(args, in_specs, skip_specs, input_grads),
         signature)
     if training:
       self._Cut()
@@ -301,23 +341,28 @@ class CellProgram:
     return self._splittable
 
   # ---- Tracing -------------------------------------------------------------
-  def _Forward(self, seed: tf.Tensor, xs: list) -> Any:
-    return _RunCell(self.cell, self.in_struct, seed, xs, self.training)
+  def _Forward(self, seed: tf.Tensor, xs: list, skips: list
+               ) -> tuple[tuple, tuple]:
+    return _RunCell(self.cell, self.in_struct, seed, xs, skips,
+                    self.training)
 
   def _Trace(self, args: Sequence[tf.Tensor], in_specs: list,
-             input_grads: bool) -> list:
+             skip_specs: list, input_grads: bool) -> list:
     args = list(args)
     graph = tf.compat.v1.get_default_graph()
     seed = args.pop(0)
     num_x = len(leaves.Present(in_specs))
     xs, args = leaves.Fill(in_specs, args[:num_x]), args[num_x:]
+    num_skips = len(leaves.Present(skip_specs))
+    skips, args = leaves.Fill(skip_specs, args[:num_skips]), args[num_skips:]
     wanted = [self.training and input_grads and cell_lib.IsFloat(x)
               for x in xs]
+    wanted_skips = [self.training and cell_lib.IsFloat(x) for x in skips]
     labels_flat, sums_flat = [], []
     with tf.GradientTape() as tape:
-      tape.watch([x for x, w in zip(xs, wanted) if w])
+      tape.watch([x for x, w in zip(xs + skips, wanted + wanted_skips) if w])
       with normalization.DeferMovingStats() as stats:
-        y = self._Forward(seed, xs)
+        y, skip_out = self._Forward(seed, xs, skips)
       flat_y = tf.nest.flatten(y)
       if self.head is not None:
         n_labels = len(leaves.Present(self.head.label_specs))
@@ -339,24 +384,33 @@ class CellProgram:
     self.out_specs = _Specs(flat_y)
     self.bn_layers, bn = stats.Export()
     self.tensors = Tensors(
-        seed=(seed,), x=tuple(xs), labels=tuple(labels_flat),
-        y=tuple(flat_y), bn=tuple(x for stat in bn for x in stat),
-        sums=tuple(sums_flat))
+        seed=(seed,), x=tuple(xs), skip_in=tuple(skips),
+        labels=tuple(labels_flat), y=tuple(flat_y), skip_out=tuple(skip_out),
+        bn=tuple(x for stat in bn for x in stat), sums=tuple(sums_flat))
     self._mark = len(graph.get_operations())
     if not self.training:
-      return leaves.Present(flat_y)
+      return self.tensors.Present('y', 'skip_out')
     self.variables = cell_lib.Unique(
         list(self.cell.variables) +
         [v for v in tape.watched_variables() if v.trainable])
-    sources = [x for x, w in zip(xs, wanted) if w] + self.variables
+    sources = ([x for x, w in zip(xs, wanted) if w] +
+               [x for x, w in zip(skips, wanted_skips) if w] + self.variables)
     dys = ()
+    it = iter(args)
     if self.head is not None:
       targets, grads_in = [target], None
     else:
-      it = iter(args)
       dys = tuple(next(it) if p else None for p in self._dy_present)
       pairs = [(o, g) for o, g in zip(flat_y, dys) if g is not None]
       targets, grads_in = [o for o, _ in pairs], [g for _, g in pairs]
+    # A stashed tensor's gradient from the cell that popped it adds into
+    # this cell's backward like an output's (the tape sums both uses).
+    dskips = tuple(next(it) if p else None for p in self._dskip_present)
+    pairs = [(o, g) for o, g in zip(skip_out, dskips) if g is not None]
+    if pairs and grads_in is None:
+      grads_in = [tf.ones_like(target)]
+    targets += [o for o, _ in pairs]
+    grads_in = (grads_in or []) + [g for _, g in pairs] or None
     if not targets:
       grads = [None] * len(sources)
     else:
@@ -366,17 +420,20 @@ class CellProgram:
         graph_edit.TrainableReads(graph, self.variables))
     grads = iter(grads)
     self.tensors = dataclasses.replace(
-        self.tensors, dy=dys,
+        self.tensors, dy=dys, dskip_out=dskips,
         dx=tuple(next(grads) if w else None for w in wanted),
+        dskip_in=tuple(next(grads) if w else None for w in wanted_skips),
         dws=tuple(_Dense(g, v.shape) for g, v in zip(grads, self.variables)))
-    return self.tensors.Present('dx', 'dws', 'y', 'bn', 'sums')
+    return self.tensors.Present('dx', 'dskip_in', 'dws', 'y', 'skip_out',
+                                'bn', 'sums')
 
   def _Cut(self) -> None:
     """Finds saved, pinned and wcut (module docstring)."""
     t = self.tensors
     graph = self._wrapped.graph
     ops = graph.get_operations()
-    inputs = {id(x.op) for x in t.Present('seed', 'x', 'labels', 'dy')}
+    inputs = {id(x.op) for x in t.Present('seed', 'x', 'skip_in', 'labels',
+                                          'dy', 'dskip_out')}
     forward = set(op for op in ops[:self._mark]
                   if op.type != 'Placeholder' or id(op) in inputs)
     backward = set(ops[self._mark:])
@@ -398,8 +455,8 @@ class CellProgram:
             out.append(x)
       return tuple(out)
 
-    dys = {id(g) for g in t.Present('dy')}
-    need_dx = graph_edit.Ancestors(t.dx, backward)
+    dys = {id(g) for g in t.Present('dy', 'dskip_out')}
+    need_dx = graph_edit.Ancestors(t.dx + t.dskip_in, backward)
     w_ops = graph_edit.Ancestors(t.dws, backward) - need_dx
     self.tensors = dataclasses.replace(
         t,
@@ -427,22 +484,25 @@ class CellProgram:
     """(the roles the step's piece reads, the roles it makes)."""
     head = ('labels',) if self.head is not None else ()
     out = ('sums',) if self.head is not None else ('y',)
+    x = ('seed', 'x', 'skip_in')
     if not self.training:
-      return ('seed', 'x'), ('y',)
+      return x, ('y', 'skip_out')
     if step.kind == ticks_lib.F:
-      return ('seed', 'x') + head, out + ('bn',) + (
+      return x + head, out + ('skip_out', 'bn') + (
           ('saved',) if step.keep else ('pinned',))
     split = step.kind == ticks_lib.B or (step.kind == ticks_lib.FB and
                                          step.split)
     grads = ('wcut',) if split and self.splittable else ('dws',)
     if step.kind == ticks_lib.W:
       return ('wcut',), ('dws',)
+    dx = ('dx', 'dskip_in')
     if step.kind == ticks_lib.FB:
-      return ('seed', 'x') + head, ('bn', 'sums', 'dx') + grads
-    dy = () if self.head is not None else ('dy',)
+      return x + head, ('bn', 'sums') + dx + grads
+    dy = (('dskip_out',) if self.head is not None else
+          ('dy', 'dskip_out'))
     if step.keep:
-      return ('saved',) + dy, ('dx',) + grads
-    return ('seed', 'x') + head + dy + ('pinned',), ('dx',) + grads
+      return ('saved',) + dy, dx + grads
+    return x + head + dy + ('pinned',), dx + grads
 
   def _Prune(self, reads: tuple[str, ...], makes: tuple[str, ...]) -> Piece:
     # A tensor of two roles read (an input also saved, say) is fed once,

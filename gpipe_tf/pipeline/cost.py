@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 from gpipe_tf.layers import core
+from gpipe_tf.layers import skips as skips_lib
 
 __all__ = ['COSTS', 'CostEstimateError', 'DEFAULT_PROFILE_BATCH_SIZE',
            'InferInputShapes', 'LayerCosts', 'LayerMetas', 'ProfileBatchSize',
@@ -86,7 +87,8 @@ def ProfileCosts(layer_params: Sequence, input_shapes: Sequence,
       at all (identity) is subtracted.
 
   Layers with equal Params (but for the name) on equal input shapes are
-  timed once and share the cost.
+  timed once and share the cost. A layer that pops a skip is timed on its
+  inputs and the popped tensors.
 
   Returns:
     One cost per layer, in seconds, >= 0.
@@ -99,7 +101,9 @@ def ProfileCosts(layer_params: Sequence, input_shapes: Sequence,
   overhead = {}  # Input signature -> seconds of the loop around no layer.
   timed = {}  # (Params text without the name, input signature) -> cost.
   costs = []
+  stashed: dict = {}  # Skips (layers/skips.py) on their way to their pop.
   for lp in layer_params:
+    xs = skips_lib.Pop(lp, xs, stashed)
     signature = tuple((tuple(x.shape), x.dtype.name) for x in xs)
     layer = lp.Copy().Instantiate(parent_path='_profile')
     ys = tuple(tf.stop_gradient(y)
@@ -111,7 +115,7 @@ def ProfileCosts(layer_params: Sequence, input_shapes: Sequence,
       timed[key] = max(0.0, _SecondsPerRun(layer, xs, repeats, min_seconds) -
                        overhead[signature])
     costs.append(timed[key])
-    xs = ys
+    xs = skips_lib.Stash(lp, ys, stashed)
   return costs
 
 

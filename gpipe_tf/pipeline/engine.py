@@ -108,8 +108,10 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
   flat = _Leaves(cells, inputs)
   seed = _StepSeed()
   specs = interpreter.MicroBatchSpecs(flat, schedule.num_micro_batches)
+  skips = interpreter.SkipPairs(cells)
   forward = ticks_lib.Lower(schedule, phase='forward',
-                            keep=keep if training else lambda s, m: True)
+                            keep=keep if training else lambda s, m: True,
+                            skips=skips)
   if not training:
     compiled = interpreter.Compile(cells, schedule, inputs, specs, False,
                                    (forward,), _SeedSpec(seed),
@@ -120,7 +122,8 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
     interpreter.Done(state)
     return _Packed(compiled, outputs)
 
-  backward = ticks_lib.Lower(schedule, phase='backward', keep=keep)
+  backward = ticks_lib.Lower(schedule, phase='backward', keep=keep,
+                             skips=skips)
   compiled = interpreter.Compile(
       cells, schedule, inputs, specs, True, (forward, backward),
       _SeedSpec(seed), jit_compile=jit_compile, execution=execution,
@@ -197,7 +200,8 @@ def RunLossAndGradients(cells: Sequence[Any],
   # Passes over the schedule, then lowering: a W that directly follows its
   # B runs with it as one BW; the last stage's F and its backward as one FB.
   program = ticks_lib.Lower(
-      ticks_lib.FuseLast(ticks_lib.JoinBackward(schedule)), keep=keep)
+      ticks_lib.FuseLast(ticks_lib.JoinBackward(schedule)), keep=keep,
+      skips=interpreter.SkipPairs(cells))
   if loss_scale is not None:
     labels = (labels, tf.cast(loss_scale, tf.float32))
   label_flat = tf.nest.flatten(labels)

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import slots as slots_lib
@@ -61,6 +62,8 @@ class Compiled:
     loss_inside: whether the last stage computes the loss.
     input_grads: whether stage 0 returns its input gradients.
     batch: examples per micro-batch, None when sizes vary.
+    routes: the skips that cross stages (cell.Routes), in the order of the
+      tick programs' skip rows.
   """
   cells: tuple
   schedule: Any
@@ -71,6 +74,7 @@ class Compiled:
   loss_inside: bool
   input_grads: bool
   batch: int | None
+  routes: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,15 +98,18 @@ class Feeds:
 def _Key(structure: Any, specs: Sequence[Any], training: bool,
          head: program_lib.LossHead | None, input_grads: bool,
          dy_present: Sequence[bool] | None, jit_compile: bool,
-         split: bool) -> program_lib.ProgramKey:
+         split: bool, skip_specs: Sequence[Any],
+         dskip_present: Sequence[bool] | None) -> program_lib.ProgramKey:
   return program_lib.ProgramKey(
       in_struct=program_lib.NestKey(structure),
-      in_specs=tuple(map(repr, specs)), training=training,
+      in_specs=tuple(map(repr, specs)),
+      skip_specs=tuple(map(repr, skip_specs)), training=training,
       head=None if head is None else (
           head.loss_fn, program_lib.NestKey(head.label_struct),
           tuple(map(repr, head.label_specs)), head.scaled),
       input_grads=input_grads,
       dy_present=None if dy_present is None else tuple(dy_present),
+      dskip_present=None if dskip_present is None else tuple(dskip_present),
       policy=precision.CurrentPolicy(), jit_compile=jit_compile, split=split)
 
 
@@ -136,26 +143,39 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
       folded with (periods.Plan).
   """
   split = frozenset().union(*map(ticks_lib.SplitStages, ticks))
+  routes = cell_lib.Routes(cells)
+  if any(t.skips != tuple((r.src, r.dst) for r in routes) for t in ticks):
+    raise ValueError('tick programs lowered without the cells\' skips '
+                     '(ticks.Lower(skips=SkipPairs(cells)))')
   structs, in_specs = [structure], [list(specs)]
+  skip_specs: dict[str, Any] = {}  # Of each stashed name, from its cell.
   for cell in cells[:-1]:
-    struct, out_specs = program_lib.OutputsOf(cell, structs[-1], in_specs[-1],
-                                              seed_spec, training)
+    struct, out_specs, skip_out = program_lib.OutputsOf(
+        cell, structs[-1], in_specs[-1], seed_spec, training,
+        [skip_specs[n] for n in cell.skip_in])
+    skip_specs.update(zip(cell.skip_out, skip_out))
     structs.append(struct)
     in_specs.append(out_specs)
   last = len(cells) - 1
   programs = [None] * len(cells)
   for s in reversed(range(len(cells))):
     cell = cells[s]
-    dy_present = None
+    dy_present = dskip_present = None
     if training and s < last:
       dy_present = [g is not None for g in programs[s + 1].tensors.dx]
+      dskip_present = [
+          programs[r.dst].tensors.dskip_in[r.in_index] is not None
+          for r in routes if r.src == s]
     stage_head = head if s == last else None
+    stage_skips = [skip_specs[n] for n in cell.skip_in]
     key = _Key(structs[s], in_specs[s], training, stage_head,
-               input_grads or s > 0, dy_present, jit_compile, s in split)
+               input_grads or s > 0, dy_present, jit_compile, s in split,
+               stage_skips, dskip_present)
     if key not in cell.programs:
       cell.programs[key] = program_lib.CellProgram(
           cell, structs[s], in_specs[s], seed_spec, training, stage_head,
-          input_grads or s > 0, dy_present, jit_compile, s in split)
+          input_grads or s > 0, dy_present, jit_compile, s in split,
+          stage_skips, dskip_present)
     programs[s] = cell.programs[key]
   layouts = tuple(
       slots_lib.LayoutOf(p, schedule.num_micro_batches) if training else None
@@ -166,7 +186,14 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
   if specs and any(tl.HasBatch(x) for x in specs):
     batch = next(x.shape[0] for x in specs if tl.HasBatch(x))
   return Compiled(tuple(cells), schedule, tuple(programs), layouts,
-                  tuple(ticks), plans, head is not None, input_grads, batch)
+                  tuple(ticks), plans, head is not None, input_grads, batch,
+                  routes)
+
+
+def SkipPairs(cells: Sequence[Any]) -> tuple[tuple[int, int], ...]:
+  """(stashing stage, popping stage) of each skip that crosses stages, in
+  Compiled.routes' order: what ticks.Lower takes as `skips`."""
+  return tuple((r.src, r.dst) for r in cell_lib.Routes(cells))
 
 
 def _Plan(schedule: Any, programs: Sequence[Any],
@@ -272,7 +299,7 @@ def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
       stamped.append(state[s]._replace(stamps=stamps))
     state = tuple(stamped)
   graph = tick_graph.TickGraph([cell.device for cell in c.cells], c.schedule,
-                               functools.partial(_Step, c, feeds))
+                               functools.partial(_Step, c, feeds), c.routes)
   state = tuple(graph.Build(program, plan, state))
   if trace is not None:
     for row in program.grid:
@@ -314,9 +341,18 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   layout = c.layouts[s]
   reads = piece.reads
   new = {}
-  dy = saved = pinned = wcut = ()
+  dy = dskip = skip = saved = pinned = wcut = ()
   if 'dy' in reads:  # Each of these is read by one step: taken.
     dy, new['dy'] = slots_lib.Take(mine.dy, m, program.Specs('dy'))
+  if 'skip_in' in reads and mine.skip_in is not None:
+    # Freed by the last step that reads it: a skip lives until its reader
+    # has run (a recomputing backward reads it again).
+    read = (slots_lib.Take if _LastReadOfInputs(step, program.training) else
+            slots_lib.Peek)
+    skip, new['skip_in'] = read(mine.skip_in, m, program.Specs('skip_in'))
+  if 'dskip_out' in reads and mine.dskip_out is not None:
+    dskip, new['dskip_out'] = slots_lib.Take(mine.dskip_out, m,
+                                             program.Specs('dskip_out'))
   if 'saved' in reads:
     saved, new['saved'] = layout.saved.Take(mine.saved, m)
   if 'pinned' in reads:
@@ -328,6 +364,8 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
             else ()),
       x=(tuple(slots_lib.Read(feeds.inputs if s == 0 else mine.x, m))
          if 'x' in reads else ()),
+      skip_in=tuple(skip),
+      dskip_out=tuple(dskip),
       labels=(tuple(slots_lib.Read(feeds.labels, m)) if 'labels' in reads
               else ()),
       dy=tuple(dy), saved=tuple(saved), pinned=tuple(pinned),
@@ -343,6 +381,8 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
       new['out'] = slots_lib.Write(mine.out, m, out.y)
     else:
       new['y'] = list(out.y)
+  if 'skip_out' in makes and out.skip_out:
+    new['skip_out'] = list(out.skip_out)
   if 'saved' in makes:
     new['saved'] = layout.saved.Write(new.get('saved', mine.saved), m,
                                       out.saved)
@@ -362,6 +402,9 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
     elif s > 0:
       new['dx'] = [None if old is None else g
                    for old, g in zip(mine.dx, out.dx)]
+  if 'dskip_in' in makes and out.dskip_in:
+    new['dskip_in'] = [None if old is None else g
+                       for old, g in zip(mine.dskip_in, out.dskip_in)]
   if 'dws' in makes:
     new['acc'] = layout.acc.Write(mine.acc, 0, [
         None if g is None else (g if prev is None else prev + g)
@@ -373,6 +416,17 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
     new['stamps'] = (mine.stamps[0].write(t, start),
                      mine.stamps[1].write(t, end))
   return mine._replace(**new), made
+
+
+def _LastReadOfInputs(step: ticks_lib.Step, training: bool) -> bool:
+  """Whether `step` is the last of its stage's steps on a micro-batch to
+  read the stage's inputs: an F that keeps its activations (its backward
+  reads those), an FB, a recomputing B or BW, or any step in inference."""
+  if not training or step.kind == ticks_lib.FB:
+    return True
+  if step.kind == ticks_lib.F:
+    return step.keep
+  return step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep
 
 
 def Outputs(compiled: Compiled, state: State) -> list:

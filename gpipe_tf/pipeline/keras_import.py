@@ -4,17 +4,28 @@
 functional models inlined) and gives one Params per call: a ``KerasLayer``
 per layer call, a ``KerasOpLayer`` per operation node (``x + y``,
 ``keras.ops.*``). A functional model whose layers branch and merge (residual
-blocks) becomes a chain by carrying every tensor that a later call still
-needs as a tuple: each layer reads its arguments from the tuple it gets and
-returns its outputs followed by the tensors still live (``inputs`` /
-``passthrough``). For a pre-norm residual block::
+blocks) becomes a chain: each layer reads its arguments from the tuple it
+gets and returns its outputs followed by the tensors still live
+(``inputs`` / ``passthrough``). A tensor the very next call reads rides in
+that tuple; one whose next reader is further on is stashed (layers/skips.py)
+by the first call that has it and does not read it next (its maker's
+successor, or the call that last read it), and popped by the call that reads
+it: a pipeline sends it straight from cell to cell, and the cells in between
+never hold it. For a pre-norm residual block::
 
     keras graph                       chain of Params (tuple after each)
     x -> LayerNorm -> h               ln:   (x,)   -> (h, x)
     h -> MultiHeadAttention(h, h) -> a  mha: (h, x) -> (a, x)
     x + a -> y                        add:  (a, x) -> (y,)
 
-The cut between two pipeline cells then passes the whole tuple. A model
+and for a U-Net's long skip, ``e`` read by the decoder four calls later::
+
+    conv1: (x,) -> (e,)   pool1: (e,) -> (p,) stash 'e'   ...
+    up1: (u,) pop 'e' -> (u, e) read as the concat's inputs
+
+The cut between two pipeline cells passes the tuple; ``FromKeras(model,
+skips=False)`` carries every live tensor in it instead (what it did before
+stash/pop, kept for comparison: benchmarks/skips). A model
 with several inputs starts with ``KerasInputs`` (fed as Keras is fed: a
 dict keyed by input name, or positionally when its inputs are a list); one
 with several outputs ends with ``KerasOutputs`` (the model's list or dict).
@@ -51,7 +62,8 @@ _LITERALS = (type(None), bool, int, float, str)
 KerasModelError = keras_graph.KerasModelError
 
 
-def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
+def FromKeras(model: keras.Model, skips: bool = True
+              ) -> list[hyperparams.InstantiableParams]:
   """The layer Params of each call of `model`, in an order that runs.
 
   Feed the result to ``SequentialLayer`` or ``PipeliningLayer`` Params
@@ -61,6 +73,9 @@ def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
   Args:
     model: a built ``keras.Sequential`` or functional ``keras.Model`` (from
       ``keras.Input``), with any number of inputs and outputs.
+    skips: stash a tensor whose next reader is not the next call, and pop
+      it there (module docstring); False: carry it in the tuple through
+      every call in between.
 
   Raises:
     KerasInputShapeError: the model has no input shape yet.
@@ -72,12 +87,19 @@ def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
   graph = keras_graph.Walk(model)
   tensors = graph.tensors
   flat_outputs = keras.tree.flatten(graph.outputs)
-  last_use = {}
+  last_use, uses = {}, {}
   for i, call in enumerate(graph.calls):
     for k in _Keys((call.args, call.kwargs)):
       last_use[k] = i
+      uses.setdefault(k, []).append(i)
   for k in flat_outputs:
     last_use[k] = len(graph.calls)
+    uses.setdefault(k, []).append(len(graph.calls))
+
+  def _NextUse(k, i):
+    return min((j for j in uses.get(k, ()) if j > i), default=None)
+
+  stashed: dict = {}  # Key -> the name it is stashed under.
   live = list(graph.inputs)
   params = []
   if len(graph.inputs) > 1 or graph.dict_inputs:
@@ -86,8 +108,21 @@ def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
         by_name_only=graph.dict_inputs, input_shapes=_Shapes(live, tensors),
         input_dtypes=[_Dtype(tensors[k]) for k in live]))
   for i, call in enumerate(graph.calls):
-    index = {k: j for j, k in enumerate(live)}
-    keep = [k for k in live if last_use.get(k, -1) > i]
+    popped = [k for k in _Unique(_Keys((call.args, call.kwargs)))
+              if k in stashed]
+    pop = [stashed.pop(k) for k in popped]
+    live = live + popped
+    index = {}
+    for j, k in enumerate(live):
+      index.setdefault(k, j)
+    keep = [k for k in _Unique(live) if last_use.get(k, -1) > i]
+    stash = []
+    if skips:
+      stash = [k for k in keep if _NextUse(k, i) > i + 1]
+      keep = [k for k in keep if k not in stash]
+    names = [f'{call.name}/{j}:{_SkipName(k, tensors)}'
+             for j, k in enumerate(stash)]
+    stashed.update(zip(stash, names))
     where = f"Keras model '{model.name}': '{call.name}'"
     if any(getattr(tensors[k], '_keras_mask', None) is not None
            for k in call.outputs):
@@ -96,7 +131,8 @@ def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
           'pipeline does not carry. Pass the mask (or paddings) as an input '
           'tensor of the layers that use it, or drop mask_zero.')
     common = dict(name=call.name, input_shapes=_Shapes(live, tensors),
-                  passthrough=[index[k] for k in keep])
+                  passthrough=[index[k] for k in keep + stash],
+                  stash=names, pop=pop)
     if isinstance(call.operation, keras.layers.Layer):
       params.append(_LayerParams(call, index, where).Set(**common))
     else:
@@ -107,12 +143,26 @@ def FromKeras(model: keras.Model) -> list[hyperparams.InstantiableParams]:
     raise KerasModelError(
         f"Keras model '{model.name}' has no layer or operation between its "
         'inputs and outputs.')
-  index = {k: j for j, k in enumerate(live)}
+  popped = list(stashed)
+  pop = [stashed.pop(k) for k in popped]
+  live = live + popped
+  index = {}
+  for j, k in enumerate(live):
+    index.setdefault(k, j)
   if not _IsKey(graph.outputs) or live != flat_outputs:
     params.append(keras_ops.KerasOutputs.Params().Set(
         name='outputs', input_shapes=_Shapes(live, tensors),
-        structure=_Template(graph.outputs, index)))
+        structure=_Template(graph.outputs, index), pop=pop))
   return params
+
+
+def _Unique(keys: list) -> list:
+  return list(dict.fromkeys(keys))
+
+
+def _SkipName(key: Any, tensors: dict) -> str:
+  """A readable stash name of a tensor: its Keras name."""
+  return str(getattr(tensors[key], 'name', None) or key)
 
 
 def _IsKey(value: Any) -> bool:

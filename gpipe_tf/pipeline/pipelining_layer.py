@@ -11,6 +11,7 @@ from gpipe_tf.runtime import distribute
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import precision
+from gpipe_tf.layers import skips as skips_lib
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
@@ -183,6 +184,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     if not isinstance(p.num_virtual_stages, int) or p.num_virtual_stages < 1:
       raise ValueError(f"PipeliningLayer '{self.path}': num_virtual_stages "
                        f'must be an int >= 1, got {p.num_virtual_stages}.')
+    skips = skips_lib.Check(p.layers)
     all_devices = list(p.devices) if p.devices else (
         devices_lib.DefaultDevices())
     self._balance = self._Balance(len(all_devices))
@@ -196,10 +198,13 @@ class PipeliningLayer(base_layer.BaseLayer):
     self.CreateChildren('layers', p.layers, devices=per_layer)
     self._cells = []
     start = 0
+    crossing = skips_lib.Crossing(skips, self._balance)
     for s, n in enumerate(self._balance):
       self._cells.append(cell_lib.Cell(
           s, self.layers[start:start + n],
-          self._devices[self._schedule.DeviceOf(s)]))
+          self._devices[self._schedule.DeviceOf(s)],
+          skip_in=[name for name, _, dst in crossing if dst == s],
+          skip_out=[name for name, src, _ in crossing if src == s]))
       start += n
 
   def _MakeSchedule(self, num_devices: int) -> schedule_lib.Schedule:

@@ -43,6 +43,17 @@ class Slots(NamedTuple):
       outside).
     dx0: per flat input, a TensorArray of M slots (stage 0, input
       gradients).
+    skip_in: per skip an earlier stage stashed for this one
+      (Cell.skip_in), a TensorArray of M + 1 slots the stashing stage writes
+      (tick_graph's receipts), emptied by the micro-batch's last step that
+      reads it (its F, or its recomputing backward); no stage in between
+      has one.
+    skip_out: the skips its latest F stashed for later stages
+      (Cell.skip_out).
+    dskip_out: per skip it stashed for a later stage, a TensorArray of
+      M + 1 slots of its gradient, written by the popping stage, each read
+      once.
+    dskip_in: the gradients of skip_in its latest backward made.
     stamps: with a trace, (start, end) TensorArrays of timestamps by tick.
     token: a scalar made once the stage's latest step has finished (the
       loop orders a device's steps on it).
@@ -62,6 +73,10 @@ class Slots(NamedTuple):
   sums: Tensors | None = None
   out: TensorArrays | None = None
   dx0: TensorArrays | None = None
+  skip_in: TensorArrays | None = None
+  skip_out: Tensors | None = None
+  dskip_out: TensorArrays | None = None
+  dskip_in: Tensors | None = None
   stamps: tuple[tf.TensorArray, tf.TensorArray] | None = None
   token: tf.Tensor | None = None
 
@@ -117,6 +132,25 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any]
   return values, emptied
 
 
+def Peek(slots: Sequence[Any], m: Any, specs: Sequence[Any]
+         ) -> tuple[list, list]:
+  """(micro-batch m of each read-once slot, the slots with it still in
+  place): a read a later step's Take follows. Inside a tf.function a read
+  leaves the item where it is; an eager TensorArray's read-once read clears
+  it, so there it is written back."""
+  values, kept = [], []
+  for ta, spec in zip(slots, specs):
+    if ta is None:
+      values.append(None)
+      kept.append(None)
+      continue
+    value = ta.read(m)
+    value.set_shape(spec.shape)
+    values.append(value)
+    kept.append(ta.write(m, value) if tf.executing_eagerly() else ta)
+  return values, kept
+
+
 class Layout(NamedTuple):
   """Where a stage's packed slots keep each tensor (tensor_loop.Packed):
   its weight-gradient sums (`acc`), BatchNorm sums (`bn`), and the
@@ -161,9 +195,16 @@ def Make(programs: Sequence[Any], s: int, layout: Layout | None,
     y = None if s == last else [tl.Filler(v) if v else None
                                 for v in program.out_specs]
     token = tf.zeros([])
+    skip_in = skip_out = None
+    if program.tensors.skip_in:  # Written by the stage that stashed them.
+      skip_in = _Arrays(program.Specs('skip_in'), m + 1, read_once=True)
+    if program.tensors.skip_out:
+      skip_out = [tl.Filler(v) if v else None
+                  for v in program.Specs('skip_out')]
     if layout is None:
       return Slots(x=x, y=y, out=_Arrays(program.out_specs, m)
-                   if s == last else None, token=token)
+                   if s == last else None, skip_in=skip_in,
+                   skip_out=skip_out, token=token)
 
     def _Zeros(packed):
       return packed.Initial([None if d is None else tf.zeros(d.shape, d.dtype)
@@ -188,4 +229,11 @@ def Make(programs: Sequence[Any], s: int, layout: Layout | None,
         dx0=(_Arrays([None if g is None else tl.SpecOf(g, batch)
                       for g in program.tensors.dx], m)
              if s == 0 and input_grads else None),
+        skip_in=skip_in,
+        skip_out=skip_out,
+        dskip_out=(_Arrays(program.Specs('dskip_out'), m + 1, read_once=True)
+                   if program.tensors.skip_out else None),
+        dskip_in=([tl.Filler(v) if v else None
+                   for v in program.Specs('dskip_in')]
+                  if program.tensors.skip_in else None),
         token=token)

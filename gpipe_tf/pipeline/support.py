@@ -33,6 +33,7 @@ FEATURES = (
     'dropout (masks repeat in the recompute)',
     'sparse gradients (IndexedSlices from embeddings)',
     'layers passing tuples',
+    'skips (stash/pop) to the next cell and across cells',
     'uneven micro-batches (N not divisible by M)',
     'a variable used by two layers of one cell, by two cells, and in the '
     'loss',

@@ -1,10 +1,13 @@
 """Builds a tick program into a step's graph: tick by tick, as while loops over its repeats, or as one switch loop.
 
 The plan (schedule/periods.Plan) says which. Every tick first moves what
-neighbours made in the previous tick into the slots (only boundary tensors
-cross devices), then every device runs the step the program gives it::
+neighbours made in the previous tick into the slots (boundary tensors between
+neighbours, a skip from the stage that stashed it straight to the one that
+pops it, its gradient back the same way), then every device runs the step the program gives it::
 
-    tick t:  receive(x, dy)  ->  device 0: stage 0's step at t
+    tick t:  receive(x, dy,  ->  device 0: stage 0's step at t
+             skips and their
+             gradients)
                                  device 1: stage 1's step at t ...
 
 A tick built on its own (STATIC, and each tick of a REPEAT loop's body)
@@ -56,11 +59,15 @@ class TickGraph:
     step: step(ticks.Step, m, t, slots) -> (the stage's new slots, the
       tensors the step made): runs one step of a stage on micro-batch m
       (an int, or a tensor in a loop) at tick t.
+    routes: the skips that cross stages (cell.Routes), in the order of the
+      tick programs' skip rows.
   """
 
   def __init__(self, devices: Sequence[str], schedule: Any,
-               step: Callable[..., tuple[slots_lib.Slots, list]]) -> None:
+               step: Callable[..., tuple[slots_lib.Slots, list]],
+               routes: Sequence[Any] = ()) -> None:
     self.devices = list(devices)
+    self.routes = tuple(routes)
     self.schedule = schedule
     self.step = step
     self.m = schedule.num_micro_batches
@@ -199,7 +206,28 @@ class TickGraph:
       if m is not None:
         mine = mine._replace(dy=slots_lib.Write(mine.dy, m,
                                                 slots[s + 1].dx))
+    for i, r in enumerate(self.routes):
+      if r.dst == s and mine.skip_in is not None:
+        mine = mine._replace(skip_in=self._Put(
+            mine.skip_in, r.in_index, program.got_skip[i], col, t,
+            slots[r.src].skip_out[r.out_index]))
+      if r.src == s and mine.dskip_out is not None:
+        mine = mine._replace(dskip_out=self._Put(
+            mine.dskip_out, r.out_index, program.got_dskip[i], col, t,
+            slots[r.dst].dskip_in[r.in_index]))
     return mine
+
+  def _Put(self, arrays: list, j: int, row: Sequence[int], col: int | None,
+           t: Any, value: Any) -> list:
+    """`arrays` with arrays[j] written at the slot `row` says arrives at
+    tick t (a skip, or its gradient, from the stage at the route's other
+    end)."""
+    m = self._Arrival(row, col, t)
+    if m is None or arrays[j] is None:
+      return arrays
+    arrays = list(arrays)
+    arrays[j] = arrays[j].write(m, value)
+    return arrays
 
   def _Arrival(self, row: Sequence[int], col: int | None, t: Any) -> Any:
     """The slot a receipt row writes at tick t (the spare slot M for

@@ -77,5 +77,18 @@ class ProfileCostsTest(tf.test.TestCase):
     self.assertGreaterEqual(c, 0.0)
 
 
+  def testProfileCarriesSkipsToTheLayerThatPopsThem(self):
+    # The merge is timed on (h, s1); without the skip the FC after the
+    # branch would get two inputs.
+    layers = [_Fc('a', 8, 8),
+              core.BranchLayer.Params().Set(name='b', stash=('s1',)),
+              _Fc('c', 8, 8),
+              core.MergeLayer.Params().Set(name='m', pop=('s1',),
+                                           op='concat'),
+              _Fc('d', 16, 4)]
+    costs = cost_lib.LayerCosts(layers, 'profile', None, profile_batch_size=4)
+    self.assertLen(costs, 5)
+    self.assertTrue(all(c >= 0.0 for c in costs))
+
 if __name__ == '__main__':
   tf.test.main()

@@ -29,6 +29,7 @@ from gpipe_tf import pipeline
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule
+from gpipe_tf.pipeline import transfers
 
 
 
@@ -114,6 +115,29 @@ def _SqueezeExcite():
   y = keras.layers.GlobalAveragePooling2D(name='pool')(y)
   return keras.Model(inputs, keras.layers.Dense(5, name='logits')(y),
                      name='squeeze_excite')
+
+
+def _UNet():
+  """Two levels down and up, each decoder level concatenated with the
+  encoder tensor of its size (two nested long skips), then a classifier:
+  13 calls."""
+  x = inputs = keras.Input((8, 8, 3))
+  skips = []
+  for level in range(2):
+    x = keras.layers.Conv2D(2 << level, 3, padding='same', activation='tanh',
+                            name=f'down{level}')(x)
+    skips.append(x)
+    x = keras.layers.MaxPooling2D(2, name=f'pool{level}')(x)
+  x = keras.layers.Conv2D(8, 3, padding='same', activation='tanh',
+                          name='bottom')(x)
+  for level in reversed(range(2)):
+    x = keras.layers.UpSampling2D(2, name=f'up{level}')(x)
+    x = keras.layers.Concatenate(name=f'cat{level}')([x, skips[level]])
+    x = keras.layers.Conv2D(2 << level, 3, padding='same', activation='tanh',
+                            name=f'dec{level}')(x)
+  x = keras.layers.GlobalAveragePooling2D(name='pool')(x)
+  return keras.Model(inputs, keras.layers.Dense(5, name='logits')(x),
+                     name='unet')
 
 
 def _Randomize(model, seed):
@@ -216,6 +240,44 @@ class FromKerasTest(tf.test.TestCase):
     y = tf.random.stateless_uniform([8], [7, 8], 0, 5, tf.int32)
     self._AssertGrid(_Transformer(blocks=1), x, y)  # 9 layers: K x V <= 8.
 
+  def testUNetSkipsGoStraightFromEncoderToDecoder(self):
+    # down0's output is stashed by pool0 (cell 0) and popped by cat0 (cell
+    # 3), down1's by pool1 (cell 1) for cat1 (cell 2): with stash/pop the
+    # middle devices receive less than with the tuple, the end ones the
+    # same, and the step is Keras's.
+    model = _UNet()
+    _Randomize(model, seed=3)
+    x = tf.random.stateless_normal([4, 8, 8, 3], seed=[1, 2])
+    y = tf.random.stateless_uniform([4], [3, 4], 0, 5, tf.int32)
+    want_loss, want_grads = _KerasStep(model, x, y, 2)
+    want_grads = dict(zip(map(id, model.trainable_variables), want_grads))
+    received = {}
+    for skips in (True, False):
+      params = pipeline.FromKeras(model, skips=skips)
+      self.assertEqual(any(p.stash for p in params), skips)
+      pipe = pipeline.PipeliningLayer.Params().Set(
+          name='net', layers=params, num_partitions=4, num_micro_batches=2,
+          schedule='1f1b', balance=[2, 3, 3, 5],
+          execution='unrolled').Instantiate()
+      pairs = pipeline.LoadKerasWeights(pipe, model)
+      loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
+      self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+      got = dict(zip(map(id, pipe.trainable_variables), grads))
+      self.assertLen(got, len(want_grads))
+      for keras_var, var in pairs:
+        self.assertAllClose(want_grads[id(keras_var)], got[id(var)],
+                            rtol=1e-5, atol=1e-6, msg=keras_var.path)
+      step = tf.function(lambda p=pipe: p.ComputeLossAndGradients(
+          x, y, _LossFn)[0])
+      by_device = transfers.ReceivedBytes(step.get_concrete_function().graph)
+      received[skips] = [by_device[f'CPU:{d}'] for d in range(4)]
+    self.assertEqual([p.name for p in pipeline.FromKeras(model)][:4],
+                     ['down0', 'pool0', 'down1', 'pool1'])
+    stash, carry = received[True], received[False]
+    self.assertEqual((stash[0], stash[3]), (carry[0], carry[3]))
+    self.assertLess(stash[1], carry[1])
+    self.assertLess(stash[2], carry[2])
+
   def testCustomGradientsCutAtEveryPlace(self):
     # The output of a custom-gradient op (swish's IdentityN) crossing a cut
     # made the backward's prune fail (KeyError in lift_to_graph).
@@ -248,8 +310,25 @@ class FromKerasTest(tf.test.TestCase):
     self.assertEqual(pipeline.PipeliningLayer.CellMetas(explicit),
                      pipeline.PipeliningLayer.CellMetas(implied))
 
-  def testResidualBlockBecomesTupleChain(self):
+  def testResidualBlockStashesTheStreamForTheAdd(self):
     params = pipeline.FromKeras(_Transformer(blocks=1))
+    routes = [(p.name, p.inputs, p.passthrough, len(p.input_shapes),
+               len(p.stash), len(p.pop)) for p in params]
+    self.assertEqual(routes, [
+        ('ln0a', [0], [0], 1, 1, 0),       # (x,) -> (h,), x stashed
+        ('mha0', [0, 0], [], 1, 0, 0),     # mha(h, h): (h,) -> (a,)
+        ('res0a', [[1, 0]], [], 2, 0, 1),  # x popped: Add([x, a]) -> (x,)
+        ('ln0b', [0], [0], 1, 1, 0),
+        ('ff0a', [0], [], 1, 0, 0),
+        ('ff0b', [0], [], 1, 0, 0),
+        ('res0b', [[1, 0]], [], 2, 0, 1),
+        ('pool', [0], [], 1, 0, 0),
+        ('logits', [0], [], 1, 0, 0)])
+    self.assertEqual(params[0].stash, params[2].pop)
+
+  def testResidualBlockBecomesTupleChainWithoutSkips(self):
+    params = pipeline.FromKeras(_Transformer(blocks=1), skips=False)
+    self.assertFalse(any(p.stash or p.pop for p in params))
     routes = [(p.name, p.inputs, p.passthrough, len(p.input_shapes))
               for p in params]
     self.assertEqual(routes, [

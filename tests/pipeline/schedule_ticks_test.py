@@ -90,6 +90,48 @@ class LowerTest(unittest.TestCase):
     # Kept and recomputed forwards of a stage are two steps (branches).
     self.assertEqual(len(table.steps[0]), 8)
 
+  def testSkipArrivesAtItsReaderOnlyTheTickAfterItsStash(self):
+    # Every layout, a skip from the first stage to the last (and one to the
+    # next stage): it arrives at the popping stage once per micro-batch,
+    # the tick after the stashing F and no later than the popping F; its
+    # gradient at the stashing stage the tick after the popping backward
+    # (fused or not) and no later than the stashing backward.
+    for sched in _Layouts():
+      last = sched.num_stages - 1
+      if last < 1:
+        continue
+      pairs = ((0, last), (0, 1))
+      joined = ticks.JoinBackward(sched)
+      for table in (ticks.Lower(ticks.FuseLast(joined), skips=pairs),
+                    ticks.Lower(sched, phase='backward', skips=pairs)):
+        with self.subTest(schedule=sched.name, k=sched.num_devices,
+                          m=sched.num_micro_batches):
+          self.assertEqual(table.skips, pairs)
+          for i, (a, b) in enumerate(pairs):
+            for act, t in table.tick.items():
+              m = act.micro_batch
+              if act.kind == schedule.F and act.stage == a:
+                self.assertEqual(table.got_skip[i][t + 1], m)
+                f_b = table.tick.get(schedule.Action(schedule.F, b, m))
+                if f_b is None:  # Fused: FuseLast made it an FB.
+                  f_b = table.tick[schedule.Action(ticks.FB, b, m)]
+                self.assertLessEqual(t + 1, f_b)
+              if act.kind in (schedule.B, schedule.BW,
+                              ticks.FB) and act.stage == b:
+                self.assertEqual(table.got_dskip[i][t + 1], m)
+            self.assertEqual(
+                sorted(m for m in table.got_skip[i] if m >= 0),
+                sorted(act.micro_batch for act in table.tick
+                       if act.kind == schedule.F and act.stage == a))
+            self.assertEqual(
+                sorted(m for m in table.got_dskip[i] if m >= 0),
+                list(range(sched.num_micro_batches)))
+
+  def testSkipMustGoToALaterStage(self):
+    sched = schedule.Make('gpipe', 2, 2)
+    with self.assertRaisesRegex(schedule.ScheduleError, 'later stage'):
+      ticks.Lower(sched, skips=((1, 0),))
+
   def testPhasesSplitAFillDrainStep(self):
     sched = schedule.Make('gpipe', 3, 4, 2)
     forward = ticks.Lower(sched, phase='forward')

@@ -60,18 +60,23 @@ def _Layers():
   return [
       embedding.EmbeddingLayer.Params().Set(name='emb', vocab_size=20,
                                             embedding_dim=8),
-      fc(0), bn(0, False), test_utils.TiedScale.Params().Set(name='t0'),
+      fc(0),
+      # A skip: stashed here, popped before fc(3) (the next cell at V=1,
+      # three cells on at V=2).
+      core.BranchLayer.Params().Set(name='branch', stash=('skip',)),
+      bn(0, False), test_utils.TiedScale.Params().Set(name='t0'),
       core.DropoutLayer.Params().Set(name='drop0', keep_prob=0.7),
       test_utils.TiedScale.Params().Set(name='t1'), fc(1),
       _Fork.Params().Set(name='fork'),
       _Join.Params().Set(name='join'), bn(1, True), fc(2),
       test_utils.TiedScale.Params().Set(name='t2'),
       core.DropoutLayer.Params().Set(name='drop1', keep_prob=0.8),
+      core.MergeLayer.Params().Set(name='merge', pop=('skip',)),
       fc(3, dout=5)]
 
 
 def _Balance(v):
-  return {1: [7, 7], 2: [4, 3, 3, 4]}[v]
+  return {1: [8, 8], 2: [4, 4, 4, 4]}[v]
 
 
 def _LossFn(logits, labels):

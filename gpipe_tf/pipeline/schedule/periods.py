@@ -76,10 +76,13 @@ DEFAULT_BUDGET = 24_000
 
 def Columns(program: Any) -> list[tuple]:
   """What each tick of a ticks.TickProgram builds: per device its branch,
-  per stage whether an output and a gradient arrive."""
+  per stage whether an output and a gradient arrive, per skip whether it
+  or its gradient arrives."""
   return [tuple(row[t] for row in program.branch) +
           tuple(row[t] >= 0 for row in program.got_y) +
-          tuple(row[t] >= 0 for row in program.got_dx)
+          tuple(row[t] >= 0 for row in program.got_dx) +
+          tuple(row[t] >= 0 for row in getattr(program, 'got_skip', ())) +
+          tuple(row[t] >= 0 for row in getattr(program, 'got_dskip', ()))
           for t in range(program.num_ticks)]
 
 

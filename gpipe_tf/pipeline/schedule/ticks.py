@@ -96,6 +96,14 @@ class TickProgram:
       t-1 and stage s takes in at tick t; -1 for none.
     got_dx: got_dx[s][t], the micro-batch whose input gradient stage s+1
       made at tick t-1 and stage s takes in at tick t; -1 for none.
+    skips: skips[i], the (stashing stage, popping stage) of skip i, a
+      tensor sent from the first straight to the second (stages apart).
+    got_skip: got_skip[i][t], the micro-batch whose skip i the stashing
+      stage's F made at tick t-1 and the popping stage takes in at tick t;
+      -1 for none.
+    got_dskip: got_dskip[i][t], the micro-batch whose skip i's gradient the
+      popping stage's backward made at tick t-1 and the stashing stage takes
+      in at tick t; -1 for none.
   """
   num_ticks: int
   tick: dict[Action, int]
@@ -105,6 +113,9 @@ class TickProgram:
   micro: tuple[tuple[int, ...], ...]
   got_y: tuple[tuple[int, ...], ...]
   got_dx: tuple[tuple[int, ...], ...]
+  skips: tuple[tuple[int, int], ...] = ()
+  got_skip: tuple[tuple[int, ...], ...] = ()
+  got_dskip: tuple[tuple[int, ...], ...] = ()
 
   def ToAscii(self) -> str:
     """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3',
@@ -198,8 +209,8 @@ def _Ticks(schedule: table.Schedule, phase: str) -> dict[Action, int]:
 
 
 def Lower(schedule: table.Schedule, *, phase: str = 'all',
-          keep: Callable[[int, int], bool] = lambda s, m: True
-          ) -> TickProgram:
+          keep: Callable[[int, int], bool] = lambda s, m: True,
+          skips: tuple[tuple[int, int], ...] = ()) -> TickProgram:
   """Lowers (a phase of) a validated schedule to its tick program.
 
   Args:
@@ -208,6 +219,11 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
     phase: 'all', 'forward' or 'backward' (module docstring).
     keep: keep(s, m) is True when F(s, m) keeps its activations for its
       backward, False when the backward recomputes them.
+    skips: per skip, (the stage that stashes it, the later stage that pops
+      it): skip i arrives at its popping stage the tick after its stashing
+      stage's F, its gradient at the stashing stage the tick after the
+      popping stage's backward (got_skip, got_dskip); no stage in between
+      takes it in.
 
   Raises:
     ScheduleError: the schedule is not valid (Schedule.Validate), the phase
@@ -230,6 +246,14 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
   micro = [[0] * num_ticks for _ in range(k)]
   got_y = [[-1] * num_ticks for _ in range(num_stages)]
   got_dx = [[-1] * num_ticks for _ in range(num_stages)]
+  skips = tuple((int(a), int(b)) for a, b in skips)
+  for a, b in skips:
+    if not 0 <= a < b < num_stages:
+      raise table.ScheduleError(
+          f'a skip goes from stage {a} to stage {b}: it must go to a later '
+          f'stage, of {num_stages}.')
+  got_skip = [[-1] * num_ticks for _ in skips]
+  got_dskip = [[-1] * num_ticks for _ in skips]
   for act, t in tick.items():
     s, m = act.stage, act.micro_batch
     d = schedule.DeviceOf(s)
@@ -238,6 +262,11 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
         got_y[s + 1][t + 1] = m
       if act.kind in (B, BW, FB) and s > 0:
         got_dx[s - 1][t + 1] = m
+      for i, (a, b) in enumerate(skips):
+        if act.kind in (F, FB) and s == a:
+          got_skip[i][t + 1] = m
+        if act.kind in (B, BW, FB) and s == b:
+          got_dskip[i][t + 1] = m
     if act.kind == FB:
       step = Step(FB, s, True, schedule.SplitBackward(s, m))
     elif act.kind == W:
@@ -253,4 +282,5 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
       num_ticks, tick, tuple(tuple(r) for r in grid),
       tuple(tuple(r) for r in steps), tuple(tuple(r) for r in branch),
       tuple(tuple(r) for r in micro), tuple(tuple(r) for r in got_y),
-      tuple(tuple(r) for r in got_dx))
+      tuple(tuple(r) for r in got_dx), skips,
+      tuple(tuple(r) for r in got_skip), tuple(tuple(r) for r in got_dskip))

@@ -72,7 +72,7 @@ class InterpreterTest(tf.test.TestCase):
       with self.subTest(schedule=schedule):
         ops = {}
         for execution, ms in (('folded', (16, 32)), ('switch', (16, 32)),
-                              ('unrolled', (4, 16))):
+                              ('unrolled', (4, 8))):
           for m in ms:
             pipe = _Pipe(layers, num_partitions=2, num_micro_batches=m,
                          schedule=schedule, num_virtual_stages=v,
@@ -84,7 +84,7 @@ class InterpreterTest(tf.test.TestCase):
         self.assertEqual(ops['folded', 16], ops['folded', 32])
         self.assertEqual(ops['switch', 16], ops['switch', 32])
         # The count sees what grows: the unrolled graph does.
-        self.assertGreater(ops['unrolled', 16], 2 * ops['unrolled', 4])
+        self.assertGreater(ops['unrolled', 8], 1.5 * ops['unrolled', 4])
 
   def testOneFOneBHoldsFewerMicroBatches(self):
     # 1F1B's point: without remat, cell k holds at most K-k micro-batches'

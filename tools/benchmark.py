@@ -65,7 +65,9 @@ this process driving every step as the cluster's chief: a device that waits
 then leaves its core idle, as an accelerator does. One replica only. Every
 row then also has per-device figures (tools/benchmark_processes.py: busy
 time, peak memory of each worker's own allocator, bytes sent, the schedule's
-boundary bytes), printed as a per-device table.
+boundary bytes), printed as a per-device table. --predict adds the
+simulator's step from each row's measured F, B and W costs beside the
+measured step, and the bubbles (tools/benchmark_predict.py).
 
     python -m tools.benchmark                      # 32 FC blocks, K in {1,2}
     python -m tools.benchmark --block=transformer  # 32 Transformer blocks
@@ -77,6 +79,8 @@ boundary bytes), printed as a per-device table.
         --schedules=gpipe,1f1b,interleaved_1f1b,zb_h1
     python -m tools.benchmark --devices=processes --partitions=2 \
         --micro_batches=8 --remat=never --noinference --schedules=1f1b,zb_h1
+    python -m tools.benchmark --devices=processes --predict ...  # the same,
+        # with the simulator's step from the measured F, B and W costs
 """
 
 from __future__ import annotations
@@ -151,6 +155,12 @@ _INTRA_OP = flags.DEFINE_integer(
     'intra_op_threads', 0, 'Intra-op threads of the grid; 0: cores // D.')
 _INTER_OP = flags.DEFINE_integer(
     'inter_op_threads', 0, 'Inter-op threads of the grid; 0: D.')
+_PREDICT = flags.DEFINE_bool(
+    'predict', False,
+    'With --devices=processes: time every pipelined training row\'s F, B '
+    'and W pieces on its workers after the rounds and print the simulator\'s '
+    'step and bubble from them beside the measured ones '
+    '(tools/benchmark_predict.py).')
 _DTYPES = flags.DEFINE_list(
     'dtype', ['float32'],
     "Precision policies of the rows, side by side: 'float32', "
@@ -212,7 +222,8 @@ def _Run(spec, workers, worker_devices, threads):
     def measure(also_time):
       return processes_lib.Measure(spec, configs, workers, worker_devices,
                                    _ROUNDS.value, _STEPS.value,
-                                   also_time=also_time)
+                                   also_time=also_time,
+                                   predict=_PREDICT.value)
   load = [os.getloadavg()[0]]
   if _COMPARE_SINGLE_CORE.value:
     rows, baseline_rounds = baseline_lib.MeasureWithBaseline(
@@ -242,6 +253,8 @@ def _Run(spec, workers, worker_devices, threads):
     print(tables.ScheduleTable(rows, micro, _REMAT.value))
   if workers:
     print(tables.DeviceTable(rows))
+  if _PREDICT.value and workers:
+    print(tables.PredictionTable(rows))
   if _REPLICAS.value:
     print(tables.ReplicaTable(rows, _NUM_DEVICES.value, _Ints(_REPLICAS), micro,
                               _REMAT.value))

@@ -52,7 +52,8 @@ from gpipe_tf.pipeline import schedule as schedule_lib
 
 __all__ = ['Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
            'Measure', 'Merge', 'ModelPeakBytes', 'ModelSpec', 'PipelineConfigs',
-           'ReplicaConfigs', 'Rows', 'ScheduleLabel', 'TimeRound']
+           'ReplicaConfigs', 'Rows', 'ScheduleLabel', 'StageBalance',
+           'StageInputs', 'TimeRound']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +344,33 @@ def MakeStep(spec: ModelSpec, cfg: dict,
     return loss
 
   return _Step
+
+
+def StageBalance(spec: ModelSpec, cfg: dict) -> tuple[int, ...]:
+  """Blocks per stage of a pipelined row, as its PipeliningLayer cuts them
+  (FLOPs weighted by each stage's recompute share: tools.plan_lib.Evaluate).
+  Runs no TensorFlow op."""
+  from tools import plan_lib  # pylint: disable=g-import-not-at-top
+  blocks, shapes = LayersOf(spec)
+  layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
+                           cfg['schedule'], cfg['num_virtual_stages'],
+                           cfg['remat'])
+  return plan_lib.Evaluate(plan_lib.ModelOf(blocks, shapes, bytes_per_param=4),
+                           layout, spec.batch_size).balance
+
+
+def StageInputs(spec: ModelSpec, num_blocks: int, num_examples: int,
+                device: str) -> tuple[object, tuple]:
+  """A SequentialLayer of ``num_blocks`` of the model's blocks and an input
+  of ``num_examples`` examples, both on ``device``: one stage's work on one
+  micro-batch, to time its pieces alone."""
+  with tf.device(device):
+    layer = layers.SequentialLayer.Params().Set(
+        name='stage', layers=[_BlockParams(spec, i)
+                              for i in range(num_blocks)]).Instantiate()
+    inputs = tuple(tf.identity(x[:num_examples]) for x in _Inputs(spec))
+    layer.FProp(*inputs, training=True)  # Creates the variables here.
+  return layer, inputs
 
 
 def _Unpipelined(cfg, all_devices):

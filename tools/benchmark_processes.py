@@ -14,10 +14,15 @@ time of every configuration, each row then holds per-device figures:
     gradients and temporaries);
   * ``device_bytes_sent_per_step``: the bytes each worker sent over its TCP
     connections per step (kernel socket counters, gRPC framing included);
+  * ``chief_busy_seconds_per_step``: this process's CPU time per step
+    (it drives the step over gRPC; it is not pinned and shares the cores);
   * ``boundary_bytes_per_step``: what the schedule says must cross a device
     boundary per step (an F whose next stage is on another device sends its
     output, a backward whose previous stage is on another device sends its
-    input gradient), from the boundary tensor's size.
+    input gradient), from the boundary tensor's size;
+  * with ``predict``, ``prediction``: every stage's F, B and W costs timed
+    on its worker, the simulator's step and bubble from them, and the
+    measured bubble from the busy times (tools/benchmark_predict.py).
 
 The shared mode (``--devices=shared``, the default) runs every cell in ONE
 process, on logical devices that share one thread pool and one allocator;
@@ -26,14 +31,17 @@ process, on logical devices that share one thread pool and one allocator;
 
 from __future__ import annotations
 
+import statistics
 import sys
+import time
 from typing import Callable, Sequence
 
 from gpipe_tf.pipeline import schedule as schedule_lib
 from tools import benchmark_lib as lib
+from tools import benchmark_predict as predict_lib
 
 __all__ = ['SHARED', 'PROCESSES', 'MODES', 'Mode', 'BoundaryBytes',
-           'Measure']
+           'Measure', 'Prediction']
 
 SHARED = 'shared'
 PROCESSES = 'processes'
@@ -100,7 +108,8 @@ def RowBoundaryBytes(spec: lib.ModelSpec, cfg: dict) -> int | None:
 def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
             devices: Sequence[str], rounds: int, steps_per_round: int,
             log: Callable[[str], None] | None = None,
-            also_time: Sequence[Callable[[], None]] = ()) -> list[dict]:
+            also_time: Sequence[Callable[[], None]] = (),
+            predict: bool = False) -> list[dict]:
   """lib.Measure on worker processes, with every row's per-device figures.
 
   Args:
@@ -109,6 +118,9 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
     workers: the running local_workers.LocalWorkers (this process connected
       to them); ``devices`` their devices, cell k on ``devices[k]``.
     rounds, steps_per_round, log, also_time: as lib.Measure.
+    predict: also time every pipelined training row's pieces on the
+      workers, after the rounds, and add its ``prediction`` (module
+      docstring).
 
   Returns:
     lib.Measure's rows, each with the figures of the module docstring (the
@@ -135,21 +147,60 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
   times = [[] for _ in configs]
   cpu = [[0.0] * len(devices) for _ in configs]
   sent = [[0] * len(devices) for _ in configs]
+  chief = [0.0 for _ in configs]
   for _ in range(rounds):
     for time_round in also_time:
       time_round()
     for i, step in enumerate(steps):
       cpu0, sent0 = workers.CpuSeconds(), workers.BytesSent()
+      own = time.process_time()
       times[i].append(lib.TimeRound(step, steps_per_round))
+      chief[i] += time.process_time() - own
       cpu[i] = [t + b - a for t, a, b in zip(cpu[i], cpu0,
                                                workers.CpuSeconds())]
       sent[i] = [t + b - a for t, a, b in zip(sent[i], sent0,
                                                workers.BytesSent())]
   rows = lib.Rows(spec, configs, times, [sum(p) for p in peaks])
   total_steps = rounds * steps_per_round
-  for row, cfg, p, c, s in zip(rows, configs, peaks, cpu, sent):
+  for row, cfg, p, c, s, own in zip(rows, configs, peaks, cpu, sent, chief):
     row.update(devices=PROCESSES, device_peak_memory_bytes=[int(x) for x in p],
+               chief_busy_seconds_per_step=own / total_steps,
                device_busy_seconds_per_step=[x / total_steps for x in c],
                device_bytes_sent_per_step=[x // total_steps for x in s],
                boundary_bytes_per_step=RowBoundaryBytes(spec, cfg))
+  if predict:
+    pieces, comms = {}, {}
+    for row, cfg in zip(rows, configs):
+      if cfg['pipeline'] and cfg['mode'] == 'train':
+        row['prediction'] = Prediction(spec, cfg, devices, pieces, comms, log)
+        row['prediction']['measured_bubble'] = predict_lib.MeasuredBubble(
+            row['device_busy_seconds_per_step'],
+            statistics.median(row['seconds_per_step_rounds']))
   return rows
+
+
+def Prediction(spec: lib.ModelSpec, cfg: dict, devices: Sequence[str],
+               pieces: dict, comms: dict,
+               log: Callable[[str], None] = lambda line: None) -> dict:
+  """benchmark_predict.Summary of a pipelined training row: its stages'
+  pieces timed on their workers (``pieces`` and ``comms`` cache them by
+  blocks, micro-batch size and device, for the next rows)."""
+  k, m = cfg['num_partitions'], cfg['num_micro_batches']
+  schedule = schedule_lib.Make(cfg['schedule'], k, m,
+                               cfg['num_virtual_stages'])
+  n = spec.batch_size // m
+  stage_pieces = []
+  for s, blocks in enumerate(lib.StageBalance(spec, cfg)):
+    device = devices[schedule.DeviceOf(s)]
+    key = (blocks, n, device)
+    if key not in pieces:
+      layer, inputs = lib.StageInputs(spec, blocks, n, device)
+      pieces[key] = predict_lib.MeasureCosts(layer, inputs, device)
+      log(f'pieces of {blocks} blocks, {n} examples on {device}: '
+          f'{pieces[key]}')
+    stage_pieces.append(pieces[key])
+  if n not in comms:
+    _, inputs = lib.StageInputs(spec, 1, n, devices[0])
+    comms[n] = predict_lib.MeasureComm(inputs[0], devices[:2])
+  return predict_lib.Summary(schedule, cfg['remat'], stage_pieces,
+                             comms[n] if k > 1 else 0.0)

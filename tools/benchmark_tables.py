@@ -12,7 +12,8 @@ from typing import Sequence
 from tools import benchmark_lib as lib
 
 __all__ = ['Find', 'Ideal', 'ReplicaTable', 'ScheduleTable', 'Schedules',
-           'SingleCoreTargets', 'Table1', 'Table2', 'Targets', 'WithSpeedups']
+           'SingleCoreTargets', 'Table1', 'Table2', 'Targets', 'WithSpeedups',
+           'DeviceTable', 'PredictionTable']
 
 
 def Find(rows: Sequence[dict], k: int, m: int, remat: str,
@@ -317,6 +318,42 @@ def DeviceTable(rows: Sequence[dict]) -> str:
         _Each(r['device_peak_memory_bytes'], 1 / 2**20, '.1f') + ' | ' +
         _Each(r['device_bytes_sent_per_step'], 1 / 2**20, '.2f') + ' | ' +
         ('-' if boundary is None else f'{boundary / 2**20:.2f}') + ' |')
+  return '\n'.join(lines)
+
+
+def PredictionTable(rows: Sequence[dict]) -> str:
+  """The simulator's step from each row's measured F, B and W costs beside
+  the measured step, and the simulated bubble beside the measured one
+  (rows with a ``prediction``: tools.benchmark --devices=processes
+  --predict).
+
+  F, B, W and BW are the means over the stages (ms, B and BW with the
+  recompute); comm is the measured cost of one boundary message.
+  """
+  lines = ['\nMeasured step beside the simulator\'s, from F, B and W timed on '
+           'the workers (ms; F/B/W/BW: mean over stages, B and BW with '
+           'recompute; bubble measured = 1 - worker CPU time / step; chief = '
+           'this process\'s CPU time per step)',
+           '| configuration | schedule | step ms | predicted ms | '
+           'step / predicted | F | B | W | BW | comm | bubble measured | '
+           'bubble simulated | chief ms |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+  for r in rows:
+    p = r.get('prediction')
+    if p is None:
+      continue
+    step = statistics.median(r['seconds_per_step_rounds'])
+    mean = lambda key: 1000 * statistics.fmean(p[key])  # pylint: disable=cell-var-from-loop
+    chief = r.get('chief_busy_seconds_per_step')
+    lines.append(
+        f"| {lib.Label(r, with_schedule=False)} | {lib.ScheduleLabel(r)} | "
+        f"{1000 * step:.0f} | {1000 * p['predicted_seconds']:.0f} | "
+        f"{step / p['predicted_seconds']:.2f} | {mean('forward_seconds'):.1f} | "
+        f"{mean('backward_seconds'):.1f} | {mean('weight_seconds'):.1f} | "
+        f"{mean('backward_weight_seconds'):.1f} | "
+        f"{1000 * p['comm_seconds']:.2f} | {p['measured_bubble']:.2f} | "
+        f"{p['simulated_bubble']:.2f} | "
+        + ('-' if chief is None else f'{1000 * chief:.0f}') + ' |')
   return '\n'.join(lines)
 
 

@@ -5,7 +5,8 @@ repository root. Starts 2 local workers (gpipe_tf.runtime.local_workers),
 connects to them before any op, and for every configuration of CONFIGS runs
 STEPS training steps of SPEC through tools/benchmark_lib.MakeStep with cell
 k on worker k, writing their losses to OUT_DIR/losses.json; then times the
-same configurations with tools/benchmark_processes.Measure and writes its
+same configurations with tools/benchmark_processes.Measure (with the
+simulator's prediction from the pieces timed on the workers) and writes its
 rows to OUT_DIR/rows.json. The test computes the losses again in its own
 process on logical devices.
 """
@@ -36,7 +37,8 @@ def main(out_dir: str) -> None:
     with open(os.path.join(out_dir, 'losses.json'), 'w') as f:
       json.dump(losses, f)
     rows = processes_lib.Measure(SPEC, CONFIGS, w, devices, rounds=1,
-                                 steps_per_round=2, log=lambda line: None)
+                                 steps_per_round=2, log=lambda line: None,
+                                 predict=True)
     with open(os.path.join(out_dir, 'rows.json'), 'w') as f:
       json.dump(dict(rows=rows, devices=devices, pids=w.pids), f)
 

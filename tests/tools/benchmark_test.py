@@ -15,6 +15,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from tools import benchmark_baseline as baseline_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
+from gpipe_tf.pipeline.schedule import ticks as ticks_lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_lib as lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_processes as processes_lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_tables as tables  # pylint: disable=g-import-not-at-top
@@ -365,9 +366,43 @@ class ProcessesTest(tf.test.TestCase):
     self.assertTrue(inside['loss_inside'])
     for sent in inside['device_bytes_sent_per_step']:
       self.assertLess(sent, inside['boundary_bytes_per_step'] // 2 + 2**14)
+    for cfg, row in zip(client.CONFIGS, measured['rows']):
+      self._CheckPrediction(cfg, row)
+    prediction_table = tables.PredictionTable(measured['rows'])
+    self.assertIn('| K=2 M=4 remat=never | 1f1b | ', prediction_table)
     table = tables.DeviceTable(measured['rows'])
     self.assertIn('| K=2 M=4 remat=never | 1f1b | ', table)
     self.assertLen(table.strip().splitlines(), 3 + len(client.CONFIGS))
+
+
+  def _CheckPrediction(self, cfg, row):
+    """The simulator's step from the row's measured costs: every device does
+    all its work (F, B, W and BW counted over the schedule as the engine
+    runs it), and the step is of the measured one's order."""
+    p = row['prediction']
+    schedule = schedule_lib.Make(cfg['schedule'], cfg['num_partitions'],
+                                 cfg['num_micro_batches'],
+                                 cfg['num_virtual_stages'])
+    per_kind = {schedule_lib.F: p['forward_seconds'],
+                schedule_lib.B: p['backward_seconds'],
+                schedule_lib.W: p['weight_seconds'],
+                schedule_lib.BW: p['backward_weight_seconds']}
+    want = [sum(per_kind[a.kind][a.stage] for a in acts)
+            for acts in ticks_lib.JoinBackward(schedule).actions]
+    self.assertAllClose(p['simulated_device_busy_seconds'], want, rtol=1e-6)
+    for s in range(schedule.num_stages):
+      self.assertGreater(p['forward_seconds'][s], 0)
+      # BW is the whole backward: at least B, and with W, B + W.
+      self.assertAlmostEqual(p['backward_weight_seconds'][s],
+                             p['backward_seconds'][s] + p['weight_seconds'][s])
+    self.assertGreaterEqual(p['predicted_seconds'], max(want))
+    self.assertEqual(p['recompute_shares'][-1] == 0,
+                     cfg['remat'] == 'never' or cfg['schedule'] == '1f1b')
+    step = statistics.median(row['seconds_per_step_rounds'])
+    self.assertBetween(step / p['predicted_seconds'], 0.1, 10)
+    self.assertBetween(p['measured_bubble'], 0, 1)
+    self.assertBetween(p['simulated_bubble'], 0, 1)
+    self.assertGreaterEqual(p['comm_seconds'], 0)
 
 
 def _Running(pid):

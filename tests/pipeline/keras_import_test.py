@@ -34,10 +34,11 @@ from gpipe_tf.pipeline import transfers
 
 
 def _Layouts():
-  """(schedule, K, M, V) for every registered schedule and K in {1, 2, 4}:
-  the first M in (2, 2K) and V in (1, 2) the schedule accepts."""
-  layouts = []
-  for name, k in itertools.product(schedule.Names(), (1, 2, 4)):
+  """(schedule, K, M, V) for every registered schedule and K in {2, 4}, and
+  gpipe at K = 1 (one stage: every schedule runs it alike): the first M in
+  (2, 2K) and V in (1, 2) the schedule accepts."""
+  layouts = [('gpipe', 1, 2, 1)]
+  for name, k in itertools.product(schedule.Names(), (2, 4)):
     for m, v in itertools.product(sorted({2, 2 * k}), (1, 2)):
       try:
         schedule.Make(name, k, m, v)

@@ -39,10 +39,10 @@ def _NumOps(concrete):
                                    for f in graph_def.library.function)
 
 
-def _StepPeak(**kw):
-  """Peak bytes of a training step of 16 FC-256 layers, batch 2048, K=2,
-  M=8 (the loss inside)."""
-  pipe = _Pipe([_Fc(i, 256, 256) for i in range(16)], num_partitions=2,
+def _StepPeak(layers=16, **kw):
+  """Peak bytes of a training step of `layers` FC-256 layers, batch 2048,
+  K=2, M=8 (the loss inside)."""
+  pipe = _Pipe([_Fc(i, 256, 256) for i in range(layers)], num_partitions=2,
                num_micro_batches=8, **kw)
   x = tf.random.stateless_normal([2048, 256], [8, 8])
   labels = tf.zeros([2048], tf.int32)
@@ -101,9 +101,11 @@ class InterpreterTest(tf.test.TestCase):
   def testRematSavesMemory(self):
     # Only with each device's steps in order: the unrolled execution kept
     # every activation while its chain waited on side effects only.
+    # 8 layers: 'always' held 0.53x of 'never' in both executions
+    # (2026-11-26), well inside the bound; half the graphs to build.
     for execution in ('loop', 'unrolled'):
-      never = _StepPeak(remat='never', execution=execution)
-      always = _StepPeak(remat='always', execution=execution)
+      never = _StepPeak(8, remat='never', execution=execution)
+      always = _StepPeak(8, remat='always', execution=execution)
       self.assertLess(always, 0.75 * never, (execution, always, never))
 
   def testAWThatFollowsItsBRunsWithItAsOneBackward(self):

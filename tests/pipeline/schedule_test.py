@@ -165,6 +165,9 @@ class ScheduleTest(unittest.TestCase):
       with self.subTest(rival=str(rival)):
         with self.assertRaisesRegex(ScheduleError, 'runs beside an FB'):
           TwoStage(dev1=[fused(0), fused(1), rival]).Validate()
+    with self.assertRaisesRegex(ScheduleError, 'holds an F and backward that '
+                                r'run apart.*has F\(stage=1, micro_batch=0\)'):
+      TwoStage(dev1=[Fwd(1, 0), fused(0), fused(1)]).Validate()
 
   def testClocksAndOrder(self):
     # Unit replay by hand: device 1 runs F(1,0) at tick 1, BW(1,0) at 2-3, F(1,1)

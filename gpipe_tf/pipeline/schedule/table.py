@@ -215,8 +215,8 @@ class Schedule:
 
     The checks, in order: every action's stage and micro-batch are in range and
     it sits on the device of its stage; no action appears twice and no
-    (stage, micro-batch) mixes BW with B/W (or FB with F, B or BW); replaying every device's list in
-    order never gets stuck (a deadlock); every (s, m) has its F and a backward.
+    (stage, micro-batch) mixes BW with B/W (or FB with F, B or BW); replaying
+    every device's list in order never gets stuck (a deadlock); every (s, m) has its F and a backward.
 
     Raises:
       ScheduleError: naming the first bad step (device, position, action and
@@ -331,8 +331,9 @@ class Schedule:
     for kind in _RIVALS[act.kind]:
       rival = Action(kind, s, m)
       if rival in seen:
-        what = 'mixes BW with B/W' if FB not in (kind, act.kind) else (
-            'runs beside an FB, which already holds its F and backward,')
+        what = ('mixes BW with B/W' if FB not in (kind, act.kind) else
+                'runs beside an FB, which already holds its F and backward,'
+                if kind == FB else 'holds an F and backward that run apart')
         return ('{} for its (stage, micro-batch): device {}, position {} has '
                 '{}'.format(what, *seen[rival], rival))
     return None

@@ -138,40 +138,34 @@ def FuseLast(schedule: table.Schedule) -> table.Schedule:
   (a pass: the schedule is not changed). Only with the loss inside (phase
   'all'): that backward reads nothing but its own forward's loss."""
   last = schedule.num_stages - 1
-  rows = []
-  for acts in schedule.actions:
-    row, i = [], 0
-    while i < len(acts):
-      act, nxt = acts[i], acts[i + 1] if i + 1 < len(acts) else None
-      if (act.kind == F and act.stage == last and nxt is not None and
-          nxt.kind in (B, BW) and nxt.stage == last and
-          nxt.micro_batch == act.micro_batch):
-        row.append(Action(FB, last, act.micro_batch))
-        i += 2
-      else:
-        row.append(act)
-        i += 1
-    rows.append(row)
-  return table.Schedule(rows, schedule.num_micro_batches,
-                        schedule.stage_devices, schedule.name)
+  return _MergePairs(schedule, lambda act, nxt: (
+      Action(FB, last, act.micro_batch)
+      if act.kind == F and act.stage == last and nxt.kind in (B, BW) and
+      (nxt.stage, nxt.micro_batch) == (last, act.micro_batch) else None))
 
 
 def JoinBackward(schedule: table.Schedule) -> table.Schedule:
   """The schedule with every B(s, m) directly followed on its device by
   W(s, m) replaced by one BW(s, m) (a pass: the schedule is not changed).
   The result is valid when `schedule` is, and does the same work."""
+  return _MergePairs(schedule, lambda act, nxt: (
+      Action(BW, act.stage, act.micro_batch)
+      if act.kind == B and nxt == Action(W, act.stage, act.micro_batch)
+      else None))
+
+
+def _MergePairs(schedule: table.Schedule,
+                merge: Callable[[Action, Action], Action | None]
+                ) -> table.Schedule:
+  """`schedule` with every two actions that follow each other on a device
+  and that merge(first, second) makes one action replaced by that action."""
   rows = []
   for acts in schedule.actions:
     row, i = [], 0
     while i < len(acts):
-      act = acts[i]
-      if (act.kind == B and i + 1 < len(acts) and
-          acts[i + 1] == Action(W, act.stage, act.micro_batch)):
-        row.append(Action(BW, act.stage, act.micro_batch))
-        i += 2
-      else:
-        row.append(act)
-        i += 1
+      merged = merge(acts[i], acts[i + 1]) if i + 1 < len(acts) else None
+      row.append(merged or acts[i])
+      i += 2 if merged else 1
     rows.append(row)
   return table.Schedule(rows, schedule.num_micro_batches,
                         schedule.stage_devices, schedule.name)

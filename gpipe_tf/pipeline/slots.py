@@ -27,8 +27,10 @@ class Slots(NamedTuple):
 
   Attributes:
     x: its inputs: per flat input, a TensorArray of M slots (M + 1: a
-      neighbour writes them, tick_graph's spare slot). Stage 0 reads the
-      split mini-batch (interpreter.Feeds) instead.
+      neighbour writes them, tick_graph's spare slot; stage 0's hold the
+      split mini-batch, interpreter.Start), emptied by the micro-batch's
+      last step that reads them (its F, or its recomputing backward); an
+      input without batch dimension is the tensor itself.
     dy: its output gradients, the same way (stages before the last, or
       every stage when the loss is outside); each slot is read once.
     saved: the activations each kept forward stashes for its backward.
@@ -119,9 +121,9 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any]
   """
   values, emptied = [], []
   for ta, spec in zip(slots, specs):
-    if ta is None:
-      values.append(None)
-      emptied.append(None)
+    if not isinstance(ta, tf.TensorArray):  # None, or a shared tensor.
+      values.append(ta)
+      emptied.append(ta)
       continue
     value = ta.read(m)
     value.set_shape(spec.shape)
@@ -140,9 +142,9 @@ def Peek(slots: Sequence[Any], m: Any, specs: Sequence[Any]
   it, so there it is written back."""
   values, kept = [], []
   for ta, spec in zip(slots, specs):
-    if ta is None:
-      values.append(None)
-      kept.append(None)
+    if not isinstance(ta, tf.TensorArray):  # None, or a shared tensor.
+      values.append(ta)
+      kept.append(ta)
       continue
     value = ta.read(m)
     value.set_shape(spec.shape)
@@ -191,7 +193,8 @@ def Make(programs: Sequence[Any], s: int, layout: Layout | None,
   program, last = programs[s], len(programs) - 1
   with tf.device(device):
     # Slots a neighbour writes have a spare slot M (tick_graph's receipts).
-    x = None if s == 0 else _Arrays(programs[s - 1].out_specs, m + 1)
+    x = None if s == 0 else _Arrays(programs[s - 1].out_specs, m + 1,
+                                    read_once=True)
     y = None if s == last else [tl.Filler(v) if v else None
                                 for v in program.out_specs]
     token = tf.zeros([])

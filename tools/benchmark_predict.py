@@ -13,7 +13,7 @@ training row:
     (the input gradient, stashing what W reads), W (the weight gradients
     from what B stashed), BW (both in one pass), and with remat the B and
     BW that recompute their forward. Each piece is timed by the **worker's
-    CPU time** (its threads' scheduler clocks, in ns): the median over
+    CPU time** (its threads' scheduler clocks, in ns): the least over
     several calls, less that of an empty call on the same worker. CPU time
     counts what the worker computed, not the time it waited for its core,
     so other load on the machine does not enter it; the minimum wall time
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import statistics
 import time
 from typing import Callable, Sequence
 
@@ -240,15 +239,17 @@ def ThreadCpuSeconds(pid: int) -> float:
 
 def _Times(fn: Callable, cpu_seconds: Callable[[], float], calls: int
            ) -> tuple[float, float]:
-  """(median CPU seconds, fastest wall seconds) of one call of ``fn``
-  (already warmed up), over ``calls`` calls."""
+  """(least CPU seconds, fastest wall seconds) of one call of ``fn``
+  (already warmed up), over ``calls`` calls: a call's CPU time can only
+  grow by what disturbs it (another process's turn on the core evicting its
+  caches), never shrink below its work."""
   cpu, wall = [], []
   for _ in range(calls):
     c0, t0 = cpu_seconds(), time.perf_counter()
     fn().numpy()
     wall.append(time.perf_counter() - t0)
     cpu.append(cpu_seconds() - c0)
-  return statistics.median(cpu), min(wall)
+  return min(cpu), min(wall)
 
 
 def MeasureCosts(layers: Sequence, inputs: Sequence, device: str,

@@ -52,7 +52,8 @@ from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = ['PieceCosts', 'Comm', 'Prediction', 'RecomputeShares',
            'EngineSchedule', 'ActionSeconds', 'Predict', 'MeasuredBubble',
-           'Summary', 'ThreadCpuSeconds', 'MeasureCosts', 'MeasureComm']
+           'Summary', 'ThreadCpuSeconds', 'MeasureCosts', 'PieceRuns',
+           'MeasureComm']
 
 F, B, W, BW, FB = (schedule_lib.F, schedule_lib.B, schedule_lib.W,
                    schedule_lib.BW, schedule_lib.FB)

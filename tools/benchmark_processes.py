@@ -20,9 +20,10 @@ time of every configuration, each row then holds per-device figures:
     boundary per step (an F whose next stage is on another device sends its
     output, a backward whose previous stage is on another device sends its
     input gradient), from the boundary tensor's size;
-  * with ``predict``, ``prediction``: every stage's F, B and W costs timed
-    on its worker, the simulator's step and bubble from them, and the
-    measured bubble from the busy times (tools/benchmark_predict.py).
+  * with ``predict``, ``prediction``: every stage's F, B, W and BW pieces
+    (the engine's) timed on its worker by the worker's CPU time, the step
+    and bubble the schedule replayed on them predicts, and the measured
+    bubble from the busy times (tools/benchmark_predict.py).
 
 The shared mode (``--devices=shared``, the default) runs every cell in ONE
 process, on logical devices that share one thread pool and one allocator;
@@ -31,6 +32,7 @@ process, on logical devices that share one thread pool and one allocator;
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -169,10 +171,15 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
                device_bytes_sent_per_step=[x // total_steps for x in s],
                boundary_bytes_per_step=RowBoundaryBytes(spec, cfg))
   if predict:
+    clocks = [functools.partial(predict_lib.ThreadCpuSeconds, pid)
+              for pid in workers.pids]
     pieces, comms = {}, {}
+    # One set of pieces serves a stage's rows of every remat.
+    remat = any(cfg['remat'] != 'never' for cfg in configs)
     for row, cfg in zip(rows, configs):
       if cfg['pipeline'] and cfg['mode'] == 'train':
-        row['prediction'] = Prediction(spec, cfg, devices, pieces, comms, log)
+        row['prediction'] = Prediction(spec, cfg, devices, clocks, pieces,
+                                       comms, log, remat)
         row['prediction']['measured_bubble'] = predict_lib.MeasuredBubble(
             row['device_busy_seconds_per_step'],
             statistics.median(row['seconds_per_step_rounds']))
@@ -180,27 +187,38 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
 
 
 def Prediction(spec: lib.ModelSpec, cfg: dict, devices: Sequence[str],
-               pieces: dict, comms: dict,
-               log: Callable[[str], None] = lambda line: None) -> dict:
+               clocks: Sequence[Callable[[], float]], pieces: dict,
+               comms: dict, log: Callable[[str], None] = lambda line: None,
+               remat: bool | None = None) -> dict:
   """benchmark_predict.Summary of a pipelined training row: its stages'
-  pieces timed on their workers (``pieces`` and ``comms`` cache them by
-  blocks, micro-batch size and device, for the next rows)."""
+  pieces timed on their workers by the worker's CPU time (``clocks[d]``:
+  device d's; ``pieces`` and ``comms`` cache them by blocks, micro-batch
+  size and device, for the next rows; with ``remat`` their recomputing
+  backwards too, default: when the row recomputes)."""
   k, m = cfg['num_partitions'], cfg['num_micro_batches']
   schedule = schedule_lib.Make(cfg['schedule'], k, m,
                                cfg['num_virtual_stages'])
   n = spec.batch_size // m
-  stage_pieces = []
+  if remat is None:
+    remat = cfg['remat'] != 'never'
+  stage_pieces, stage_walls = [], []
   for s, blocks in enumerate(lib.StageBalance(spec, cfg)):
-    device = devices[schedule.DeviceOf(s)]
-    key = (blocks, n, device)
-    if key not in pieces:
-      layer, inputs = lib.StageInputs(spec, blocks, n, device)
-      pieces[key] = predict_lib.MeasureCosts(layer, inputs, device)
-      log(f'pieces of {blocks} blocks, {n} examples on {device}: '
-          f'{pieces[key]}')
-    stage_pieces.append(pieces[key])
-  if n not in comms:
-    _, inputs = lib.StageInputs(spec, 1, n, devices[0])
-    comms[n] = predict_lib.MeasureComm(inputs[0], devices[:2])
-  return predict_lib.Summary(schedule, cfg['remat'], stage_pieces,
-                             comms[n] if k > 1 else 0.0)
+    d = schedule.DeviceOf(s)
+    key = (blocks, n, devices[d])
+    if key not in pieces or (remat and pieces[key][0].backward_remat is None):
+      layer, inputs = lib.StageInputs(spec, blocks, n, devices[d])
+      pieces[key] = predict_lib.MeasureCosts(layer.layers, inputs, devices[d],
+                                             clocks[d], remat=remat)
+      log(f'pieces of {blocks} blocks, {n} examples on {devices[d]} (CPU '
+          f'time): {pieces[key][0]}; fastest wall: {pieces[key][1]}')
+    stage_pieces.append(pieces[key][0])
+    stage_walls.append(pieces[key][1])
+  comm = predict_lib.Comm()
+  if k > 1:
+    if n not in comms:
+      _, inputs = lib.StageInputs(spec, 1, n, devices[0])
+      comms[n] = predict_lib.MeasureComm(inputs[0], devices[:2], clocks[:2])
+      log(f'one message of {n} examples: {comms[n]}')
+    comm = comms[n]
+  return predict_lib.Summary(schedule, cfg['remat'], stage_pieces, comm,
+                             stage_walls)

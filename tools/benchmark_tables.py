@@ -322,22 +322,25 @@ def DeviceTable(rows: Sequence[dict]) -> str:
 
 
 def PredictionTable(rows: Sequence[dict]) -> str:
-  """The simulator's step from each row's measured F, B and W costs beside
-  the measured step, and the simulated bubble beside the measured one
-  (rows with a ``prediction``: tools.benchmark --devices=processes
+  """The step the schedule replayed on each row's measured pieces predicts
+  beside the measured step, and the simulated bubble beside the measured
+  one (rows with a ``prediction``: tools.benchmark --devices=processes
   --predict).
 
-  F, B, W and BW are the means over the stages (ms, B and BW with the
-  recompute); comm is the measured cost of one boundary message.
+  F, B, W, BW and BW recomputing its forward are the means over the stages
+  of the pieces' worker CPU time (ms); comm is one boundary message's delay
+  + the CPU time it costs each side; 'from wall' is the step predicted from
+  the pieces' fastest wall times instead.
   """
-  lines = ['\nMeasured step beside the simulator\'s, from F, B and W timed on '
-           'the workers (ms; F/B/W/BW: mean over stages, B and BW with '
-           'recompute; bubble measured = 1 - worker CPU time / step; chief = '
-           'this process\'s CPU time per step)',
+  lines = ['\nMeasured step beside the one predicted from the engine\'s '
+           'pieces timed on the workers (ms; F/B/W/BW: worker CPU time, mean '
+           'over stages; BW rc: a BW that recomputes its forward; comm: '
+           'delay + CPU per side per message; bubble measured = 1 - worker '
+           'CPU time / step; chief = this process\'s CPU time per step)',
            '| configuration | schedule | step ms | predicted ms | '
-           'step / predicted | F | B | W | BW | comm | bubble measured | '
-           'bubble simulated | chief ms |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+           'step / predicted | from wall ms | F | B | W | BW | BW rc | '
+           'comm | bubble measured | bubble simulated | chief ms |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for r in rows:
     p = r.get('prediction')
     if p is None:
@@ -345,14 +348,19 @@ def PredictionTable(rows: Sequence[dict]) -> str:
     step = statistics.median(r['seconds_per_step_rounds'])
     mean = lambda key: 1000 * statistics.fmean(p[key])  # pylint: disable=cell-var-from-loop
     chief = r.get('chief_busy_seconds_per_step')
+    wall = p.get('predicted_seconds_wall')
     lines.append(
         f"| {lib.Label(r, with_schedule=False)} | {lib.ScheduleLabel(r)} | "
         f"{1000 * step:.0f} | {1000 * p['predicted_seconds']:.0f} | "
-        f"{step / p['predicted_seconds']:.2f} | {mean('forward_seconds'):.1f} | "
-        f"{mean('backward_seconds'):.1f} | {mean('weight_seconds'):.1f} | "
+        f"{step / p['predicted_seconds']:.2f} | "
+        + ('-' if wall is None else f'{1000 * wall:.0f}') + ' | '
+        f"{mean('forward_seconds'):.1f} | {mean('backward_seconds'):.1f} | "
+        f"{mean('weight_seconds'):.1f} | "
         f"{mean('backward_weight_seconds'):.1f} | "
-        f"{1000 * p['comm_seconds']:.2f} | {p['measured_bubble']:.2f} | "
-        f"{p['simulated_bubble']:.2f} | "
+        f"{mean('backward_weight_remat_seconds'):.1f} | "
+        f"{1000 * p['comm_seconds']:.2f} + "
+        f"{1000 * p.get('comm_cpu_seconds', 0.0):.2f} | "
+        f"{p['measured_bubble']:.2f} | {p['simulated_bubble']:.2f} | "
         + ('-' if chief is None else f'{1000 * chief:.0f}') + ' |')
   return '\n'.join(lines)
 

@@ -19,7 +19,9 @@ the model the benchmark timed instead (on its devices and batch unless
 estimates beside the measured rows (docs/planning.md). Rows timed with
 ``tools.benchmark --devices=processes`` (one worker process per device)
 are compared device by device: the fullest device's measured peak beside
-its estimate; shared-mode rows by the one allocator's total.
+its estimate, and the planner is first calibrated on their workers' CPU
+time (a device's speed and a cost per layer per pass:
+plan_check.Calibrate); shared-mode rows by the one allocator's total.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
     on forward FLOPs (what PipeliningLayer's cost='flops' does);
   * stage s takes F_s = flops_s x b / flops_per_second per forward,
     B_s = F_s (+ r_s x F_s with remat 'always') for the input gradient and
-    W_s = F_s for the weight gradients (BW = B + W, ~2 F). r_s is the share
+    W_s = F_s for the weight gradients (BW = B + W, ~2 F), F and B each
+    plus ``layer_pass_seconds`` per layer of the stage (a fixed cost per
+    pass, measured by plan_check.Calibrate; 0 by default). r_s is the share
     of stage s's micro-batches whose forward is recomputed: all but those
     whose backward directly follows their forward on the device
     (Schedule.ForwardsFollowedByBackward; PipeliningLayer keeps them), so
@@ -32,10 +34,11 @@ over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
 Plans over the memory budget are dropped; the rest are ranked by estimated
 throughput, then by fewer micro-batches, then by memory. Deliberately NOT
 modelled: transfers between stages and the all-reduce between replicas,
-per-action overheads, kernels that run faster on larger micro-batches, the
-backward pass's temporary buffers, the loss, the allocator's fragmentation. So more micro-batches and
-more replicas always look at least as good here as they are; docs/planning.md
-compares the estimates with measured runs.
+waits between actions, kernels that run faster on larger micro-batches,
+the backward pass's temporary buffers, the loss, the allocator's
+fragmentation. Without the pass cost, more micro-batches and more replicas
+always look at least as good here as they are; docs/planning.md compares
+the estimates with measured runs.
 """
 
 from __future__ import annotations
@@ -197,7 +200,8 @@ def _Fits(name: str, k: int, m: int, v: int) -> bool:
 
 
 def Evaluate(model: Model, layout: Layout, batch_size: int,
-             flops_per_second: float = 1e12) -> Plan:
+             flops_per_second: float = 1e12,
+             layer_pass_seconds: float = 0.0) -> Plan:
   """The estimated step time, bubble and per-device memory of one layout.
 
   Args:
@@ -205,6 +209,12 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
     layout: the candidate.
     batch_size: the global batch N (each replica gets N / R).
     flops_per_second: a device's speed; it scales every time alike.
+    layer_pass_seconds: what a device spends per layer each time a
+      forward or a backward of a stage passes through it, whatever the
+      micro-batch's size (dispatching its ops); F and B of a stage of n
+      layers take n times it more (W none: the engine runs it with B
+      unless the schedule defers it). 0 leaves it out; plan_check.Calibrate
+      measures it.
   """
   k, v = layout.num_partitions, layout.num_virtual_stages
   n = batch_size // layout.num_replicas
@@ -224,8 +234,10 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
   # Simulate needs positive times: a stage without FLOPs takes a tiny one.
   fwd = [max(sum(c.flops for c in st) * b / flops_per_second, 1e-12)
          for st in stages]
-  sim = schedule_lib.Simulate(sched, fwd, [f * (1 + r)
-                                           for f, r in zip(fwd, shares)], fwd)
+  passes = [len(st) * layer_pass_seconds for st in stages]
+  sim = schedule_lib.Simulate(
+      sched, [f + o for f, o in zip(fwd, passes)],
+      [f * (1 + r) + o for f, r, o in zip(fwd, shares, passes)], fwd)
   inputs = [model.input_bytes] + [st[-1].output_bytes for st in stages[:-1]]
   held = memory.Profile(sched, [
       memory.StageBytesOf(i, [c.output_bytes for c in st],

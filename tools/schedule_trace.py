@@ -56,6 +56,7 @@ from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import trace as trace_lib
+from tools import trace_waits as waits_lib
 
 __all__ = ['Draw', 'Report', 'Trace', 'Traced', 'main']
 
@@ -71,7 +72,15 @@ _K = flags.DEFINE_integer('partitions', 2, 'K: devices.')
 _M = flags.DEFINE_integer('micro_batches', 4, 'M: micro-batches.')
 _REMAT = flags.DEFINE_enum('remat', 'always', ['always', 'except_last', 'never'],
                            'Remat policy.')
-_NUM_BLOCKS = flags.DEFINE_integer('num_blocks', 16, 'FC blocks.')
+_BLOCK = flags.DEFINE_enum(
+    'block', 'fc', ['fc', 'transformer'], "Kind of block: 'fc' (FC layers "
+    "of --dim) or 'transformer' (encoder blocks of model width --dim, 4 "
+    "heads, on sequences of --seq_len).")
+_NUM_BLOCKS = flags.DEFINE_integer('num_blocks', 16, 'Blocks.')
+_SEQ_LEN = flags.DEFINE_integer('seq_len', 32, 'Transformer sequence length.')
+_WAITS = flags.DEFINE_integer(
+    'waits', 0, 'Also print each device\'s longest N waits: the idle time '
+    'before an action, what it waited for and when that ended.')
 _DIM = flags.DEFINE_integer('dim', 256, 'Width.')
 _BATCH = flags.DEFINE_integer('batch_size', 1024, 'Mini-batch size.')
 _OUT = flags.DEFINE_string('out', 'schedule.png', 'PNG to write; empty: none.')
@@ -117,7 +126,8 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
           remat: str = 'always', num_blocks: int = 16, dim: int = 256,
           batch_size: int = 1024, steps: int = 3,
           workers: local_workers.LocalWorkers | None = None,
-          devices: Sequence[str] | None = None) -> Traced:
+          devices: Sequence[str] | None = None, block: str = 'fc',
+          seq_len: int = 32) -> Traced:
   """Runs ``steps`` traced training steps, keeps the last one's timeline,
   then times ``steps`` more for how busy they keep the cores.
 
@@ -126,27 +136,40 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
       with the other arguments).
     num_partitions, num_micro_batches, num_virtual_stages, remat: the
       PipeliningLayer's K, M, V and remat policy.
-    num_blocks, dim, batch_size: the model (FC blocks of width ``dim``) and
+    num_blocks, dim, batch_size: the model (blocks of width ``dim``) and
       the mini-batch.
     steps: steps to run (the first ones warm up).
     workers: the local worker processes the cells run on (connected), whose
       CPU time is read; ``devices`` then their devices.
     devices: the K devices; default the first K default devices (split the
       CPU first on a CPU-only host).
+    block: 'fc' (FC layers without activation) or 'transformer' (encoder
+      blocks, 4 heads, hidden 4 x dim, on ``seq_len`` tokens).
 
   Returns:
     Traced.
   """
-  blocks = [layers.FCLayer.Params().Set(name=f'block{i}', input_dim=dim,
-                                        output_dim=dim)
-            for i in range(num_blocks)]
+  if block == 'fc':
+    blocks = [layers.FCLayer.Params().Set(name=f'block{i}', input_dim=dim,
+                                          output_dim=dim)
+              for i in range(num_blocks)]
+  else:
+    blocks = [layers.TransformerEncoderLayer.Params().Set(
+        name=f'block{i}', model_dim=dim, hidden_dim=4 * dim, num_heads=4)
+              for i in range(num_blocks)]
   pipe = PipeliningLayer.Params().Set(
       name='net', layers=blocks, num_partitions=num_partitions,
       num_micro_batches=num_micro_batches, remat=remat, schedule=schedule,
       num_virtual_stages=num_virtual_stages,
+      input_shapes=([(None, dim)] if block == 'fc' else
+                    [(None, seq_len, dim), (None, seq_len)]),
       devices=list(devices) if devices else None).Instantiate()
   with tf.device(pipe.devices[0]):  # Where cell 0 runs.
-    x = tf.random.stateless_normal([batch_size, dim], [1, 2])
+    if block == 'fc':
+      x = tf.random.stateless_normal([batch_size, dim], [1, 2])
+    else:
+      x = (tf.random.stateless_normal([batch_size, seq_len, dim], [1, 2]),
+           tf.zeros([batch_size, seq_len]))
     labels = tf.zeros([batch_size])  # Unused by the loss; split like x.
   trace = trace_lib.ScheduleTrace()
 
@@ -156,8 +179,9 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
                                                  trace=trace)
     else:
       with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(pipe.FProp(x, training=True,
-                                                   trace=trace)))
+        out = pipe.FProp(*(x if isinstance(x, tuple) else (x,)),
+                         training=True, trace=trace)
+        loss = tf.reduce_mean(tf.square(_First(out)))
       grads = tape.gradient(loss, pipe.trainable_variables)
     return [tf.reduce_sum(g) for g in grads], trace.Tensors()
 
@@ -191,9 +215,19 @@ def DeviceBusy(timeline: trace_lib.Timeline) -> list[float]:
   return [b / timeline.makespan for b in busy]
 
 
+def _First(outputs):
+  """A block's output tensor (a Transformer block returns its paddings
+  beside it)."""
+  return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+
+
 def _PerExampleLoss(outputs, labels):
   del labels
-  return loss_lib.LossTerms(tf.reduce_mean(tf.square(outputs), axis=-1))
+  y = _First(outputs)
+  loss = tf.reduce_mean(tf.square(y), axis=-1)
+  while loss.shape.rank > 1:  # A Transformer's: one term per example.
+    loss = tf.reduce_mean(loss, axis=-1)
+  return loss_lib.LossTerms(loss)
 
 
 def Report(timeline: trace_lib.Timeline,
@@ -259,16 +293,20 @@ def main(argv):
     v = schedule.num_stages // k
   args = (schedule, k, m, v, _REMAT.value, _NUM_BLOCKS.value, _DIM.value,
           _BATCH.value)
+  model = dict(block=_BLOCK.value, seq_len=_SEQ_LEN.value)
   if _DEVICES.value == 'processes':
     with local_workers.LocalWorkers(
         local_workers.Options(num_workers=k)) as workers:
       print(f'--devices=processes: {workers.Describe()}', flush=True)
-      traced = Trace(*args, workers=workers, devices=workers.Connect())
+      traced = Trace(*args, workers=workers, devices=workers.Connect(),
+                     **model)
   else:
     devices_lib.SplitCpu(k)
-    traced = Trace(*args)
+    traced = Trace(*args, **model)
   timeline, device_names = traced.timeline, traced.devices
   print(Report(timeline, traced.cores_busy, traced.workers_busy))
+  if _WAITS.value:
+    print(waits_lib.WaitReport(timeline, _WAITS.value))
   if _OUT.value:
     Draw(timeline, device_names, _OUT.value)
     print(f'wrote {_OUT.value}')

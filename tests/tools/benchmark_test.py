@@ -15,8 +15,8 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from tools import benchmark_baseline as baseline_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
-from gpipe_tf.pipeline.schedule import ticks as ticks_lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_lib as lib  # pylint: disable=g-import-not-at-top
+from tools import benchmark_predict as predict_lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_processes as processes_lib  # pylint: disable=g-import-not-at-top
 from tools import benchmark_tables as tables  # pylint: disable=g-import-not-at-top
 
@@ -376,33 +376,44 @@ class ProcessesTest(tf.test.TestCase):
 
 
   def _CheckPrediction(self, cfg, row):
-    """The simulator's step from the row's measured costs: every device does
-    all its work (F, B, W and BW counted over the schedule as the engine
-    runs it), and the step is of the measured one's order."""
+    """The step predicted from the row's pieces (timed on the workers by
+    their CPU time): every device does all its work (F and every backward
+    piece counted over the schedule as the engine runs it, B and BW of a
+    recomputed forward the recomputing piece), and the step is of the
+    measured one's order."""
     p = row['prediction']
     schedule = schedule_lib.Make(cfg['schedule'], cfg['num_partitions'],
                                  cfg['num_micro_batches'],
                                  cfg['num_virtual_stages'])
-    per_kind = {schedule_lib.F: p['forward_seconds'],
-                schedule_lib.B: p['backward_seconds'],
-                schedule_lib.W: p['weight_seconds'],
-                schedule_lib.BW: p['backward_weight_seconds']}
-    want = [sum(per_kind[a.kind][a.stage] for a in acts)
-            for acts in ticks_lib.JoinBackward(schedule).actions]
+    pieces = [predict_lib.PieceCosts(*costs) for costs in zip(
+        p['forward_seconds'], p['backward_seconds'], p['weight_seconds'],
+        p['backward_weight_seconds'], p['backward_remat_seconds'],
+        p['backward_weight_remat_seconds'])]
+    comm = predict_lib.Comm(p['comm_seconds'], p['comm_cpu_seconds'])
+    seconds = predict_lib.ActionSeconds(schedule, cfg['remat'], pieces, comm)
+    want = [sum(map(seconds, acts))
+            for acts in predict_lib.EngineSchedule(schedule).actions]
     self.assertAllClose(p['simulated_device_busy_seconds'], want, rtol=1e-6)
-    for s in range(schedule.num_stages):
-      self.assertGreater(p['forward_seconds'][s], 0)
-      # BW is the whole backward: at least B, and with W, B + W.
-      self.assertAlmostEqual(p['backward_weight_seconds'][s],
-                             p['backward_seconds'][s] + p['weight_seconds'][s])
+    m = cfg['num_micro_batches']
+    for d in range(schedule.num_devices):
+      # More than M forwards of each stage it holds: its backwards too.
+      stages = [s for s in range(schedule.num_stages)
+                if schedule.DeviceOf(s) == d]
+      self.assertGreater(want[d], sum(m * p['forward_seconds'][s]
+                                      for s in stages))
+    for key in ('forward_seconds', 'backward_seconds', 'weight_seconds',
+                'backward_weight_seconds'):
+      self.assertTrue(all(x > 0 for x in p[key]), key)
     self.assertGreaterEqual(p['predicted_seconds'], max(want))
     self.assertEqual(p['recompute_shares'][-1] == 0,
                      cfg['remat'] == 'never' or cfg['schedule'] == '1f1b')
     step = statistics.median(row['seconds_per_step_rounds'])
     self.assertBetween(step / p['predicted_seconds'], 0.1, 10)
+    self.assertBetween(step / p['predicted_seconds_wall'], 0.1, 10)
     self.assertBetween(p['measured_bubble'], 0, 1)
     self.assertBetween(p['simulated_bubble'], 0, 1)
     self.assertGreaterEqual(p['comm_seconds'], 0)
+    self.assertGreaterEqual(p['comm_cpu_seconds'], 0)
 
 
 def _Running(pid):

@@ -233,6 +233,52 @@ class CompareTest(absltest.TestCase):
     self.assertIn('memory 1.00 (2 rows)', text)
 
 
+class CalibrateTest(absltest.TestCase):
+
+  def _Rows(self, speed, pass_seconds):
+    """Rows whose workers worked what the model with `speed` and
+    `pass_seconds` says, each device its stages' FLOPs and passes."""
+    rows = []
+    for name, m, v, remat in (('gpipe', 2, 1, 'never'), ('1f1b', 8, 1, 'never'),
+                              ('interleaved_1f1b', 4, 2, 'never'),
+                              ('gpipe', 4, 1, 'always')):
+      b = 64 // m
+      share = 0.0 if remat == 'never' else 0.75  # GPipe, K=2, M=4.
+      layers = 8 // (2 * v)  # Equal stages of 1 MFLOP layers.
+      busy = v * m * (layers * 1e6 * b * (3 + share) / speed +
+                      2 * layers * pass_seconds)
+      rows.append(dict(pipeline=True, mode='train', num_replicas=1,
+                       single_core=False, num_partitions=2,
+                       num_micro_batches=m, remat=remat, schedule=name,
+                       num_virtual_stages=v, examples_per_sec=100.0,
+                       peak_memory_bytes=_MIB,
+                       device_busy_seconds_per_step=[busy, busy]))
+    return rows
+
+  def testRecoversTheSpeedAndThePassCost(self):
+    speed, pass_seconds = plan_check.Calibrate(
+        _MODEL, self._Rows(5e10, 2e-4), 64)
+    self.assertAlmostEqual(speed / 5e10, 1.0, places=6)
+    self.assertAlmostEqual(pass_seconds / 2e-4, 1.0, places=6)
+    with self.assertRaisesRegex(plan_lib.PlanError, 'devices=processes'):
+      plan_check.Calibrate(_MODEL, [], 64)
+
+  def testAPassCostMakesMoreMicroBatchesCostMore(self):
+    def _Rate(m, pass_seconds):
+      return plan_lib.Evaluate(_MODEL, _Layout(k=2, m=m, schedule='1f1b'),
+                               64, 5e10, pass_seconds).examples_per_sec
+    # Without it, more micro-batches only shrink the bubble.
+    self.assertGreater(_Rate(32, 0.0), _Rate(4, 0.0))
+    # With it, 32 micro-batches pay 8x the passes of 4.
+    self.assertLess(_Rate(32, 2e-4), _Rate(4, 2e-4))
+    self.assertLess(_Rate(4, 2e-4), _Rate(4, 0.0))
+
+  def testCompareCalibratesOnProcessesRows(self):
+    text = plan_check.Compare(_MODEL, self._Rows(5e10, 2e-4), 64)
+    self.assertIn('calibrated on the rows\' worker CPU time: 50.0 GFLOP/s '
+                  'and 200 us per layer per pass', text)
+
+
 class PlanToolTest(absltest.TestCase):
   """The entry point on a registered experiment (FPropMeta, no devices)."""
 

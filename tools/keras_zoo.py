@@ -5,11 +5,22 @@ Every keras.applications architecture is built with random weights
 keras_hub's GPT-2 and BERT backbones and task models from tiny configs (no
 presets, no downloads). Each is converted with ``pipeline.FromKeras``, run
 at each K and schedule for one training step (``ComputeLossAndGradients``,
-M = K micro-batches of 4 examples), and compared with Keras's own
+M = 4 micro-batches of 4 examples), and compared with Keras's own
 ``tf.GradientTape`` step over the same micro-batches (BatchNormalization
 normalises each micro-batch in both). Dropout rates are set to 0 first: a
 pipeline draws other masks than Keras. The loss is a squared error against
 random targets over every output, so each output's gradient counts.
+
+What "within float32 rounding" means: the same model is built a second
+time under Keras's ``float64`` policy with the same weights, and its tape
+step over the same micro-batches is the truth. Keras's own float32 step is
+``keras_error`` off it (the rounding floor: large for a deep BatchNorm net
+normalising 4 examples on 1 x 1 maps), the pipeline's float32 step
+``pipeline_error``; the verdict (``Verdict``) is 'exact' when the
+pipeline's error is at most ``FACTOR`` times Keras's own (or below
+``FLOOR``), else 'DIFFERS'. Errors are the largest element difference over
+every gradient, relative to the largest truth gradient. The two Keras steps
+are taken once per model and shared by every K and schedule.
 
     python -m tools.keras_zoo                        # everything
     python -m tools.keras_zoo --zoo_models=MobileNetV3Small,GPT2CausalLM \\
@@ -19,9 +30,10 @@ random targets over every output, so each output's gradient counts.
         --zoo_write_docs                                 # refresh docs/keras.md
 
 The table: model, layers (Params), K, schedule, status (converted, or the
-named error), the largest gradient difference over every variable relative
-to the largest Keras gradient, and the seconds the row took (build, trace
-and step). ``SupportTable`` renders the results as docs/keras.md's support
+named error), max grad diff (the pipeline's float32 gradients against
+Keras's float32 ones, relative to the largest Keras gradient), Keras's and
+the pipeline's error against the float64 truth, the verdict, and the
+seconds the row took (pipeline build, trace and step). ``SupportTable`` renders the results as docs/keras.md's support
 table; tests/tools/keras_zoo_test.py fails when the page is stale.
 """
 
@@ -39,16 +51,23 @@ from absl import flags
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
 from gpipe_tf.runtime import devices as devices_lib
 
-__all__ = ['APPLICATIONS', 'HUB', 'Row', 'Build', 'Names', 'ReadResults',
-           'Run', 'SupportTable', 'Table', 'UpdateDocs', 'WriteResults']
+__all__ = ['APPLICATIONS', 'FACTOR', 'FLOOR', 'HUB', 'Row', 'Build', 'Errors',
+           'Names', 'ReadResults', 'Run', 'SupportTable', 'Table',
+           'UpdateDocs', 'Verdict', 'WriteResults']
 
 _MODELS = flags.DEFINE_list('zoo_models', None, 'Models to run (default: all).')
 _PARTITIONS = flags.DEFINE_list('zoo_partitions', ['2', '4'], 'Values of K.')
 _SCHEDULES = flags.DEFINE_list('zoo_schedules', ['gpipe', '1f1b', 'zb_h1'],
                                'Schedules.')
+_RUNS = flags.DEFINE_list(
+    'zoo_runs', None, 'K:schedule pairs to run (e.g. 4:zb_h1,2:gpipe) '
+    'instead of every --zoo_partitions x --zoo_schedules.')
 _LIST = flags.DEFINE_bool('zoo_list', False, 'Print the model names and exit.')
 _RESULTS = flags.DEFINE_string('zoo_results', None,
                                'Append the rows to this CSV file.')
+_MICRO_BATCHES = flags.DEFINE_integer(
+    'zoo_micro_batches', 4, 'M, the same at every K (so one Keras step per '
+    'model serves every row).')
 _WRITE_DOCS = flags.DEFINE_bool(
     'zoo_write_docs', False, "Rewrite docs/keras.md's support table from "
     '--zoo_results.')
@@ -60,6 +79,12 @@ _END = '<!-- end of keras_zoo support table -->'
 _SIZES = (32, 64, 75, 96)
 _PER_MICRO_BATCH = 4
 _SEQ = 8
+# The verdict: 'exact' when the pipeline's float32 error against the float64
+# truth is at most FACTOR times Keras's own float32 error, or below FLOOR
+# (8 float32 ulps of the largest gradient: where Keras is luckier than that,
+# both are rounding).
+FACTOR = 4.0
+FLOOR = 1e-6
 
 APPLICATIONS = ('ConvNeXtBase', 'ConvNeXtLarge', 'ConvNeXtSmall', 'ConvNeXtTiny',
                 'ConvNeXtXLarge', 'DenseNet121', 'DenseNet169', 'DenseNet201',
@@ -77,7 +102,13 @@ HUB = ('GPT2Backbone', 'GPT2CausalLM', 'BertBackbone', 'BertTextClassifier')
 
 
 class Row(NamedTuple):
-  """One zoo result: status is 'converted' or the named error's class."""
+  """One zoo result: status is 'converted' or the named error's class.
+
+  max_grad_diff: pipeline float32 vs Keras float32; keras_error and
+  pipeline_error: Keras's and the pipeline's float32 gradients vs Keras's
+  float64 step (None in rows from before the float64 truth). All relative to
+  the largest reference gradient.
+  """
   model: str
   layers: int
   k: int
@@ -86,6 +117,41 @@ class Row(NamedTuple):
   max_grad_diff: float | None
   seconds: float
   detail: str = ''
+  keras_error: float | None = None
+  pipeline_error: float | None = None
+
+
+def Errors(got: Sequence[Any], keras32: Sequence[Any], truth: Sequence[Any]
+           ) -> tuple[float, float, float]:
+  """(max grad diff, keras_error, pipeline_error) of gradient lists.
+
+  Args:
+    got: the pipeline's gradients, in the model's trainable_variables order.
+    keras32: Keras's float32 gradients, same order.
+    truth: Keras's float64 gradients, same order.
+
+  Returns:
+    The largest element difference of got vs keras32 (relative to the
+    largest keras32 gradient), of keras32 vs truth and of got vs truth
+    (relative to the largest truth gradient).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  def _Rel(a, b):
+    diff = max(float(np.max(np.abs(np.asarray(x, np.float64) -
+                                   np.asarray(y, np.float64))))
+               for x, y in zip(a, b))
+    return diff / max(1e-30, max(float(np.max(np.abs(y))) for y in b))
+
+  return _Rel(got, keras32), _Rel(keras32, truth), _Rel(got, truth)
+
+
+def Verdict(row: Row) -> str:
+  """'exact', 'DIFFERS', or '-' (no float64 truth, or not converted)."""
+  if row.pipeline_error is None or row.keras_error is None:
+    return '-'
+  bound = max(FACTOR * row.keras_error, FLOOR)
+  return 'exact' if row.pipeline_error <= bound else 'DIFFERS'
 
 
 def Names() -> list[str]:
@@ -108,15 +174,23 @@ def _Hub(name: str) -> Any:
       backbone=backbone, num_classes=3, preprocessor=None, dropout=0.0)
 
 
-def Build(name: str) -> tuple[Any, str]:
-  """(model, what it was built as); raises ValueError when no small input
-  fits."""
+def Build(name: str, size: int | None = None) -> tuple[Any, str]:
+  """(model, what it was built as), under the Keras dtype policy in force.
+
+  Args:
+    name: one of Names().
+    size: the image size of a keras.applications model; None: the smallest
+      of 32, 64, 75 and 96 pixels it accepts.
+
+  Raises:
+    ValueError: when no small input fits.
+  """
   import keras  # pylint: disable=g-import-not-at-top
   if name in HUB:
     return _Hub(name), f'tiny config, {_SEQ} tokens'
   fn = getattr(keras.applications, name)
   errors = []
-  for size in _SIZES:
+  for size in _SIZES if size is None else (size,):
     try:
       model = fn(weights=None, input_shape=(size, size, 3), classes=10,
                  classifier_activation=None)
@@ -124,6 +198,27 @@ def Build(name: str) -> tuple[Any, str]:
     except ValueError as e:
       errors.append(str(e).split('\n')[0])
   raise ValueError(f'no input of {list(_SIZES)} px fits: {errors[-1]}')
+
+
+def _Float64Twin(name: str, model: Any, built: str) -> Any:
+  """`name` built again under Keras's float64 policy, with `model`'s weights."""
+  import keras  # pylint: disable=g-import-not-at-top
+  before = keras.config.dtype_policy()
+  keras.config.set_dtype_policy('float64')
+  try:
+    twin, _ = Build(name, None if name in HUB else int(built.split('x')[0]))
+  finally:
+    keras.config.set_dtype_policy(before)
+  _NoDropout(twin)
+  twin.set_weights(model.get_weights())
+  return twin
+
+
+def _NoDropout(model: Any) -> None:
+  import keras  # pylint: disable=g-import-not-at-top
+  for layer in model._flatten_layers():  # pylint: disable=protected-access
+    if isinstance(layer, keras.layers.Dropout):
+      layer.rate = 0.0
 
 
 def _Inputs(model: Any, n: int) -> Any:
@@ -147,10 +242,12 @@ def _Inputs(model: Any, n: int) -> Any:
 
 
 def _PerExample(outputs: Any, targets: Any) -> Any:
+  """Squared error per example, in float64 for a float64 model's outputs."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   terms = []
   for o, t in zip(tf.nest.flatten(outputs), tf.nest.flatten(targets)):
-    d = tf.square(tf.cast(o, tf.float32) - t)
+    dtype = tf.float64 if o.dtype == tf.float64 else tf.float32
+    d = tf.square(tf.cast(o, dtype) - tf.cast(t, dtype))
     terms.append(tf.reduce_mean(tf.reshape(d, [tf.shape(d)[0], -1]), 1))
   return tf.add_n(terms)
 
@@ -161,22 +258,31 @@ def _KerasGradients(model: Any, x: Any, targets: Any, m: int) -> list:
   from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
   flat_x, flat_t = tf.nest.flatten(x), tf.nest.flatten(targets)
   xs, ts = microbatch.Split(flat_x, m), microbatch.Split(flat_t, m)
-  n = tf.cast(tf.shape(flat_x[0])[0], tf.float32)
   with tf.GradientTape() as tape:
     total = tf.add_n([tf.reduce_sum(_PerExample(
         model(tf.nest.pack_sequence_as(x, xm), training=True),
         tf.nest.pack_sequence_as(targets, tm))) for xm, tm in zip(xs, ts)])
-    loss = total / n
-  return tape.gradient(loss, model.trainable_variables)
+    loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
+  return [tf.convert_to_tensor(g).numpy()
+          for g in tape.gradient(loss, model.trainable_variables)]
 
 
-def Run(name: str, ks: Sequence[int], schedules: Sequence[str],
-        log: Callable[[Row], None] = lambda row: None) -> list[Row]:
-  """The zoo rows of model `name` at each K and schedule."""
-  import keras  # pylint: disable=g-import-not-at-top
+def _AsFloat64(x: Any) -> Any:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.nest.map_structure(
+      lambda t: tf.cast(t, tf.float64) if t.dtype.is_floating else t, x)
+
+
+def Run(name: str, runs: Sequence[tuple[int, str]],
+        log: Callable[[Row], None] = lambda row: None,
+        micro_batches: int = 4) -> list[Row]:
+  """The zoo rows of model `name`, one per (K, schedule) of `runs`.
+
+  Keras's float32 and float64 steps over the same `micro_batches`
+  micro-batches are taken once and shared by every row.
+  """
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import errors  # pylint: disable=g-import-not-at-top
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
   start = time.time()
@@ -186,65 +292,69 @@ def Run(name: str, ks: Sequence[int], schedules: Sequence[str],
     row = Row(name, 0, 0, '-', 'skipped', None, time.time() - start, str(e))
     log(row)
     return [row]
-  for layer in model._flatten_layers():  # pylint: disable=protected-access
-    if isinstance(layer, keras.layers.Dropout):
-      layer.rate = 0.0
+  _NoDropout(model)
   try:
     params = pipeline.FromKeras(model)
-  except errors.Error as e:
-    row = Row(name, 0, 0, '-', type(e).__name__, None, time.time() - start,
-              str(e))
+  except Exception as e:  # pylint: disable=broad-except
+    row = Row(name, 0, 0, '-', _Status(e), None, time.time() - start, str(e))
     log(row)
     return [row]
+  m = micro_batches
+  x = _Inputs(model, m * _PER_MICRO_BATCH)
+  targets = tf.nest.map_structure(
+      lambda o: tf.random.stateless_normal(o.shape, [7, 7]),
+      model(x, training=False))
+  keras32 = _KerasGradients(model, x, targets, m)
+  truth = _KerasGradients(_Float64Twin(name, model, built), _AsFloat64(x),
+                          _AsFloat64(targets), m)
   rows = []
-  for k in ks:
-    m = k
-    x = _Inputs(model, m * _PER_MICRO_BATCH)
-    outs = model(x, training=False)
-    targets = tf.nest.map_structure(
-        lambda o: tf.random.stateless_normal(o.shape, [7, 7]), outs)
-    want = _KerasGradients(model, x, targets, m)
-    for sched in schedules:
-      start = time.time()
-      try:
-        pipe = pipeline.PipeliningLayer.Params().Set(
-            name='net', layers=params, num_partitions=k, num_micro_batches=m,
-            schedule=sched).Instantiate()
-        pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
-        _, _, grads = pipe.ComputeLossAndGradients(
-            x if isinstance(x, tuple) else (x,), targets,
-            lambda o, t: loss_lib.LossTerms(_PerExample(o, t)))
-        got = dict(zip(map(id, pipe.trainable_variables), grads))
-        diff, scale = 0.0, 1e-12
-        for var, g in zip(model.trainable_variables, want):
-          g = np.asarray(tf.convert_to_tensor(g))
-          diff = max(diff, float(np.max(np.abs(
-              np.asarray(got[id(pairs[id(var)])]) - g))))
-          scale = max(scale, float(np.max(np.abs(g))))
-        diff /= scale
-        row = Row(name, len(params), k, sched, 'converted', diff,
-                  time.time() - start, built)
-      except errors.Error as e:
-        row = Row(name, len(params), k, sched, type(e).__name__, None,
-                  time.time() - start, str(e))
-      rows.append(row)
-      log(row)
+  for k, sched in runs:
+    start = time.time()
+    try:
+      pipe = pipeline.PipeliningLayer.Params().Set(
+          name='net', layers=params, num_partitions=k, num_micro_batches=m,
+          schedule=sched).Instantiate()
+      pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+      _, _, grads = pipe.ComputeLossAndGradients(
+          x if isinstance(x, tuple) else (x,), targets,
+          lambda o, t: loss_lib.LossTerms(_PerExample(o, t)))
+      by_var = dict(zip(map(id, pipe.trainable_variables), grads))
+      got = [np.asarray(by_var[id(pairs[id(v)])])
+             for v in model.trainable_variables]
+      diff, keras_error, pipeline_error = Errors(got, keras32, truth)
+      row = Row(name, len(params), k, sched, 'converted', diff,
+                time.time() - start, built, keras_error, pipeline_error)
+    except Exception as e:  # pylint: disable=broad-except
+      row = Row(name, len(params), k, sched, _Status(e), None,
+                time.time() - start, str(e))
+    rows.append(row)
+    log(row)
   return rows
 
 
-def _Diff(row: Row) -> str:
-  return '-' if row.max_grad_diff is None else f'{row.max_grad_diff:.1e}'
+def _Status(error: Exception) -> str:
+  """A named error's class; 'crash: <class>' for any other exception."""
+  from gpipe_tf import errors  # pylint: disable=g-import-not-at-top
+  name = type(error).__name__
+  return name if isinstance(error, errors.Error) else f'crash: {name}'
+
+
+def _E(value: float | None) -> str:
+  return '-' if value is None else f'{value:.1e}'
 
 
 def Table(rows: Sequence[Row]) -> str:
   """The rows as a Markdown table."""
-  lines = ['| model | layers | K | schedule | status | max grad diff | s |',
-           '|---|---|---|---|---|---|---|']
+  lines = ['| model | layers | K | schedule | status | max grad diff | '
+           'Keras f32 vs f64 | pipeline f32 vs f64 | verdict | s |',
+           '|---|---|---|---|---|---|---|---|---|---|']
   for r in rows:
     status = r.status if r.status == 'converted' else (
         f'{r.status}: {r.detail}')
     lines.append(f'| {r.model} | {r.layers} | {r.k} | {r.schedule} | '
-                 f'{status} | {_Diff(r)} | {r.seconds:.0f} |')
+                 f'{status} | {_E(r.max_grad_diff)} | {_E(r.keras_error)} | '
+                 f'{_E(r.pipeline_error)} | {Verdict(r)} | '
+                 f'{r.seconds:.0f} |')
   return '\n'.join(lines) + '\n'
 
 
@@ -261,10 +371,14 @@ def WriteResults(path: str, rows: Sequence[Row]) -> None:
 
 def ReadResults(path: str) -> list[Row]:
   """The rows of a results CSV (a model's last rows win)."""
+  def _F(value):
+    return float(value) if value else None
+
   with open(path, newline='') as f:
     rows = [Row(d['model'], int(d['layers']), int(d['k']), d['schedule'],
-                d['status'], float(d['max_grad_diff']) if d['max_grad_diff']
-                else None, float(d['seconds']), d['detail'])
+                d['status'], _F(d['max_grad_diff']), float(d['seconds']),
+                d['detail'], _F(d.get('keras_error')),
+                _F(d.get('pipeline_error')))
             for d in csv.DictReader(f)]
   last = {}
   for r in rows:
@@ -278,20 +392,29 @@ def SupportTable(rows: Sequence[Row]) -> str:
   for r in rows:
     by_model.setdefault(r.model, []).append(r)
   lines = ['| model | built as | layers | runs (K x schedule) | '
-           'max grad diff |', '|---|---|---|---|---|']
+           'max grad diff | Keras f32 vs f64 | pipeline f32 vs f64 | '
+           'verdict |', '|---|---|---|---|---|---|---|---|']
   for name in sorted(by_model):
     rs = by_model[name]
     ok = [r for r in rs if r.status == 'converted']
     if ok:
       runs = ', '.join(f'{r.k} {r.schedule}' for r in ok)
-      worst = max(r.max_grad_diff for r in ok)
-      lines.append(f'| {name} | {ok[0].detail} | {ok[0].layers} | {runs} | '
-                   f'{worst:.1e} |')
+      worst = max(ok, key=lambda r: (Verdict(r) == 'DIFFERS',
+                                     r.pipeline_error or 0.0))
+      verdicts = {Verdict(r) for r in ok}
+      verdict = ('DIFFERS' if 'DIFFERS' in verdicts else
+                 'exact' if verdicts == {'exact'} else
+                 'exact where measured' if 'exact' in verdicts else '-')
+      lines.append(
+          f'| {name} | {ok[0].detail} | {ok[0].layers} | {runs} | '
+          f'{_E(max(r.max_grad_diff for r in ok))} | '
+          f'{_E(worst.keras_error)} | {_E(worst.pipeline_error)} | '
+          f'{verdict} |')
     for r in rs:
       if r.status != 'converted':
         detail = re.sub(r'\s+', ' ', r.detail)[:160].replace('|', '/')
         lines.append(f'| {name} | - | {r.layers or "-"} | {r.status} '
-                     f'({r.k} {r.schedule}) | {detail} |')
+                     f'({r.k} {r.schedule}) | {detail} | | | |')
   return '\n'.join(lines) + '\n'
 
 
@@ -312,8 +435,11 @@ def main(argv: Sequence[str]) -> None:
     with open(DOCS, 'w') as f:
       f.write(UpdateDocs(text, ReadResults(_RESULTS.value)))
     return
-  ks = [int(k) for k in _PARTITIONS.value]
-  devices_lib.SplitCpu(max(ks))
+  if _RUNS.value:
+    runs = [(int(k), s) for k, s in (r.split(':') for r in _RUNS.value)]
+  else:
+    runs = [(int(k), s) for k in _PARTITIONS.value for s in _SCHEDULES.value]
+  devices_lib.SplitCpu(max(k for k, _ in runs))
   names = _MODELS.value or Names()
   unknown = sorted(set(names) - set(Names()))
   if unknown:
@@ -326,7 +452,7 @@ def main(argv: Sequence[str]) -> None:
       WriteResults(_RESULTS.value, [row])
 
   for name in names:
-    rows += Run(name, ks, _SCHEDULES.value, _Log)
+    rows += Run(name, runs, _Log, _MICRO_BATCHES.value)
   print(Table(rows))
 
 

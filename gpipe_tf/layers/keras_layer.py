@@ -341,7 +341,7 @@ class KerasLayer(base_layer.BaseLayer):
     passed = tuple(shapes[i] for i in p.passthrough)
     native = keras_native.NativeParams(p, kcls, shapes)
     if native is not None:
-      meta = native.cls.FPropMeta(native, shapes[0])
+      meta = native.cls.FPropMeta(native, shapes[(p.inputs or [0])[0]])
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)
     # The state of Python's random is restored after Keras draws seeds.
     with tf.Graph().as_default(), _SeededInitializers(0):

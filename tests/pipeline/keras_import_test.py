@@ -590,10 +590,10 @@ class FromKerasTest(tf.test.TestCase):
     # scale=False.
     inputs = keras.Input((6, 6, 3))
     x = keras.layers.Conv2D(4, 3, padding='same', name='conv0')(inputs)
-    s = keras.layers.MaxPooling2D(1, strides=1, name='shortcut')(x)
+    s = keras.layers.MaxPooling2D(2, name='shortcut')(x)  # 3 x 3.
     h = keras.layers.BatchNormalization(scale=False, name='preact_bn')(x)
     h = keras.layers.Activation('relu', name='relu')(h)
-    h = keras.layers.Conv2D(4, 3, padding='same', name='conv1')(h)
+    h = keras.layers.Conv2D(4, 3, 2, padding='same', name='conv1')(h)
     y = keras.layers.Add(name='add')([s, h])
     y = keras.layers.BatchNormalization(center=False, name='post_bn')(y)
     y = keras.layers.GlobalAveragePooling2D(name='pool')(y)

@@ -3,7 +3,8 @@
 For a small CNN (Conv2D, BatchNormalization, Dropout, Dense) and a small
 functional Transformer (MultiHeadAttention, LayerNormalization, Dense,
 residual Adds), every registered schedule (schedule.Names(), each at the
-first of V = 1, 2 and M = 2, 2K it accepts) and K in {1, 2, 4}:
+first of V = 1, 2 (2, 1 for interleaved_1f1b) and M = 2, 2K it accepts)
+and K in {1, 2, 4}:
 ``ComputeLossAndGradients`` equals a Keras ``tf.GradientTape`` step over the
 same M micro-batches (BatchNorm normalises each micro-batch with its own
 statistics in both), the moving statistics after the step equal one update
@@ -36,10 +37,12 @@ from gpipe_tf.pipeline import transfers
 def _Layouts():
   """(schedule, K, M, V) for every registered schedule and K in {2, 4}, and
   gpipe at K = 1 (one stage: every schedule runs it alike): the first M in
-  (2, 2K) and V in (1, 2) the schedule accepts."""
+  (2, 2K) and V in (1, 2) the schedule accepts; V = 2 first for
+  interleaved_1f1b, so that it runs two stages a device."""
   layouts = [('gpipe', 1, 2, 1)]
   for name, k in itertools.product(schedule.Names(), (2, 4)):
-    for m, v in itertools.product(sorted({2, 2 * k}), (1, 2)):
+    vs = (2, 1) if name == 'interleaved_1f1b' else (1, 2)
+    for m, v in itertools.product(sorted({2, 2 * k}), vs):
       try:
         schedule.Make(name, k, m, v)
       except schedule.ScheduleError:

@@ -16,15 +16,16 @@ time under Keras's ``float64`` policy with the same weights, and its tape
 step over the same micro-batches is the truth. Keras's own float32 step is
 ``keras_error`` off it (the rounding floor: large for a deep BatchNorm net
 normalising 4 examples on 1 x 1 maps), the pipeline's float32 step
-``pipeline_error``; the verdict (``Verdict``) is 'exact' when the
-pipeline's error is at most ``FACTOR`` times Keras's own (or below
-``FLOOR``), else 'DIFFERS'. Errors are the largest element difference over
+``pipeline_error``; the verdict (keras_zoo_table.Verdict) is 'exact' when
+the pipeline's error is at most 4 times Keras's own (or below 1e-6), else
+'DIFFERS'. Errors are the largest element difference over
 every gradient, relative to the largest truth gradient. The two Keras steps
 are taken once per model and shared by every K and schedule.
 
     python -m tools.keras_zoo                        # everything
     python -m tools.keras_zoo --zoo_models=MobileNetV3Small,GPT2CausalLM \\
         --zoo_partitions=2 --zoo_schedules=gpipe
+    python -m tools.keras_zoo --zoo_runs=4:zb_h1,2:gpipe # these pairs only
     python -m tools.keras_zoo --zoo_list                 # the model names
     python -m tools.keras_zoo --zoo_results=benchmarks/keras_zoo/results.csv \\
         --zoo_write_docs                                 # refresh docs/keras.md
@@ -33,27 +34,27 @@ The table: model, layers (Params), K, schedule, status (converted, or the
 named error), max grad diff (the pipeline's float32 gradients against
 Keras's float32 ones, relative to the largest Keras gradient), Keras's and
 the pipeline's error against the float64 truth, the verdict, and the
-seconds the row took (pipeline build, trace and step). ``SupportTable`` renders the results as docs/keras.md's support
-table; tests/tools/keras_zoo_test.py fails when the page is stale.
+seconds the row took (pipeline build, trace and step). The rows, the CSV
+file and the tables (docs/keras.md's support table too) are
+tools/keras_zoo_table.py's; tests/tools/keras_zoo_table_test.py fails when
+the page is stale.
 """
 
 from __future__ import annotations
 
-import csv
-import os
-import re
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import app
 from absl import flags
 
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
 from gpipe_tf.runtime import devices as devices_lib
+from tools import keras_zoo_table as table_lib
 
-__all__ = ['APPLICATIONS', 'FACTOR', 'FLOOR', 'HUB', 'Row', 'Build', 'Errors',
-           'Names', 'ReadResults', 'Run', 'SupportTable', 'Table',
-           'UpdateDocs', 'Verdict', 'WriteResults']
+Row = table_lib.Row
+
+__all__ = ['APPLICATIONS', 'HUB', 'Build', 'Names', 'Run', 'main']
 
 _MODELS = flags.DEFINE_list('zoo_models', None, 'Models to run (default: all).')
 _PARTITIONS = flags.DEFINE_list('zoo_partitions', ['2', '4'], 'Values of K.')
@@ -72,20 +73,9 @@ _WRITE_DOCS = flags.DEFINE_bool(
     'zoo_write_docs', False, "Rewrite docs/keras.md's support table from "
     '--zoo_results.')
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs',
-                    'keras.md')
-_BEGIN = '<!-- keras_zoo support table: python -m tools.keras_zoo --zoo_write_docs -->'
-_END = '<!-- end of keras_zoo support table -->'
 _SIZES = (32, 64, 75, 96)
 _PER_MICRO_BATCH = 4
 _SEQ = 8
-# The verdict: 'exact' when the pipeline's float32 error against the float64
-# truth is at most FACTOR times Keras's own float32 error, or below FLOOR
-# (8 float32 ulps of the largest gradient: where Keras is luckier than that,
-# both are rounding).
-FACTOR = 4.0
-FLOOR = 1e-6
-
 APPLICATIONS = ('ConvNeXtBase', 'ConvNeXtLarge', 'ConvNeXtSmall', 'ConvNeXtTiny',
                 'ConvNeXtXLarge', 'DenseNet121', 'DenseNet169', 'DenseNet201',
                 'EfficientNetB0', 'EfficientNetB1', 'EfficientNetB2',
@@ -99,59 +89,6 @@ APPLICATIONS = ('ConvNeXtBase', 'ConvNeXtLarge', 'ConvNeXtSmall', 'ConvNeXtTiny'
                 'ResNet152V2', 'ResNet50', 'ResNet50V2', 'VGG16', 'VGG19',
                 'Xception')
 HUB = ('GPT2Backbone', 'GPT2CausalLM', 'BertBackbone', 'BertTextClassifier')
-
-
-class Row(NamedTuple):
-  """One zoo result: status is 'converted' or the named error's class.
-
-  max_grad_diff: pipeline float32 vs Keras float32; keras_error and
-  pipeline_error: Keras's and the pipeline's float32 gradients vs Keras's
-  float64 step (None in rows from before the float64 truth). All relative to
-  the largest reference gradient.
-  """
-  model: str
-  layers: int
-  k: int
-  schedule: str
-  status: str
-  max_grad_diff: float | None
-  seconds: float
-  detail: str = ''
-  keras_error: float | None = None
-  pipeline_error: float | None = None
-
-
-def Errors(got: Sequence[Any], keras32: Sequence[Any], truth: Sequence[Any]
-           ) -> tuple[float, float, float]:
-  """(max grad diff, keras_error, pipeline_error) of gradient lists.
-
-  Args:
-    got: the pipeline's gradients, in the model's trainable_variables order.
-    keras32: Keras's float32 gradients, same order.
-    truth: Keras's float64 gradients, same order.
-
-  Returns:
-    The largest element difference of got vs keras32 (relative to the
-    largest keras32 gradient), of keras32 vs truth and of got vs truth
-    (relative to the largest truth gradient).
-  """
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  def _Rel(a, b):
-    diff = max(float(np.max(np.abs(np.asarray(x, np.float64) -
-                                   np.asarray(y, np.float64))))
-               for x, y in zip(a, b))
-    return diff / max(1e-30, max(float(np.max(np.abs(y))) for y in b))
-
-  return _Rel(got, keras32), _Rel(keras32, truth), _Rel(got, truth)
-
-
-def Verdict(row: Row) -> str:
-  """'exact', 'DIFFERS', or '-' (no float64 truth, or not converted)."""
-  if row.pipeline_error is None or row.keras_error is None:
-    return '-'
-  bound = max(FACTOR * row.keras_error, FLOOR)
-  return 'exact' if row.pipeline_error <= bound else 'DIFFERS'
 
 
 def Names() -> list[str]:
@@ -321,7 +258,7 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
       by_var = dict(zip(map(id, pipe.trainable_variables), grads))
       got = [np.asarray(by_var[id(pairs[id(v)])])
              for v in model.trainable_variables]
-      diff, keras_error, pipeline_error = Errors(got, keras32, truth)
+      diff, keras_error, pipeline_error = table_lib.Errors(got, keras32, truth)
       row = Row(name, len(params), k, sched, 'converted', diff,
                 time.time() - start, built, keras_error, pipeline_error)
     except Exception as e:  # pylint: disable=broad-except
@@ -339,101 +276,16 @@ def _Status(error: Exception) -> str:
   return name if isinstance(error, errors.Error) else f'crash: {name}'
 
 
-def _E(value: float | None) -> str:
-  return '-' if value is None else f'{value:.1e}'
-
-
-def Table(rows: Sequence[Row]) -> str:
-  """The rows as a Markdown table."""
-  lines = ['| model | layers | K | schedule | status | max grad diff | '
-           'Keras f32 vs f64 | pipeline f32 vs f64 | verdict | s |',
-           '|---|---|---|---|---|---|---|---|---|---|']
-  for r in rows:
-    status = r.status if r.status == 'converted' else (
-        f'{r.status}: {r.detail}')
-    lines.append(f'| {r.model} | {r.layers} | {r.k} | {r.schedule} | '
-                 f'{status} | {_E(r.max_grad_diff)} | {_E(r.keras_error)} | '
-                 f'{_E(r.pipeline_error)} | {Verdict(r)} | '
-                 f'{r.seconds:.0f} |')
-  return '\n'.join(lines) + '\n'
-
-
-def WriteResults(path: str, rows: Sequence[Row]) -> None:
-  """Appends `rows` to the CSV file `path`."""
-  new = not os.path.exists(path)
-  with open(path, 'a', newline='') as f:
-    w = csv.writer(f)
-    if new:
-      w.writerow(Row._fields)
-    for r in rows:
-      w.writerow(['' if v is None else v for v in r])
-
-
-def ReadResults(path: str) -> list[Row]:
-  """The rows of a results CSV (a model's last rows win)."""
-  def _F(value):
-    return float(value) if value else None
-
-  with open(path, newline='') as f:
-    rows = [Row(d['model'], int(d['layers']), int(d['k']), d['schedule'],
-                d['status'], _F(d['max_grad_diff']), float(d['seconds']),
-                d['detail'], _F(d.get('keras_error')),
-                _F(d.get('pipeline_error')))
-            for d in csv.DictReader(f)]
-  last = {}
-  for r in rows:
-    last[(r.model, r.k, r.schedule)] = r
-  return list(last.values())
-
-
-def SupportTable(rows: Sequence[Row]) -> str:
-  """docs/keras.md's support table: one line per model."""
-  by_model: dict[str, list[Row]] = {}
-  for r in rows:
-    by_model.setdefault(r.model, []).append(r)
-  lines = ['| model | built as | layers | runs (K x schedule) | '
-           'max grad diff | Keras f32 vs f64 | pipeline f32 vs f64 | '
-           'verdict |', '|---|---|---|---|---|---|---|---|']
-  for name in sorted(by_model):
-    rs = by_model[name]
-    ok = [r for r in rs if r.status == 'converted']
-    if ok:
-      runs = ', '.join(f'{r.k} {r.schedule}' for r in ok)
-      worst = max(ok, key=lambda r: (Verdict(r) == 'DIFFERS',
-                                     r.pipeline_error or 0.0))
-      verdicts = {Verdict(r) for r in ok}
-      verdict = ('DIFFERS' if 'DIFFERS' in verdicts else
-                 'exact' if verdicts == {'exact'} else
-                 'exact where measured' if 'exact' in verdicts else '-')
-      lines.append(
-          f'| {name} | {ok[0].detail} | {ok[0].layers} | {runs} | '
-          f'{_E(max(r.max_grad_diff for r in ok))} | '
-          f'{_E(worst.keras_error)} | {_E(worst.pipeline_error)} | '
-          f'{verdict} |')
-    for r in rs:
-      if r.status != 'converted':
-        detail = re.sub(r'\s+', ' ', r.detail)[:160].replace('|', '/')
-        lines.append(f'| {name} | - | {r.layers or "-"} | {r.status} '
-                     f'({r.k} {r.schedule}) | {detail} | | | |')
-  return '\n'.join(lines) + '\n'
-
-
-def UpdateDocs(text: str, rows: Sequence[Row]) -> str:
-  """`text` (docs/keras.md) with its support table made from `rows`."""
-  begin, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
-  return text[:begin] + '\n' + SupportTable(rows) + text[end:]
-
-
 def main(argv: Sequence[str]) -> None:
   del argv
   if _LIST.value:
     print('\n'.join(Names()))
     return
   if _WRITE_DOCS.value:
-    with open(DOCS) as f:
+    with open(table_lib.DOCS) as f:
       text = f.read()
-    with open(DOCS, 'w') as f:
-      f.write(UpdateDocs(text, ReadResults(_RESULTS.value)))
+    with open(table_lib.DOCS, 'w') as f:
+      f.write(table_lib.UpdateDocs(text, table_lib.ReadResults(_RESULTS.value)))
     return
   if _RUNS.value:
     runs = [(int(k), s) for k, s in (r.split(':') for r in _RUNS.value)]
@@ -447,13 +299,13 @@ def main(argv: Sequence[str]) -> None:
   rows = []
 
   def _Log(row):
-    print(Table([row]).splitlines()[-1], flush=True)
+    print(table_lib.Table([row]).splitlines()[-1], flush=True)
     if _RESULTS.value:
-      WriteResults(_RESULTS.value, [row])
+      table_lib.WriteResults(_RESULTS.value, [row])
 
   for name in names:
     rows += Run(name, runs, _Log, _MICRO_BATCHES.value)
-  print(Table(rows))
+  print(table_lib.Table(rows))
 
 
 if __name__ == '__main__':

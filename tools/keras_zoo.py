@@ -5,62 +5,77 @@ Every keras.applications architecture is built with random weights
 keras_hub's GPT-2 and BERT backbones and task models from tiny configs (no
 presets, no downloads). Each is converted with ``pipeline.FromKeras``, run
 at each K and schedule for one training step (``ComputeLossAndGradients``,
-M = K micro-batches of 4 examples), and compared with Keras's own
+M = 4 micro-batches of 4 examples), and compared with Keras's own
 ``tf.GradientTape`` step over the same micro-batches (BatchNormalization
 normalises each micro-batch in both). Dropout rates are set to 0 first: a
 pipeline draws other masks than Keras. The loss is a squared error against
 random targets over every output, so each output's gradient counts.
 
+What "within float32 rounding" means: the same model is built a second
+time under Keras's ``float64`` policy with the same weights, and its tape
+step over the same micro-batches is the truth. Keras's own float32 step is
+``keras_error`` off it (the rounding floor: large for a deep BatchNorm net
+normalising 4 examples on 1 x 1 maps), the pipeline's float32 step
+``pipeline_error``; the verdict (keras_zoo_table.Verdict) is 'exact' when
+the pipeline's error is at most 4 times Keras's own (or below 1e-6), else
+'DIFFERS'. Errors are the largest element difference over
+every gradient, relative to the largest truth gradient. The two Keras steps
+are taken once per model and shared by every K and schedule.
+
     python -m tools.keras_zoo                        # everything
     python -m tools.keras_zoo --zoo_models=MobileNetV3Small,GPT2CausalLM \\
         --zoo_partitions=2 --zoo_schedules=gpipe
+    python -m tools.keras_zoo --zoo_runs=4:zb_h1,2:gpipe # these pairs only
     python -m tools.keras_zoo --zoo_list                 # the model names
     python -m tools.keras_zoo --zoo_results=benchmarks/keras_zoo/results.csv \\
         --zoo_write_docs                                 # refresh docs/keras.md
 
 The table: model, layers (Params), K, schedule, status (converted, or the
-named error), the largest gradient difference over every variable relative
-to the largest Keras gradient, and the seconds the row took (build, trace
-and step). ``SupportTable`` renders the results as docs/keras.md's support
-table; tests/tools/keras_zoo_test.py fails when the page is stale.
+named error), max grad diff (the pipeline's float32 gradients against
+Keras's float32 ones, relative to the largest Keras gradient), Keras's and
+the pipeline's error against the float64 truth, the verdict, and the
+seconds the row took (pipeline build, trace and step). The rows, the CSV
+file and the tables (docs/keras.md's support table too) are
+tools/keras_zoo_table.py's; tests/tools/keras_zoo_table_test.py fails when
+the page is stale.
 """
 
 from __future__ import annotations
 
-import csv
-import os
-import re
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import app
 from absl import flags
 
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
 from gpipe_tf.runtime import devices as devices_lib
+from tools import keras_zoo_table as table_lib
 
-__all__ = ['APPLICATIONS', 'HUB', 'Row', 'Build', 'Names', 'ReadResults',
-           'Run', 'SupportTable', 'Table', 'UpdateDocs', 'WriteResults']
+Row = table_lib.Row
+
+__all__ = ['APPLICATIONS', 'HUB', 'Build', 'Names', 'Run', 'main']
 
 _MODELS = flags.DEFINE_list('zoo_models', None, 'Models to run (default: all).')
 _PARTITIONS = flags.DEFINE_list('zoo_partitions', ['2', '4'], 'Values of K.')
 _SCHEDULES = flags.DEFINE_list('zoo_schedules', ['gpipe', '1f1b', 'zb_h1'],
                                'Schedules.')
+_RUNS = flags.DEFINE_list(
+    'zoo_runs', None, 'K:schedule pairs to run (e.g. 4:zb_h1,2:gpipe) '
+    'instead of every --zoo_partitions x --zoo_schedules.')
 _LIST = flags.DEFINE_bool('zoo_list', False, 'Print the model names and exit.')
 _RESULTS = flags.DEFINE_string('zoo_results', None,
                                'Append the rows to this CSV file.')
+_MICRO_BATCHES = flags.DEFINE_integer(
+    'zoo_micro_batches', 4, 'M, the same at every K (so one Keras step per '
+    'model serves every row).')
 _WRITE_DOCS = flags.DEFINE_bool(
     'zoo_write_docs', False, "Rewrite docs/keras.md's support table from "
     '--zoo_results.')
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs',
-                    'keras.md')
-_BEGIN = '<!-- keras_zoo support table: python -m tools.keras_zoo --zoo_write_docs -->'
-_END = '<!-- end of keras_zoo support table -->'
 _SIZES = (32, 64, 75, 96)
 _PER_MICRO_BATCH = 4
 _SEQ = 8
-
 APPLICATIONS = ('ConvNeXtBase', 'ConvNeXtLarge', 'ConvNeXtSmall', 'ConvNeXtTiny',
                 'ConvNeXtXLarge', 'DenseNet121', 'DenseNet169', 'DenseNet201',
                 'EfficientNetB0', 'EfficientNetB1', 'EfficientNetB2',
@@ -74,18 +89,6 @@ APPLICATIONS = ('ConvNeXtBase', 'ConvNeXtLarge', 'ConvNeXtSmall', 'ConvNeXtTiny'
                 'ResNet152V2', 'ResNet50', 'ResNet50V2', 'VGG16', 'VGG19',
                 'Xception')
 HUB = ('GPT2Backbone', 'GPT2CausalLM', 'BertBackbone', 'BertTextClassifier')
-
-
-class Row(NamedTuple):
-  """One zoo result: status is 'converted' or the named error's class."""
-  model: str
-  layers: int
-  k: int
-  schedule: str
-  status: str
-  max_grad_diff: float | None
-  seconds: float
-  detail: str = ''
 
 
 def Names() -> list[str]:
@@ -108,15 +111,23 @@ def _Hub(name: str) -> Any:
       backbone=backbone, num_classes=3, preprocessor=None, dropout=0.0)
 
 
-def Build(name: str) -> tuple[Any, str]:
-  """(model, what it was built as); raises ValueError when no small input
-  fits."""
+def Build(name: str, size: int | None = None) -> tuple[Any, str]:
+  """(model, what it was built as), under the Keras dtype policy in force.
+
+  Args:
+    name: one of Names().
+    size: the image size of a keras.applications model; None: the smallest
+      of 32, 64, 75 and 96 pixels it accepts.
+
+  Raises:
+    ValueError: when no small input fits.
+  """
   import keras  # pylint: disable=g-import-not-at-top
   if name in HUB:
     return _Hub(name), f'tiny config, {_SEQ} tokens'
   fn = getattr(keras.applications, name)
   errors = []
-  for size in _SIZES:
+  for size in _SIZES if size is None else (size,):
     try:
       model = fn(weights=None, input_shape=(size, size, 3), classes=10,
                  classifier_activation=None)
@@ -124,6 +135,27 @@ def Build(name: str) -> tuple[Any, str]:
     except ValueError as e:
       errors.append(str(e).split('\n')[0])
   raise ValueError(f'no input of {list(_SIZES)} px fits: {errors[-1]}')
+
+
+def _Float64Twin(name: str, model: Any, built: str) -> Any:
+  """`name` built again under Keras's float64 policy, with `model`'s weights."""
+  import keras  # pylint: disable=g-import-not-at-top
+  before = keras.config.dtype_policy()
+  keras.config.set_dtype_policy('float64')
+  try:
+    twin, _ = Build(name, None if name in HUB else int(built.split('x')[0]))
+  finally:
+    keras.config.set_dtype_policy(before)
+  _NoDropout(twin)
+  twin.set_weights(model.get_weights())
+  return twin
+
+
+def _NoDropout(model: Any) -> None:
+  import keras  # pylint: disable=g-import-not-at-top
+  for layer in model._flatten_layers():  # pylint: disable=protected-access
+    if isinstance(layer, keras.layers.Dropout):
+      layer.rate = 0.0
 
 
 def _Inputs(model: Any, n: int) -> Any:
@@ -147,10 +179,12 @@ def _Inputs(model: Any, n: int) -> Any:
 
 
 def _PerExample(outputs: Any, targets: Any) -> Any:
+  """Squared error per example, in float64 for a float64 model's outputs."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   terms = []
   for o, t in zip(tf.nest.flatten(outputs), tf.nest.flatten(targets)):
-    d = tf.square(tf.cast(o, tf.float32) - t)
+    dtype = tf.float64 if o.dtype == tf.float64 else tf.float32
+    d = tf.square(tf.cast(o, dtype) - tf.cast(t, dtype))
     terms.append(tf.reduce_mean(tf.reshape(d, [tf.shape(d)[0], -1]), 1))
   return tf.add_n(terms)
 
@@ -161,22 +195,31 @@ def _KerasGradients(model: Any, x: Any, targets: Any, m: int) -> list:
   from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
   flat_x, flat_t = tf.nest.flatten(x), tf.nest.flatten(targets)
   xs, ts = microbatch.Split(flat_x, m), microbatch.Split(flat_t, m)
-  n = tf.cast(tf.shape(flat_x[0])[0], tf.float32)
   with tf.GradientTape() as tape:
     total = tf.add_n([tf.reduce_sum(_PerExample(
         model(tf.nest.pack_sequence_as(x, xm), training=True),
         tf.nest.pack_sequence_as(targets, tm))) for xm, tm in zip(xs, ts)])
-    loss = total / n
-  return tape.gradient(loss, model.trainable_variables)
+    loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
+  return [tf.convert_to_tensor(g).numpy()
+          for g in tape.gradient(loss, model.trainable_variables)]
 
 
-def Run(name: str, ks: Sequence[int], schedules: Sequence[str],
-        log: Callable[[Row], None] = lambda row: None) -> list[Row]:
-  """The zoo rows of model `name` at each K and schedule."""
-  import keras  # pylint: disable=g-import-not-at-top
+def _AsFloat64(x: Any) -> Any:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.nest.map_structure(
+      lambda t: tf.cast(t, tf.float64) if t.dtype.is_floating else t, x)
+
+
+def Run(name: str, runs: Sequence[tuple[int, str]],
+        log: Callable[[Row], None] = lambda row: None,
+        micro_batches: int = 4) -> list[Row]:
+  """The zoo rows of model `name`, one per (K, schedule) of `runs`.
+
+  Keras's float32 and float64 steps over the same `micro_batches`
+  micro-batches are taken once and shared by every row.
+  """
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import errors  # pylint: disable=g-import-not-at-top
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
   start = time.time()
@@ -186,119 +229,51 @@ def Run(name: str, ks: Sequence[int], schedules: Sequence[str],
     row = Row(name, 0, 0, '-', 'skipped', None, time.time() - start, str(e))
     log(row)
     return [row]
-  for layer in model._flatten_layers():  # pylint: disable=protected-access
-    if isinstance(layer, keras.layers.Dropout):
-      layer.rate = 0.0
+  _NoDropout(model)
   try:
     params = pipeline.FromKeras(model)
-  except errors.Error as e:
-    row = Row(name, 0, 0, '-', type(e).__name__, None, time.time() - start,
-              str(e))
+  except Exception as e:  # pylint: disable=broad-except
+    row = Row(name, 0, 0, '-', _Status(e), None, time.time() - start, str(e))
     log(row)
     return [row]
+  m = micro_batches
+  x = _Inputs(model, m * _PER_MICRO_BATCH)
+  targets = tf.nest.map_structure(
+      lambda o: tf.random.stateless_normal(o.shape, [7, 7]),
+      model(x, training=False))
+  keras32 = _KerasGradients(model, x, targets, m)
+  truth = _KerasGradients(_Float64Twin(name, model, built), _AsFloat64(x),
+                          _AsFloat64(targets), m)
   rows = []
-  for k in ks:
-    m = k
-    x = _Inputs(model, m * _PER_MICRO_BATCH)
-    outs = model(x, training=False)
-    targets = tf.nest.map_structure(
-        lambda o: tf.random.stateless_normal(o.shape, [7, 7]), outs)
-    want = _KerasGradients(model, x, targets, m)
-    for sched in schedules:
-      start = time.time()
-      try:
-        pipe = pipeline.PipeliningLayer.Params().Set(
-            name='net', layers=params, num_partitions=k, num_micro_batches=m,
-            schedule=sched).Instantiate()
-        pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
-        _, _, grads = pipe.ComputeLossAndGradients(
-            x if isinstance(x, tuple) else (x,), targets,
-            lambda o, t: loss_lib.LossTerms(_PerExample(o, t)))
-        got = dict(zip(map(id, pipe.trainable_variables), grads))
-        diff, scale = 0.0, 1e-12
-        for var, g in zip(model.trainable_variables, want):
-          g = np.asarray(tf.convert_to_tensor(g))
-          diff = max(diff, float(np.max(np.abs(
-              np.asarray(got[id(pairs[id(var)])]) - g))))
-          scale = max(scale, float(np.max(np.abs(g))))
-        diff /= scale
-        row = Row(name, len(params), k, sched, 'converted', diff,
-                  time.time() - start, built)
-      except errors.Error as e:
-        row = Row(name, len(params), k, sched, type(e).__name__, None,
-                  time.time() - start, str(e))
-      rows.append(row)
-      log(row)
+  for k, sched in runs:
+    start = time.time()
+    try:
+      pipe = pipeline.PipeliningLayer.Params().Set(
+          name='net', layers=params, num_partitions=k, num_micro_batches=m,
+          schedule=sched).Instantiate()
+      pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+      _, _, grads = pipe.ComputeLossAndGradients(
+          x if isinstance(x, tuple) else (x,), targets,
+          lambda o, t: loss_lib.LossTerms(_PerExample(o, t)))
+      by_var = dict(zip(map(id, pipe.trainable_variables), grads))
+      got = [np.asarray(by_var[id(pairs[id(v)])])
+             for v in model.trainable_variables]
+      diff, keras_error, pipeline_error = table_lib.Errors(got, keras32, truth)
+      row = Row(name, len(params), k, sched, 'converted', diff,
+                time.time() - start, built, keras_error, pipeline_error)
+    except Exception as e:  # pylint: disable=broad-except
+      row = Row(name, len(params), k, sched, _Status(e), None,
+                time.time() - start, str(e))
+    rows.append(row)
+    log(row)
   return rows
 
 
-def _Diff(row: Row) -> str:
-  return '-' if row.max_grad_diff is None else f'{row.max_grad_diff:.1e}'
-
-
-def Table(rows: Sequence[Row]) -> str:
-  """The rows as a Markdown table."""
-  lines = ['| model | layers | K | schedule | status | max grad diff | s |',
-           '|---|---|---|---|---|---|---|']
-  for r in rows:
-    status = r.status if r.status == 'converted' else (
-        f'{r.status}: {r.detail}')
-    lines.append(f'| {r.model} | {r.layers} | {r.k} | {r.schedule} | '
-                 f'{status} | {_Diff(r)} | {r.seconds:.0f} |')
-  return '\n'.join(lines) + '\n'
-
-
-def WriteResults(path: str, rows: Sequence[Row]) -> None:
-  """Appends `rows` to the CSV file `path`."""
-  new = not os.path.exists(path)
-  with open(path, 'a', newline='') as f:
-    w = csv.writer(f)
-    if new:
-      w.writerow(Row._fields)
-    for r in rows:
-      w.writerow(['' if v is None else v for v in r])
-
-
-def ReadResults(path: str) -> list[Row]:
-  """The rows of a results CSV (a model's last rows win)."""
-  with open(path, newline='') as f:
-    rows = [Row(d['model'], int(d['layers']), int(d['k']), d['schedule'],
-                d['status'], float(d['max_grad_diff']) if d['max_grad_diff']
-                else None, float(d['seconds']), d['detail'])
-            for d in csv.DictReader(f)]
-  last = {}
-  for r in rows:
-    last[(r.model, r.k, r.schedule)] = r
-  return list(last.values())
-
-
-def SupportTable(rows: Sequence[Row]) -> str:
-  """docs/keras.md's support table: one line per model."""
-  by_model: dict[str, list[Row]] = {}
-  for r in rows:
-    by_model.setdefault(r.model, []).append(r)
-  lines = ['| model | built as | layers | runs (K x schedule) | '
-           'max grad diff |', '|---|---|---|---|---|']
-  for name in sorted(by_model):
-    rs = by_model[name]
-    ok = [r for r in rs if r.status == 'converted']
-    if ok:
-      runs = ', '.join(f'{r.k} {r.schedule}' for r in ok)
-      worst = max(r.max_grad_diff for r in ok)
-      lines.append(f'| {name} | {ok[0].detail} | {ok[0].layers} | {runs} | '
-                   f'{worst:.1e} |')
-    for r in rs:
-      if r.status != 'converted':
-        detail = re.sub(r'\s+', ' ', r.detail)[:160].replace('|', '/')
-        lines.append(f'| {name} | - | {r.layers or "-"} | {r.status} '
-                     f'({r.k} {r.schedule}) | {detail} |')
-  return '\n'.join(lines) + '\n'
-
-
-def UpdateDocs(text: str, rows: Sequence[Row]) -> str:
-  """`text` (docs/keras.md) with its support table made from `rows`."""
-  begin, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
-  return text[:begin] + '\n' + SupportTable(rows) + text[end:]
+def _Status(error: Exception) -> str:
+  """A named error's class; 'crash: <class>' for any other exception."""
+  from gpipe_tf import errors  # pylint: disable=g-import-not-at-top
+  name = type(error).__name__
+  return name if isinstance(error, errors.Error) else f'crash: {name}'
 
 
 def main(argv: Sequence[str]) -> None:
@@ -307,13 +282,16 @@ def main(argv: Sequence[str]) -> None:
     print('\n'.join(Names()))
     return
   if _WRITE_DOCS.value:
-    with open(DOCS) as f:
+    with open(table_lib.DOCS) as f:
       text = f.read()
-    with open(DOCS, 'w') as f:
-      f.write(UpdateDocs(text, ReadResults(_RESULTS.value)))
+    with open(table_lib.DOCS, 'w') as f:
+      f.write(table_lib.UpdateDocs(text, table_lib.ReadResults(_RESULTS.value)))
     return
-  ks = [int(k) for k in _PARTITIONS.value]
-  devices_lib.SplitCpu(max(ks))
+  if _RUNS.value:
+    runs = [(int(k), s) for k, s in (r.split(':') for r in _RUNS.value)]
+  else:
+    runs = [(int(k), s) for k in _PARTITIONS.value for s in _SCHEDULES.value]
+  devices_lib.SplitCpu(max(k for k, _ in runs))
   names = _MODELS.value or Names()
   unknown = sorted(set(names) - set(Names()))
   if unknown:
@@ -321,13 +299,13 @@ def main(argv: Sequence[str]) -> None:
   rows = []
 
   def _Log(row):
-    print(Table([row]).splitlines()[-1], flush=True)
+    print(table_lib.Table([row]).splitlines()[-1], flush=True)
     if _RESULTS.value:
-      WriteResults(_RESULTS.value, [row])
+      table_lib.WriteResults(_RESULTS.value, [row])
 
   for name in names:
-    rows += Run(name, ks, _SCHEDULES.value, _Log)
-  print(Table(rows))
+    rows += Run(name, runs, _Log, _MICRO_BATCHES.value)
+  print(table_lib.Table(rows))
 
 
 if __name__ == '__main__':

@@ -313,7 +313,9 @@ class KerasLayer(base_layer.BaseLayer):
                  [getattr(x, 'shape', None) for x in inputs], self.path)
     args, kwargs = _Route(p, inputs)
     if self.keras_layer is None and self.KEEP_FLOAT32:
-      y = tf.cast(self.native.FProp(tf.cast(args[0], tf.float32),
+      # float32 statistics for 16-bit inputs; a float64 model keeps float64.
+      wide = tf.float64 if args[0].dtype == tf.float64 else tf.float32
+      y = tf.cast(self.native.FProp(tf.cast(args[0], wide),
                                     training=training), args[0].dtype)
     elif self.keras_layer is None:
       y = self.native.FProp(*args, training=training)
@@ -339,7 +341,7 @@ class KerasLayer(base_layer.BaseLayer):
     passed = tuple(shapes[i] for i in p.passthrough)
     native = keras_native.NativeParams(p, kcls, shapes)
     if native is not None:
-      meta = native.cls.FPropMeta(native, shapes[0])
+      meta = native.cls.FPropMeta(native, shapes[(p.inputs or [0])[0]])
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)
     # The state of Python's random is restored after Keras draws seeds.
     with tf.Graph().as_default(), _SeededInitializers(0):

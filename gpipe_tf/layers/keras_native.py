@@ -35,10 +35,13 @@ def NativeParams(p: hyperparams.Params, cls: type, shapes: Sequence[Shape]
         f'{where} subclasses {cls.__mro__[1].__name__}, which is run as this '
         "project's own layer; a subclass's changes would be lost. Use the "
         'Keras class itself.')
-  if p.inputs not in (None, [0], (0,)) or p.input_kwargs or p.call_kwargs:
+  one = (len(shapes) == 1 if p.inputs is None else
+         len(p.inputs) == 1 and isinstance(p.inputs[0], int))
+  if not one or p.input_kwargs or p.call_kwargs:
     raise UnsupportedKerasLayerError(
-        f'{where} takes one tensor input; set inputs=None or [0] and no '
-        'input_kwargs or call_kwargs.')
+        f'{where} takes one tensor input; set inputs to one index (or None '
+        'for a single input) and no input_kwargs or call_kwargs.')
+  shape = shapes[0 if p.inputs is None else p.inputs[0]]
   c = p.config
   base = dict(random_seed=p.random_seed, dtype=p.dtype)
   if cls is keras.layers.Dropout:
@@ -47,17 +50,19 @@ def NativeParams(p: hyperparams.Params, cls: type, shapes: Sequence[Shape]
     return core.DropoutLayer.Params().Set(
         keep_prob=1.0 - float(c.get('rate', 0.0)),
         noise_shape_broadcast_dims=dims, **base)
-  rank = len(shapes[0])
+  rank = len(shape)
   axis = c.get('axis', -1)
   axis = list(axis) if isinstance(axis, (list, tuple)) else [axis]
-  problems = [f'{k}={c[k]!r} (use {v!r})' for k, v in (
-      ('center', True), ('scale', True), ('renorm', False)) if k in c
-              and c[k] != v]
+  problems = ([f"renorm={c['renorm']!r} (use False)"]
+              if c.get('renorm', False) else [])
   if [a % rank for a in axis] != [rank - 1]:
     problems.append(f'axis={c.get("axis")!r} (use -1)')
   for key, want in _BATCH_NORM_INITS.items():
     init = c.get(key)
     got = init.get('class_name') if isinstance(init, dict) else init
+    if key.startswith(('gamma', 'beta')) and not c.get(
+        'scale' if key.startswith('gamma') else 'center', True):
+      continue  # No such variable.
     if got is not None and str(got).lower() != want.lower():
       problems.append(f'{key}={got!r} (use {want!r})')
   if problems:
@@ -65,6 +70,7 @@ def NativeParams(p: hyperparams.Params, cls: type, shapes: Sequence[Shape]
         f"{where} runs as gpipe_tf's BatchNormLayer, which needs: "
         + ', '.join(problems) + '.')
   return normalization.BatchNormLayer.Params().Set(
-      dim=int(shapes[0][-1]), decay=float(c.get('momentum', 0.99)),
+      dim=int(shape[-1]), decay=float(c.get('momentum', 0.99)),
+      scale=bool(c.get('scale', True)), center=bool(c.get('center', True)),
       epsilon=float(c.get('epsilon', 1e-3)),
       cross_replica_normalization=bool(c.get('synchronized', False)), **base)

@@ -22,9 +22,10 @@ Shape = base_layer.Shape
 class BatchNormLayer(base_layer.BaseLayer):
   """Batch normalisation over every axis but the last.
 
-  Variables: trainable ``gamma`` (init 1) and ``beta`` (init 0), and
-  non-trainable ``moving_mean`` (init 0) and ``moving_variance`` (init 1), all
-  of shape [dim].
+  Variables: trainable ``gamma`` (init 1; none with ``scale=False``) and
+  ``beta`` (init 0; none with ``center=False``), and non-trainable
+  ``moving_mean`` (init 0) and ``moving_variance`` (init 1), all of shape
+  [dim].
 
   FProp in training normalises with the statistics of this batch
   (``ComputeMoments``) and then moves the moving statistics towards them
@@ -71,6 +72,8 @@ class BatchNormLayer(base_layer.BaseLayer):
     p.Define('cross_replica_normalization', False,
              'In training, normalise with the statistics of the batch over '
              'all replicas (all-reduced), not only this replica\'s.')
+    p.Define('scale', True, 'Multiply by a learnt gamma (False: by 1).')
+    p.Define('center', True, 'Add a learnt beta (False: add 0).')
     return p
 
   def __init__(self, params: hyperparams.InstantiableParams,
@@ -89,8 +92,10 @@ class BatchNormLayer(base_layer.BaseLayer):
       raise base_layer.LayerConfigError(
           f"BatchNormLayer '{self.path}': epsilon must be > 0, "
           f'got {p.epsilon}.')
-    self.CreateVariable('gamma', [p.dim], init=initializers.Constant(1.0))
-    self.CreateVariable('beta', [p.dim], init=initializers.Constant(0.0))
+    if p.scale:
+      self.CreateVariable('gamma', [p.dim], init=initializers.Constant(1.0))
+    if p.center:
+      self.CreateVariable('beta', [p.dim], init=initializers.Constant(0.0))
     self.CreateVariable('moving_mean', [p.dim],
                         init=initializers.Constant(0.0), trainable=False)
     self.CreateVariable('moving_variance', [p.dim],
@@ -189,7 +194,13 @@ class BatchNormLayer(base_layer.BaseLayer):
       else:
         mean, variance = batch_mean, batch_variance
       self._TrainingStatsUpdate(x, batch_mean, batch_variance)
-    return tf.nn.batch_normalization(x, mean, variance, self.beta, self.gamma,
+    # Variables are float32; a float64 input (a float64 Keras model) is
+    # normalised in float64 (casts are no-ops for float32).
+    mean, variance, beta, gamma = (None if v is None else tf.cast(v, x.dtype)
+                                   for v in (mean, variance,
+                                             getattr(self, 'beta', None),
+                                             getattr(self, 'gamma', None)))
+    return tf.nn.batch_normalization(x, mean, variance, beta, gamma,
                                      self.p.epsilon)
 
   @classmethod
@@ -197,7 +208,8 @@ class BatchNormLayer(base_layer.BaseLayer):
     base_layer.CheckMetaLastDim(p, shape, p.dim)
     # Statistics (~3 per element) and scale-and-shift (~2 per element).
     flops = 5 * base_layer.NumElements(shape)
-    return LayerMeta(flops, (tuple(shape),), 4 * p.dim)
+    return LayerMeta(flops, (tuple(shape),),
+                     (2 + int(p.scale) + int(p.center)) * p.dim)
 
 
 class LayerNorm(base_layer.BaseLayer):

@@ -23,8 +23,9 @@ from typing import Any, Sequence
 
 from gpipe_tf import errors
 
-__all__ = ['Check', 'Crossing', 'Names', 'Pop', 'PopWithoutStashError', 'Skip',
-           'SkipError', 'Stash', 'StashNeverPoppedError', 'StashedTwiceError']
+__all__ = ['Check', 'Crossing', 'Names', 'NothingStashedError', 'Pop',
+           'PopWithoutStashError', 'Skip', 'SkipError', 'Stash',
+           'StashNeverPoppedError', 'StashedTwiceError']
 
 
 class SkipError(errors.Error, ValueError):
@@ -42,6 +43,12 @@ class StashedTwiceError(SkipError):
 
 class StashNeverPoppedError(SkipError):
   """A layer stashes a name no later layer pops."""
+
+
+class NothingStashedError(SkipError):
+  """At run time, a layer pops a name under which nothing is stashed: its
+  layer list was run without ``Check`` (the Params validation of
+  SequentialLayer and PipeliningLayer)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +129,22 @@ def Crossing(skips: Sequence[Skip], balance: Sequence[int]
 
 def Pop(p: Any, xs: tuple, stashed: dict) -> tuple:
   """`xs` with the tensors a layer of Params `p` pops appended (taken out
-  of `stashed`)."""
-  return tuple(xs) + tuple(stashed.pop(n) for n in Names(p, 'pop'))
+  of `stashed`).
+
+  Raises:
+    NothingStashedError: a name `p` pops is not in `stashed`.
+  """
+  names = Names(p, 'pop')
+  missing = [n for n in names if n not in stashed]
+  if missing:
+    raise NothingStashedError(
+        f"layer '{getattr(p, 'name', p)}' pops {missing} but nothing is "
+        f'stashed under {"that name" if len(missing) == 1 else "those names"}'
+        f' (stashed now: {sorted(stashed)}): no layer before it stashed it, '
+        'or it was popped already. Run the layer list through skips.Check '
+        '(SequentialLayer and PipeliningLayer Params do) to find the '
+        'mismatch, and stash each name in an earlier layer.')
+  return tuple(xs) + tuple(stashed.pop(n) for n in names)
 
 
 def Stash(p: Any, outputs: tuple, stashed: dict, what: str = 'outputs'

@@ -249,8 +249,8 @@ class KerasLayerTest(tf.test.TestCase):
          keras_layer.UnsupportedKerasLayerError, 'Set it to None'),
         (_Keras('x', 'Dense', [(None, 3)], units=2, trainable=False),
          keras_layer.UnsupportedKerasLayerError, 'Set it to True'),
-        (_Keras('x', 'BatchNormalization', [(None, 3)], center=False),
-         keras_layer.UnsupportedKerasLayerError, r"center=False \(use True"),
+        (_Keras('x', 'BatchNormalization', [(None, 3)], axis=0),
+         keras_layer.UnsupportedKerasLayerError, r"axis=0 \(use -1"),
         (_Keras('x', 'Dense', [(None, 3)], units=2).Set(passthrough=[1]),
          errors.Error, 'indices of its 1 inputs'),
     ]

@@ -57,9 +57,16 @@ class CheckTest(tf.test.TestCase):
                                 "'s2' by layer 1 'b'.*Pop each"):
       skips.Check([_Branch('a', 's1'), _Branch('b', 's2'), _Merge('c', 's1')])
 
+  def testPopWithNothingStashedAtRunTime(self):
+    # Layers built one by one, so no Params validation ran (was a KeyError).
+    layers = [_Fc('a').Instantiate(), _Merge('c', 's1').Instantiate()]
+    with self.assertRaisesRegex(skips.NothingStashedError,
+                                r"'c' pops \['s1'\] but nothing is stashed"):
+      core.RunWithSkips(layers, (tf.ones([2, 4]),), {}, False)
+
   def testErrorsAreNamed(self):
     for cls in (skips.PopWithoutStashError, skips.StashedTwiceError,
-                skips.StashNeverPoppedError):
+                skips.StashNeverPoppedError, skips.NothingStashedError):
       self.assertTrue(issubclass(cls, skips.SkipError))
       self.assertTrue(issubclass(cls, errors.Error))
       self.assertTrue(issubclass(cls, ValueError))

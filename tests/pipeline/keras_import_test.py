@@ -3,7 +3,8 @@
 For a small CNN (Conv2D, BatchNormalization, Dropout, Dense) and a small
 functional Transformer (MultiHeadAttention, LayerNormalization, Dense,
 residual Adds), every registered schedule (schedule.Names(), each at the
-first of V = 1, 2 and M = 2, 2K it accepts) and K in {1, 2, 4}:
+first of V = 1, 2 (2, 1 for interleaved_1f1b) and M = 2, 2K it accepts)
+and K in {1, 2, 4}:
 ``ComputeLossAndGradients`` equals a Keras ``tf.GradientTape`` step over the
 same M micro-batches (BatchNorm normalises each micro-batch with its own
 statistics in both), the moving statistics after the step equal one update
@@ -36,10 +37,12 @@ from gpipe_tf.pipeline import transfers
 def _Layouts():
   """(schedule, K, M, V) for every registered schedule and K in {2, 4}, and
   gpipe at K = 1 (one stage: every schedule runs it alike): the first M in
-  (2, 2K) and V in (1, 2) the schedule accepts."""
+  (2, 2K) and V in (1, 2) the schedule accepts; V = 2 first for
+  interleaved_1f1b, so that it runs two stages a device."""
   layouts = [('gpipe', 1, 2, 1)]
   for name, k in itertools.product(schedule.Names(), (2, 4)):
-    for m, v in itertools.product(sorted({2, 2 * k}), (1, 2)):
+    vs = (2, 1) if name == 'interleaved_1f1b' else (1, 2)
+    for m, v in itertools.product(sorted({2, 2 * k}), vs):
       try:
         schedule.Make(name, k, m, v)
       except schedule.ScheduleError:
@@ -583,6 +586,65 @@ class FromKerasTest(tf.test.TestCase):
     with self.assertRaisesRegex(layers.keras_layer.KerasPrecisionError,
                                 "'mixed_bfloat16'.*'mixed_float16'"):
       pipe.FProp(x)
+
+  def testBatchNormWithoutScaleOrCenterReadingALaterTupleSlot(self):
+    # ResNetV2's pre-activation BatchNormalization reads the block's input
+    # beside its shortcut (the tuple's second slot); InceptionV3's has
+    # scale=False.
+    inputs = keras.Input((6, 6, 3))
+    x = keras.layers.Conv2D(4, 3, padding='same', name='conv0')(inputs)
+    s = keras.layers.MaxPooling2D(2, name='shortcut')(x)  # 3 x 3.
+    h = keras.layers.BatchNormalization(scale=False, name='preact_bn')(x)
+    h = keras.layers.Activation('relu', name='relu')(h)
+    h = keras.layers.Conv2D(4, 3, 2, padding='same', name='conv1')(h)
+    y = keras.layers.Add(name='add')([s, h])
+    y = keras.layers.BatchNormalization(center=False, name='post_bn')(y)
+    y = keras.layers.GlobalAveragePooling2D(name='pool')(y)
+    model = keras.Model(inputs, keras.layers.Dense(5, name='logits')(y))
+    _Randomize(model, seed=4)
+    x = tf.random.stateless_normal([4, 6, 6, 3], seed=[4, 1])
+    t = tf.random.stateless_normal([4, 5], seed=[4, 2])
+    _, params = self._AssertSameStep(model, x, t)
+    self.assertEqual(params[2].inputs, [1])  # preact_bn reads slot 1.
+    self.assertEqual([w.name for w in model.get_layer('preact_bn').weights],
+                     ['beta', 'moving_mean', 'moving_variance'])
+
+  def testFloat64ModelWithBatchNormIsKerasToFloat64Rounding(self):
+    # The zoo's truth (tools/keras_zoo.py): over a model built under Keras's
+    # float64 policy the pipeline computes in float64, BatchNorm included,
+    # so it equals Keras's float64 step far below float32 rounding. Only the
+    # BatchNorm scale and offset (float32 variables here) round to float32.
+    keras.config.set_dtype_policy('float64')
+    try:
+      model = _Cnn()
+    finally:
+      keras.config.set_dtype_policy('float32')
+    _Randomize(model, seed=3)  # Then float32 values, as the zoo's twin has.
+    model.set_weights([w.astype(np.float32) for w in model.get_weights()])
+    # keras.Input is float32 (floatx) under any policy: float32 values.
+    x = tf.cast(tf.random.stateless_normal([4, 6, 6, 3], [3, 1]), tf.float64)
+    t = tf.random.stateless_normal([4, 5], [3, 2], dtype=tf.float64)
+
+    def _PerExampleSquares(o, t):
+      return tf.reduce_mean(tf.square(o - t), 1)
+
+    with tf.GradientTape() as tape:
+      loss = tf.add_n([tf.reduce_sum(_PerExampleSquares(
+          model(xm, training=True), tm))
+                       for xm, tm in zip(tf.split(x, 2), tf.split(t, 2))]) / 4
+    want = tape.gradient(loss, model.trainable_variables)
+    pipe = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(model), num_partitions=2,
+        num_micro_batches=2, schedule='zb_h1').Instantiate()
+    pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+    _, _, grads = pipe.ComputeLossAndGradients(
+        (x,), t, lambda o, t: loss_lib.LossTerms(_PerExampleSquares(o, t)))
+    got = dict(zip(map(id, pipe.trainable_variables), grads))
+    scale = max(float(tf.reduce_max(tf.abs(g))) for g in want)
+    for var, g in zip(model.trainable_variables, want):
+      tol = 1e-6 if '/bn' in var.path else 1e-13
+      self.assertAllClose(g, tf.cast(got[id(pairs[id(var)])], tf.float64),
+                          rtol=0, atol=tol * scale, msg=var.path)
 
   def testModelWithoutInputShapeIsRefused(self):
     with self.assertRaisesRegex(layers.keras_layer.KerasInputShapeError,

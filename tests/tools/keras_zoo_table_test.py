@@ -1,0 +1,71 @@
+"""tools.keras_zoo_table: the verdict flags a gradient off by more than float32 rounding, the tables and the CSV round-trip, and docs/keras.md's support table is the zoo's results."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tools import keras_zoo_table
+
+_RESULTS = os.path.join(os.path.dirname(keras_zoo_table.DOCS), os.pardir,
+                        'benchmarks', 'keras_zoo', 'results.csv')
+
+
+class KerasZooTableTest(tf.test.TestCase):
+
+  def testVerdictFlagsAWrongGradient(self):
+    rng = np.random.default_rng(0)
+    truth = [rng.normal(size=(8, 3)), rng.normal(size=(5,))]
+
+    def _Rounded(seed, rel=1e-7):  # float32-like noise on every element.
+      r = np.random.default_rng(seed)
+      return [g * (1 + rel * r.normal(size=g.shape)) for g in truth]
+
+    keras32, good = _Rounded(1), _Rounded(2)
+    wrong = [g.copy() for g in good]
+    wrong[1][3] *= 1.001  # One element of one gradient off by 0.1%.
+    for got, verdict in ((good, 'exact'), (wrong, 'DIFFERS')):
+      diff, keras_error, pipeline_error = keras_zoo_table.Errors(got, keras32, truth)
+      row = keras_zoo_table.Row('A', 3, 2, 'gpipe', 'converted', diff, 1.0, '',
+                          keras_error, pipeline_error)
+      self.assertEqual(keras_zoo_table.Verdict(row), verdict, row)
+    # An ill-conditioned model: Keras's own float32 step is 5% off the
+    # truth; the pipeline's 6% is rounding, 50% is not.
+    for pipeline_error, verdict in ((0.06, 'exact'), (0.5, 'DIFFERS')):
+      row = keras_zoo_table.Row('A', 3, 2, 'gpipe', 'converted', 0.05, 1.0, '', 0.05,
+                          pipeline_error)
+      self.assertEqual(keras_zoo_table.Verdict(row), verdict)
+    self.assertEqual(keras_zoo_table.Verdict(row._replace(keras_error=None)), '-')
+
+  def testDocsSupportTableIsTheZoosResults(self):
+    # Regenerate with: python -m tools.keras_zoo --zoo_write_docs
+    #   --zoo_results=benchmarks/keras_zoo/results.csv
+    with open(keras_zoo_table.DOCS) as f:
+      text = f.read()
+    rows = keras_zoo_table.ReadResults(_RESULTS)
+    self.assertNotEmpty(rows)
+    self.assertEqual(keras_zoo_table.UpdateDocs(text, rows), text)
+
+  def testTables(self):
+    rows = [keras_zoo_table.Row('A', 10, 2, 'gpipe', 'converted', 1e-7, 3.0, '32x32',
+                          3e-3, 2e-3),
+            keras_zoo_table.Row('A', 10, 4, 'gpipe', 'converted', 2e-7, 4.0, '32x32',
+                          3e-3, 4e-3),
+            keras_zoo_table.Row('B', 0, 0, '-', 'KerasModelError', None, 1.0,
+                          "'x' makes a | mask")]
+    table = keras_zoo_table.Table(rows)
+    self.assertIn('| B | 0 | 0 | - | KerasModelError: ', table)
+    self.assertIn('| 2.0e-07 | 3.0e-03 | 4.0e-03 | exact | 4 |', table)
+    support = keras_zoo_table.SupportTable(rows).splitlines()
+    self.assertEqual(support[2], '| A | 32x32 | 10 | 2 gpipe, 4 gpipe | '
+                     '2.0e-07 | 3.0e-03 | 4.0e-03 | exact |')
+    self.assertIn("KerasModelError (0 -) | 'x' makes a / mask |", support[3])
+    path = os.path.join(self.get_temp_dir(), 'rows.csv')
+    keras_zoo_table.WriteResults(path, rows[:2])
+    keras_zoo_table.WriteResults(path, rows[2:])
+    self.assertEqual(keras_zoo_table.ReadResults(path), rows)
+
+
+
+if __name__ == '__main__':
+  tf.test.main()

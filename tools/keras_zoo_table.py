@@ -1,0 +1,167 @@
+"""The Keras zoo's results: rows, the verdict against the float64 truth, the CSV file, and the Markdown tables (the zoo's and docs/keras.md's).
+
+What "within float32 rounding" means (docs/keras.md): Keras's own float32
+step is ``keras_error`` off the float64 truth (the model's rounding floor),
+the pipeline's ``pipeline_error``; ``Verdict`` says 'exact' when the
+pipeline's error is at most ``FACTOR`` times Keras's own (or below
+``FLOOR``), else 'DIFFERS'. tools/keras_zoo.py makes the rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from typing import Any, NamedTuple, Sequence
+
+__all__ = ['DOCS', 'FACTOR', 'FLOOR', 'Row', 'Errors', 'ReadResults',
+           'SupportTable', 'Table', 'UpdateDocs', 'Verdict', 'WriteResults']
+
+DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs',
+                    'keras.md')
+_BEGIN = '<!-- keras_zoo support table: python -m tools.keras_zoo --zoo_write_docs -->'
+_END = '<!-- end of keras_zoo support table -->'
+# The verdict: 'exact' when the pipeline's float32 error against the float64
+# truth is at most FACTOR times Keras's own float32 error, or below FLOOR
+# (8 float32 ulps of the largest gradient: where Keras is luckier than that,
+# both are rounding).
+FACTOR = 4.0
+FLOOR = 1e-6
+
+
+class Row(NamedTuple):
+  """One zoo result: status is 'converted' or the named error's class.
+
+  max_grad_diff: pipeline float32 vs Keras float32; keras_error and
+  pipeline_error: Keras's and the pipeline's float32 gradients vs Keras's
+  float64 step (None in rows from before the float64 truth). All relative to
+  the largest reference gradient.
+  """
+  model: str
+  layers: int
+  k: int
+  schedule: str
+  status: str
+  max_grad_diff: float | None
+  seconds: float
+  detail: str = ''
+  keras_error: float | None = None
+  pipeline_error: float | None = None
+
+
+def Errors(got: Sequence[Any], keras32: Sequence[Any], truth: Sequence[Any]
+           ) -> tuple[float, float, float]:
+  """(max grad diff, keras_error, pipeline_error) of gradient lists.
+
+  Args:
+    got: the pipeline's gradients, in the model's trainable_variables order.
+    keras32: Keras's float32 gradients, same order.
+    truth: Keras's float64 gradients, same order.
+
+  Returns:
+    The largest element difference of got vs keras32 (relative to the
+    largest keras32 gradient), of keras32 vs truth and of got vs truth
+    (relative to the largest truth gradient).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  def _Rel(a, b):
+    diff = max(float(np.max(np.abs(np.asarray(x, np.float64) -
+                                   np.asarray(y, np.float64))))
+               for x, y in zip(a, b))
+    return diff / max(1e-30, max(float(np.max(np.abs(y))) for y in b))
+
+  return _Rel(got, keras32), _Rel(keras32, truth), _Rel(got, truth)
+
+
+def Verdict(row: Row) -> str:
+  """'exact', 'DIFFERS', or '-' (no float64 truth, or not converted)."""
+  if row.pipeline_error is None or row.keras_error is None:
+    return '-'
+  bound = max(FACTOR * row.keras_error, FLOOR)
+  return 'exact' if row.pipeline_error <= bound else 'DIFFERS'
+
+
+def _E(value: float | None) -> str:
+  return '-' if value is None else f'{value:.1e}'
+
+
+def Table(rows: Sequence[Row]) -> str:
+  """The rows as a Markdown table."""
+  lines = ['| model | layers | K | schedule | status | max grad diff | '
+           'Keras f32 vs f64 | pipeline f32 vs f64 | verdict | s |',
+           '|---|---|---|---|---|---|---|---|---|---|']
+  for r in rows:
+    status = r.status if r.status == 'converted' else (
+        f'{r.status}: {r.detail}')
+    lines.append(f'| {r.model} | {r.layers} | {r.k} | {r.schedule} | '
+                 f'{status} | {_E(r.max_grad_diff)} | {_E(r.keras_error)} | '
+                 f'{_E(r.pipeline_error)} | {Verdict(r)} | '
+                 f'{r.seconds:.0f} |')
+  return '\n'.join(lines) + '\n'
+
+
+def WriteResults(path: str, rows: Sequence[Row]) -> None:
+  """Appends `rows` to the CSV file `path`."""
+  new = not os.path.exists(path)
+  with open(path, 'a', newline='') as f:
+    w = csv.writer(f)
+    if new:
+      w.writerow(Row._fields)
+    for r in rows:
+      w.writerow(['' if v is None else v for v in r])
+
+
+def ReadResults(path: str) -> list[Row]:
+  """The rows of a results CSV (a model's last rows win)."""
+  def _F(value):
+    return float(value) if value else None
+
+  with open(path, newline='') as f:
+    rows = [Row(d['model'], int(d['layers']), int(d['k']), d['schedule'],
+                d['status'], _F(d['max_grad_diff']), float(d['seconds']),
+                d['detail'], _F(d.get('keras_error')),
+                _F(d.get('pipeline_error')))
+            for d in csv.DictReader(f)]
+  last = {}
+  for r in rows:
+    last[(r.model, r.k, r.schedule)] = r
+  return list(last.values())
+
+
+def SupportTable(rows: Sequence[Row]) -> str:
+  """docs/keras.md's support table: one line per model."""
+  by_model: dict[str, list[Row]] = {}
+  for r in rows:
+    by_model.setdefault(r.model, []).append(r)
+  lines = ['| model | built as | layers | runs (K x schedule) | '
+           'max grad diff | Keras f32 vs f64 | pipeline f32 vs f64 | '
+           'verdict |', '|---|---|---|---|---|---|---|---|']
+  for name in sorted(by_model):
+    rs = by_model[name]
+    ok = [r for r in rs if r.status == 'converted']
+    if ok:
+      runs = ', '.join(f'{r.k} {r.schedule}' for r in ok)
+      worst = max(ok, key=lambda r: (Verdict(r) == 'DIFFERS',
+                                     r.pipeline_error or 0.0))
+      verdicts = {Verdict(r) for r in ok}
+      verdict = ('DIFFERS' if 'DIFFERS' in verdicts else
+                 'exact' if verdicts == {'exact'} else
+                 'exact where measured' if 'exact' in verdicts else '-')
+      lines.append(
+          f'| {name} | {ok[0].detail} | {ok[0].layers} | {runs} | '
+          f'{_E(max(r.max_grad_diff for r in ok))} | '
+          f'{_E(worst.keras_error)} | {_E(worst.pipeline_error)} | '
+          f'{verdict} |')
+    for r in rs:
+      if r.status != 'converted':
+        detail = re.sub(r'\s+', ' ', r.detail)[:160].replace('|', '/')
+        lines.append(f'| {name} | - | {r.layers or "-"} | {r.status} '
+                     f'({r.k} {r.schedule}) | {detail} | | | |')
+  return '\n'.join(lines) + '\n'
+
+
+def UpdateDocs(text: str, rows: Sequence[Row]) -> str:
+  """`text` (docs/keras.md) with its support table made from `rows`."""
+  begin, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
+  return text[:begin] + '\n' + SupportTable(rows) + text[end:]

@@ -360,7 +360,6 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
     pinned, new['pinned'] = layout.pinned.Take(mine.pinned, m)
   if 'wcut' in reads:
     wcut, new['wcut'] = layout.wcut.Take(mine.wcut, m)
-
   fed = program_lib.Tensors(
       seed=((random_seeds.FoldIn(feeds.seeds[s], m),) if 'seed' in reads
             else ()),
@@ -409,9 +408,8 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   if 'dws' in makes:
     # The sums are taken from their slot before they are added to, so that
     # the add may write in place and the sums of the micro-batches before
-    # are freed as it runs: read in place, they lived on until the step's
-    # next write of the slot, beside the new ones (measured: 1F1B on the FC
-    # benchmark held 32.5 MiB, 22.7-23.4 taken).
+    # are freed as it runs: read in place, they lived on beside the new ones
+    # until the slot's next write (benchmarks/benchmark's log).
     sums, emptied = layout.acc.Take(mine.acc, 0)
     new['acc'] = layout.acc.Write(emptied, 0, [
         None if g is None else (g if prev is None else prev + g)

@@ -33,7 +33,12 @@ def Filler(spec: Any) -> tf.Tensor:
 
 def Empty(value: tf.Tensor) -> tf.Tensor:
   """A tensor of no examples with `value`'s other dimensions: what a slot
-  read once holds after its read, so that the value it held is freed."""
+  read once holds after its read, so that the value it held is freed. One
+  constant when the other dimensions are known statically (as they mostly
+  are): no shape ops to build, optimise or run at every step."""
+  dims = value.shape[1:]
+  if dims.is_fully_defined():
+    return tf.zeros([0] + dims.as_list(), value.dtype)
   return tf.zeros(tf.concat([[0], tf.shape(value)[1:]], 0), value.dtype)
 
 
@@ -124,31 +129,29 @@ class Packed:
              for dtype, n in zip(self.dtypes, self.counts)]
     return lists if values is None else self.Write(lists, 0, values)
 
-  def _Index(self, m: Any, where: tuple[int, int]) -> Any:
-    return m * self.counts[where[0]] + where[1]
+  def _Indices(self, m: Any) -> list:
+    """Per tensor, the index of its slot m in its list (None where not
+    kept): one multiply a list when m is a tensor, not one a tensor."""
+    bases = [m * n for n in self.counts]
+    return [None if w is None else bases[w[0]] + w[1] if w[1] else
+            bases[w[0]] for w in self.where]
 
   def Read(self, lists: Sequence[tf.Tensor], m: Any = 0
            ) -> list[tf.Tensor | None]:
     """Slot m of every tensor (None where not kept), with its static
     shape."""
-    values = []
-    for w, spec in zip(self.where, self.specs):
-      if w is None:
-        values.append(None)
-        continue
-      values.append(tf_internals.ListGetItem(lists[w[0]], self._Index(m, w),
-                                             spec))
-    return values
+    return [None if w is None else
+            tf_internals.ListGetItem(lists[w[0]], i, spec)
+            for w, i, spec in zip(self.where, self._Indices(m), self.specs)]
 
   def Write(self, lists: Sequence[tf.Tensor], m: Any,
             values: Sequence[Any]) -> list[tf.Tensor]:
     """`lists` with slot m of every kept tensor set to its value (a None
     value leaves its slot as it was)."""
     lists = list(lists)
-    for w, value in zip(self.where, values):
+    for w, i, value in zip(self.where, self._Indices(m), values):
       if w is not None and value is not None:
-        lists[w[0]] = tf_internals.ListSetItem(lists[w[0]],
-                                               self._Index(m, w), value)
+        lists[w[0]] = tf_internals.ListSetItem(lists[w[0]], i, value)
     return lists
 
   def Take(self, lists: Sequence[tf.Tensor], m: Any

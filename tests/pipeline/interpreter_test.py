@@ -79,8 +79,10 @@ class InterpreterTest(tf.test.TestCase):
       # same at any M.
       with self.subTest(schedule=schedule):
         ops = {}
+        # The count sees what grows (the unrolled graph does): shown once.
+        grows = (('unrolled', (4, 8)),) if schedule == 'gpipe' else ()
         for execution, ms in (('folded', (16, 32)), ('switch', (16, 32)),
-                              ('unrolled', (4, 8))):
+                              *grows):
           for m in ms:
             pipe = _Pipe(layers, num_partitions=2, num_micro_batches=m,
                          schedule=schedule, num_virtual_stages=v,
@@ -91,8 +93,8 @@ class InterpreterTest(tf.test.TestCase):
             ops[execution, m] = _NumOps(step.get_concrete_function())
         self.assertEqual(ops['folded', 16], ops['folded', 32])
         self.assertEqual(ops['switch', 16], ops['switch', 32])
-        # The count sees what grows: the unrolled graph does.
-        self.assertGreater(ops['unrolled', 8], 1.25 * ops['unrolled', 4])
+        if grows:
+          self.assertGreater(ops['unrolled', 8], 1.25 * ops['unrolled', 4])
 
   def testOneFOneBHoldsFewerMicroBatches(self):
     # 1F1B's point: without remat, cell k holds at most K-k micro-batches'

@@ -415,6 +415,11 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
         None if g is None else (g if prev is None else prev + g)
         for g, prev in zip(out.dws, sums)])
   made = out.Present(*makes)
+  if 'dws' in makes:
+    # The device's next step waits for the add as well as the piece: else
+    # the pieces ran ahead of their adds, and several micro-batches'
+    # gradients waited beside the sums (zb_h1's Ws).
+    made += [x for x in new['acc'] if x is not None]
   if mine.stamps is not None:
     with tf.control_dependencies(tick_graph.Finished(made) + [start]):
       end = tf.timestamp()

@@ -93,8 +93,9 @@ class TransparencyTest(tf.test.TestCase):
 
   def testFullGridEager(self):
     x = tf.random.stateless_normal([11, 6], seed=[1, 2])
+    # M=1, uneven micro-batches (11 examples as 4, 4, 3), and M > K (8).
     for k, m, remat in itertools.product(
-        (1, 2, 4), (1, 2, 3, 8), ('always', 'except_last', 'never')):
+        (1, 2, 4), (1, 3, 8), ('always', 'except_last', 'never')):
       with self.subTest(k=k, m=m, remat=remat):
         self._AssertTransparent(_MlpLayers(), (x,), k, m, remat, eager=True)
 

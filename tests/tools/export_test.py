@@ -13,6 +13,7 @@ import tempfile
 
 from absl import flags
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from gpipe_tf import model_registry
@@ -99,6 +100,9 @@ def _Run(*args):
   return export.Run(flag_values)
 
 
+# One worker runs the whole class, so its setUpClass (two models trained,
+# ~45 s) runs once under `pytest -n 2 --dist loadgroup`.
+@pytest.mark.xdist_group('export_test')
 class ExportTest(tf.test.TestCase):
 
   @classmethod

@@ -102,18 +102,29 @@ def Table(rows: Sequence[Row]) -> str:
 
 
 def WriteResults(path: str, rows: Sequence[Row]) -> None:
-  """Appends `rows` to the CSV file `path`."""
-  new = not os.path.exists(path)
-  with open(path, 'a', newline='') as f:
+  """Merges `rows` into the CSV file `path` (made when missing).
+
+  A new row replaces the file's row of the same model, K and schedule (a
+  re-run replaces a stale row, it does not add a second one), and a model's
+  refusal before any K (K = 0, FromKeras failed) once the model has a new
+  row; the other rows keep their order, the new ones come last.
+  """
+  new = {(r.model, r.k, r.schedule) for r in rows}
+  models = {r.model for r in rows}
+  kept = [r for r in (ReadResults(path) if os.path.exists(path) else [])
+          if (r.model, r.k, r.schedule) not in new and
+          not (r.k == 0 and r.model in models)]
+  with open(path + '.tmp', 'w', newline='') as f:
     w = csv.writer(f)
-    if new:
-      w.writerow(Row._fields)
-    for r in rows:
+    w.writerow(Row._fields)
+    for r in kept + list(rows):
       w.writerow(['' if v is None else v for v in r])
+  os.replace(path + '.tmp', path)
 
 
 def ReadResults(path: str) -> list[Row]:
-  """The rows of a results CSV (a model's last rows win)."""
+  """The rows of a results CSV (of rows of one model, K and schedule, the
+  last wins, in the place of the first)."""
   def _F(value):
     return float(value) if value else None
 

@@ -65,6 +65,20 @@ class KerasZooTableTest(tf.test.TestCase):
     keras_zoo_table.WriteResults(path, rows[2:])
     self.assertEqual(keras_zoo_table.ReadResults(path), rows)
 
+    def _Lines():
+      with open(path) as f:
+        return f.read().splitlines()[1:]
+
+    # A re-run replaces its stale row, and a model's new row its refusal
+    # before any K: no second row of one model, K and schedule in the file.
+    rerun = rows[0]._replace(max_grad_diff=5e-7, seconds=2.0)
+    fixed = rows[2]._replace(layers=7, k=2, schedule='zb_h1',
+                             status='converted', max_grad_diff=1e-7)
+    keras_zoo_table.WriteResults(path, [rerun, fixed])
+    self.assertLen(_Lines(), 3)
+    self.assertEqual(keras_zoo_table.ReadResults(path),
+                     [rows[1], rerun, fixed])
+
 
 
 if __name__ == '__main__':

@@ -73,8 +73,8 @@ _MICRO_BATCHES = flags.DEFINE_integer(
     'zoo_micro_batches', 4, 'M, the same at every K (so one Keras step per '
     'model serves every row).')
 _WRITE_DOCS = flags.DEFINE_bool(
-    'zoo_write_docs', False, "Rewrite docs/keras.md's support table from "
-    '--zoo_results.')
+    'zoo_write_docs', False, "Rewrite docs/keras.md's support table and "
+    "benchmarks/keras_zoo/README.md's table from --zoo_results.")
 
 _SIZES = (32, 64, 75, 96)
 _PER_MICRO_BATCH = 4
@@ -333,10 +333,13 @@ def main(argv: Sequence[str]) -> None:
     print('\n'.join(Names()))
     return
   if _WRITE_DOCS.value:
-    with open(table_lib.DOCS) as f:
-      text = f.read()
-    with open(table_lib.DOCS, 'w') as f:
-      f.write(table_lib.UpdateDocs(text, table_lib.ReadResults(_RESULTS.value)))
+    rows = table_lib.ReadResults(_RESULTS.value)
+    for path, update in ((table_lib.DOCS, table_lib.UpdateDocs),
+                         (table_lib.README, table_lib.UpdateReadme)):
+      with open(path) as f:
+        text = f.read()
+      with open(path, 'w') as f:
+        f.write(update(text, rows))
     return
   if _RUNS.value:
     runs = [(int(k), s) for k, s in (r.split(':') for r in _RUNS.value)]

@@ -14,13 +14,18 @@ import os
 import re
 from typing import Any, NamedTuple, Sequence
 
-__all__ = ['DOCS', 'FACTOR', 'FLOOR', 'Row', 'Errors', 'ReadResults',
-           'SupportTable', 'Table', 'UpdateDocs', 'Verdict', 'WriteResults']
+__all__ = ['DOCS', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'ReadResults',
+           'SupportTable', 'Table', 'UpdateDocs', 'UpdateReadme', 'Verdict',
+           'WriteResults']
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs',
-                    'keras.md')
+_ROOT = os.path.dirname(os.path.dirname(__file__))
+DOCS = os.path.join(_ROOT, 'docs', 'keras.md')
+README = os.path.join(_ROOT, 'benchmarks', 'keras_zoo', 'README.md')
 _BEGIN = '<!-- keras_zoo support table: python -m tools.keras_zoo --zoo_write_docs -->'
 _END = '<!-- end of keras_zoo support table -->'
+_README_BEGIN = ('<!-- keras_zoo results table: python -m tools.keras_zoo '
+                 '--zoo_write_docs -->')
+_README_END = '<!-- end of keras_zoo results table -->'
 # The verdict: 'exact' when the pipeline's float32 error against the float64
 # truth is at most FACTOR times Keras's own float32 error, or below FLOOR
 # (8 float32 ulps of the largest gradient: where Keras is luckier than that,
@@ -176,3 +181,9 @@ def UpdateDocs(text: str, rows: Sequence[Row]) -> str:
   """`text` (docs/keras.md) with its support table made from `rows`."""
   begin, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
   return text[:begin] + '\n' + SupportTable(rows) + text[end:]
+
+
+def UpdateReadme(text: str, rows: Sequence[Row]) -> str:
+  """`text` (benchmarks/keras_zoo/README.md) with its table of every row."""
+  begin = text.index(_README_BEGIN) + len(_README_BEGIN)
+  return text[:begin] + '\n' + Table(rows) + text[text.index(_README_END):]

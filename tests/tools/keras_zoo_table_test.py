@@ -37,7 +37,7 @@ class KerasZooTableTest(tf.test.TestCase):
       self.assertEqual(keras_zoo_table.Verdict(row), verdict)
     self.assertEqual(keras_zoo_table.Verdict(row._replace(keras_error=None)), '-')
 
-  def testDocsSupportTableIsTheZoosResults(self):
+  def testTablesInTheDocsAreTheZoosResults(self):
     # Regenerate with: python -m tools.keras_zoo --zoo_write_docs
     #   --zoo_results=benchmarks/keras_zoo/results.csv
     with open(keras_zoo_table.DOCS) as f:
@@ -45,6 +45,9 @@ class KerasZooTableTest(tf.test.TestCase):
     rows = keras_zoo_table.ReadResults(_RESULTS)
     self.assertNotEmpty(rows)
     self.assertEqual(keras_zoo_table.UpdateDocs(text, rows), text)
+    with open(keras_zoo_table.README) as f:
+      text = f.read()
+    self.assertEqual(keras_zoo_table.UpdateReadme(text, rows), text)
 
   def testTables(self):
     rows = [keras_zoo_table.Row('A', 10, 2, 'gpipe', 'converted', 1e-7, 3.0, '32x32',

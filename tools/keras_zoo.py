@@ -54,7 +54,8 @@ from tools import keras_zoo_table as table_lib
 
 Row = table_lib.Row
 
-__all__ = ['APPLICATIONS', 'HUB', 'Build', 'Names', 'Run', 'main']
+__all__ = ['APPLICATIONS', 'HUB', 'Build', 'KerasStep', 'Names', 'PipelineStep',
+           'Run', 'SquaredError', 'main']
 
 _MODELS = flags.DEFINE_list('zoo_models', None, 'Models to run (default: all).')
 _PARTITIONS = flags.DEFINE_list('zoo_partitions', ['2', '4'], 'Values of K.')
@@ -65,13 +66,15 @@ _RUNS = flags.DEFINE_list(
     'instead of every --zoo_partitions x --zoo_schedules.')
 _LIST = flags.DEFINE_bool('zoo_list', False, 'Print the model names and exit.')
 _RESULTS = flags.DEFINE_string('zoo_results', None,
-                               'Append the rows to this CSV file.')
+                               'Merge the rows into this CSV file (a row '
+                               'replaces the one of its model, K and '
+                               'schedule).')
 _MICRO_BATCHES = flags.DEFINE_integer(
     'zoo_micro_batches', 4, 'M, the same at every K (so one Keras step per '
     'model serves every row).')
 _WRITE_DOCS = flags.DEFINE_bool(
-    'zoo_write_docs', False, "Rewrite docs/keras.md's support table from "
-    '--zoo_results.')
+    'zoo_write_docs', False, "Rewrite docs/keras.md's support table and "
+    "benchmarks/keras_zoo/README.md's table from --zoo_results.")
 
 _SIZES = (32, 64, 75, 96)
 _PER_MICRO_BATCH = 4
@@ -178,8 +181,9 @@ def _Inputs(model: Any, n: int) -> Any:
   return xs[0] if len(xs) == 1 else tuple(xs)
 
 
-def _PerExample(outputs: Any, targets: Any) -> Any:
-  """Squared error per example, in float64 for a float64 model's outputs."""
+def SquaredError(outputs: Any, targets: Any) -> Any:
+  """The zoo's loss per example: the mean squared error of every output,
+  summed over the outputs; in float64 for a float64 model's outputs."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   terms = []
   for o, t in zip(tf.nest.flatten(outputs), tf.nest.flatten(targets)):
@@ -189,19 +193,76 @@ def _PerExample(outputs: Any, targets: Any) -> Any:
   return tf.add_n(terms)
 
 
-def _KerasGradients(model: Any, x: Any, targets: Any, m: int) -> list:
-  """Keras's tape step over the m micro-batches the pipeline takes."""
+def KerasStep(model: Any, x: Any, targets: Any, m: int,
+              per_example: Callable[[Any, Any], Any] = SquaredError
+              ) -> tuple[Any, list]:
+  """Keras's own tape step over the m micro-batches a pipeline takes.
+
+  Each micro-batch is a separate training call (BatchNormalization
+  normalises each on its own, as in the pipeline); the loss is the mean of
+  `per_example` over all examples.
+
+  Args:
+    model: the Keras model.
+    x: its input (a tensor, a tuple or a dict of them), the whole batch.
+    targets: what `per_example` compares the outputs with, the whole batch.
+    m: the number of micro-batches.
+    per_example: (outputs, targets) -> the loss of each example.
+
+  Returns:
+    (loss, its gradients in the order of model.trainable_variables).
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
   flat_x, flat_t = tf.nest.flatten(x), tf.nest.flatten(targets)
   xs, ts = microbatch.Split(flat_x, m), microbatch.Split(flat_t, m)
   with tf.GradientTape() as tape:
-    total = tf.add_n([tf.reduce_sum(_PerExample(
+    total = tf.add_n([tf.reduce_sum(per_example(
         model(tf.nest.pack_sequence_as(x, xm), training=True),
         tf.nest.pack_sequence_as(targets, tm))) for xm, tm in zip(xs, ts)])
     loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
-  return [tf.convert_to_tensor(g).numpy()
-          for g in tape.gradient(loss, model.trainable_variables)]
+  grads = tape.gradient(loss, model.trainable_variables)
+  return loss, [tf.convert_to_tensor(g) for g in grads]
+
+
+def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
+                 per_example: Callable[[Any, Any], Any] = SquaredError,
+                 **settings: Any) -> tuple[Any, Any, list]:
+  """One pipelined step over `model` converted, from the model's weights.
+
+  Builds a PipeliningLayer over `params` (``FromKeras(model)``) with
+  `settings` (num_partitions, schedule, balance, ...), copies the model's
+  weights in (LoadKerasWeights), takes one ``ComputeLossAndGradients`` step
+  of `per_example` over m micro-batches and gives each gradient back to the
+  Keras variable it belongs to: what KerasStep computes, pipelined.
+
+  Args:
+    model: the Keras model `params` was converted from.
+    params: the layer Params, ``FromKeras(model)``.
+    x: the model's input, the whole batch.
+    targets: what `per_example` compares the outputs with.
+    m: the number of micro-batches.
+    per_example: (outputs, targets) -> the loss of each example.
+    **settings: other PipeliningLayer Params fields.
+
+  Returns:
+    (the PipeliningLayer, the loss, its gradients in the order of
+    model.trainable_variables).
+
+  Raises:
+    KeyError: a trainable Keras variable has no gradient in the pipeline.
+  """
+  from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
+  pipe = pipeline.PipeliningLayer.Params().Set(
+      name='net', layers=params, num_micro_batches=m, **settings).Instantiate()
+  pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+  loss, _, grads = pipe.ComputeLossAndGradients(
+      x if isinstance(x, tuple) else (x,), targets,
+      lambda o, t: loss_lib.LossTerms(per_example(o, t)))
+  by_var = dict(zip(map(id, pipe.trainable_variables), grads))
+  return pipe, loss, [by_var[id(pairs[id(v)])]
+                      for v in model.trainable_variables]
 
 
 def _AsFloat64(x: Any) -> Any:
@@ -218,10 +279,8 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
   Keras's float32 and float64 steps over the same `micro_batches`
   micro-batches are taken once and shared by every row.
   """
-  import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
   start = time.time()
   try:
     model, built = Build(name)
@@ -241,23 +300,15 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
   targets = tf.nest.map_structure(
       lambda o: tf.random.stateless_normal(o.shape, [7, 7]),
       model(x, training=False))
-  keras32 = _KerasGradients(model, x, targets, m)
-  truth = _KerasGradients(_Float64Twin(name, model, built), _AsFloat64(x),
-                          _AsFloat64(targets), m)
+  _, keras32 = KerasStep(model, x, targets, m)
+  _, truth = KerasStep(_Float64Twin(name, model, built), _AsFloat64(x),
+                       _AsFloat64(targets), m)
   rows = []
   for k, sched in runs:
     start = time.time()
     try:
-      pipe = pipeline.PipeliningLayer.Params().Set(
-          name='net', layers=params, num_partitions=k, num_micro_batches=m,
-          schedule=sched).Instantiate()
-      pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
-      _, _, grads = pipe.ComputeLossAndGradients(
-          x if isinstance(x, tuple) else (x,), targets,
-          lambda o, t: loss_lib.LossTerms(_PerExample(o, t)))
-      by_var = dict(zip(map(id, pipe.trainable_variables), grads))
-      got = [np.asarray(by_var[id(pairs[id(v)])])
-             for v in model.trainable_variables]
+      _, _, got = PipelineStep(model, params, x, targets, m,
+                               num_partitions=k, schedule=sched)
       diff, keras_error, pipeline_error = table_lib.Errors(got, keras32, truth)
       row = Row(name, len(params), k, sched, 'converted', diff,
                 time.time() - start, built, keras_error, pipeline_error)
@@ -282,10 +333,13 @@ def main(argv: Sequence[str]) -> None:
     print('\n'.join(Names()))
     return
   if _WRITE_DOCS.value:
-    with open(table_lib.DOCS) as f:
-      text = f.read()
-    with open(table_lib.DOCS, 'w') as f:
-      f.write(table_lib.UpdateDocs(text, table_lib.ReadResults(_RESULTS.value)))
+    rows = table_lib.ReadResults(_RESULTS.value)
+    for path, update in ((table_lib.DOCS, table_lib.UpdateDocs),
+                         (table_lib.README, table_lib.UpdateReadme)):
+      with open(path) as f:
+        text = f.read()
+      with open(path, 'w') as f:
+        f.write(update(text, rows))
     return
   if _RUNS.value:
     runs = [(int(k), s) for k, s in (r.split(':') for r in _RUNS.value)]

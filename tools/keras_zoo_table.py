@@ -14,13 +14,18 @@ import os
 import re
 from typing import Any, NamedTuple, Sequence
 
-__all__ = ['DOCS', 'FACTOR', 'FLOOR', 'Row', 'Errors', 'ReadResults',
-           'SupportTable', 'Table', 'UpdateDocs', 'Verdict', 'WriteResults']
+__all__ = ['DOCS', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'ReadResults',
+           'SupportTable', 'Table', 'UpdateDocs', 'UpdateReadme', 'Verdict',
+           'WriteResults']
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs',
-                    'keras.md')
+_ROOT = os.path.dirname(os.path.dirname(__file__))
+DOCS = os.path.join(_ROOT, 'docs', 'keras.md')
+README = os.path.join(_ROOT, 'benchmarks', 'keras_zoo', 'README.md')
 _BEGIN = '<!-- keras_zoo support table: python -m tools.keras_zoo --zoo_write_docs -->'
 _END = '<!-- end of keras_zoo support table -->'
+_README_BEGIN = ('<!-- keras_zoo results table: python -m tools.keras_zoo '
+                 '--zoo_write_docs -->')
+_README_END = '<!-- end of keras_zoo results table -->'
 # The verdict: 'exact' when the pipeline's float32 error against the float64
 # truth is at most FACTOR times Keras's own float32 error, or below FLOOR
 # (8 float32 ulps of the largest gradient: where Keras is luckier than that,
@@ -102,18 +107,29 @@ def Table(rows: Sequence[Row]) -> str:
 
 
 def WriteResults(path: str, rows: Sequence[Row]) -> None:
-  """Appends `rows` to the CSV file `path`."""
-  new = not os.path.exists(path)
-  with open(path, 'a', newline='') as f:
+  """Merges `rows` into the CSV file `path` (made when missing).
+
+  A new row replaces the file's row of the same model, K and schedule (a
+  re-run replaces a stale row, it does not add a second one), and a model's
+  refusal before any K (K = 0, FromKeras failed) once the model has a new
+  row; the other rows keep their order, the new ones come last.
+  """
+  new = {(r.model, r.k, r.schedule) for r in rows}
+  models = {r.model for r in rows}
+  kept = [r for r in (ReadResults(path) if os.path.exists(path) else [])
+          if (r.model, r.k, r.schedule) not in new and
+          not (r.k == 0 and r.model in models)]
+  with open(path + '.tmp', 'w', newline='') as f:
     w = csv.writer(f)
-    if new:
-      w.writerow(Row._fields)
-    for r in rows:
+    w.writerow(Row._fields)
+    for r in kept + list(rows):
       w.writerow(['' if v is None else v for v in r])
+  os.replace(path + '.tmp', path)
 
 
 def ReadResults(path: str) -> list[Row]:
-  """The rows of a results CSV (a model's last rows win)."""
+  """The rows of a results CSV (of rows of one model, K and schedule, the
+  last wins, in the place of the first)."""
   def _F(value):
     return float(value) if value else None
 
@@ -165,3 +181,9 @@ def UpdateDocs(text: str, rows: Sequence[Row]) -> str:
   """`text` (docs/keras.md) with its support table made from `rows`."""
   begin, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
   return text[:begin] + '\n' + SupportTable(rows) + text[end:]
+
+
+def UpdateReadme(text: str, rows: Sequence[Row]) -> str:
+  """`text` (benchmarks/keras_zoo/README.md) with its table of every row."""
+  begin = text.index(_README_BEGIN) + len(_README_BEGIN)
+  return text[:begin] + '\n' + Table(rows) + text[text.index(_README_END):]

@@ -31,6 +31,7 @@ from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule
 from gpipe_tf.pipeline import transfers
+from tools import keras_zoo
 
 
 
@@ -164,12 +165,7 @@ def _LossFn(logits, labels):
 def _KerasStep(model, x, y, m):
   """Keras's own tape step over the pipeline's m micro-batches: the loss is
   the mean over all examples, each micro-batch a separate training call."""
-  with tf.GradientTape() as tape:
-    total = tf.add_n([
-        tf.reduce_sum(_PerExample(model(xm, training=True), ym))
-        for xm, ym in zip(tf.split(x, m), tf.split(y, m))])
-    loss = total / tf.cast(tf.shape(x)[0], tf.float32)
-  return loss, tape.gradient(loss, model.trainable_variables)
+  return keras_zoo.KerasStep(model, x, y, m, _PerExample)
 
 
 def _MovingStats(model, x, m):
@@ -293,16 +289,12 @@ class FromKerasTest(tf.test.TestCase):
     params = pipeline.FromKeras(model)
     for cut in range(1, len(params)):
       with self.subTest(cut=cut):
-        pipe = pipeline.PipeliningLayer.Params().Set(
-            name='net', layers=params, num_partitions=2, num_micro_batches=2,
-            balance=[cut, len(params) - cut]).Instantiate()
-        pairs = {id(k): v for k, v in pipeline.LoadKerasWeights(pipe, model)}
-        loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
+        _, loss, got = keras_zoo.PipelineStep(
+            model, params, x, y, 2, _PerExample, num_partitions=2,
+            balance=[cut, len(params) - cut])
         self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
-        got = dict(zip(map(id, pipe.trainable_variables), grads))
-        for keras_var, want in zip(model.trainable_variables, want_grads):
-          self.assertAllClose(want, got[id(pairs[id(keras_var)])], rtol=1e-5,
-                              atol=1e-6, msg=keras_var.path)
+        for var, g, h in zip(model.trainable_variables, want_grads, got):
+          self.assertAllClose(g, h, rtol=1e-5, atol=1e-6, msg=var.path)
 
   def testInputShapesComeFromTheParams(self):
     params = pipeline.FromKeras(_Transformer(blocks=1))
@@ -364,36 +356,14 @@ class FromKerasTest(tf.test.TestCase):
   def _AssertSameStep(self, model, x, targets, k=2, m=2, schedule='1f1b'):
     """The pipeline's loss and gradients (a squared error over every output)
     equal Keras's tape step over the same m micro-batches."""
-    def _PerExampleSquares(outputs, targets):
-      return tf.add_n([
-          tf.reduce_mean(tf.reshape(tf.square(tf.cast(o, tf.float32) - t),
-                                    [tf.shape(t)[0], -1]), 1)
-          for o, t in zip(tf.nest.flatten(outputs), tf.nest.flatten(targets))])
-
-    flat_x, flat_t = tf.nest.flatten(x), tf.nest.flatten(targets)
-    with tf.GradientTape() as tape:
-      total = tf.add_n([
-          tf.reduce_sum(_PerExampleSquares(
-              model(tf.nest.pack_sequence_as(x, list(xm)), training=True),
-              tf.nest.pack_sequence_as(targets, list(tm))))
-          for xm, tm in zip(zip(*[tf.split(a, m) for a in flat_x]),
-                            zip(*[tf.split(a, m) for a in flat_t]))])
-      want_loss = total / tf.cast(tf.shape(flat_x[0])[0], tf.float32)
-    want = tape.gradient(want_loss, model.trainable_variables)
+    want_loss, want = keras_zoo.KerasStep(model, x, targets, m)
     params = pipeline.FromKeras(model)
-    pipe = pipeline.PipeliningLayer.Params().Set(
-        name='net', layers=params, num_partitions=k, num_micro_batches=m,
-        schedule=schedule).Instantiate()
-    pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
-    loss, _, grads = pipe.ComputeLossAndGradients(
-        x if isinstance(x, tuple) else (x,), targets,
-        lambda o, t: loss_lib.LossTerms(_PerExampleSquares(o, t)))
+    pipe, loss, got = keras_zoo.PipelineStep(
+        model, params, x, targets, m, num_partitions=k, schedule=schedule)
     self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
-    got = dict(zip(map(id, pipe.trainable_variables), grads))
-    self.assertLen(got, len(want))
-    for var, g in zip(model.trainable_variables, want):
-      self.assertAllClose(tf.convert_to_tensor(g), got[id(pairs[id(var)])],
-                          rtol=1e-5, atol=1e-6, msg=var.path)
+    self.assertLen(pipe.trainable_variables, len(want))
+    for var, g, h in zip(model.trainable_variables, want, got):
+      self.assertAllClose(g, h, rtol=1e-5, atol=1e-6, msg=var.path)
     return pipe, params
 
   def testOperationNodesBecomeLayers(self):
@@ -625,26 +595,14 @@ class FromKerasTest(tf.test.TestCase):
     x = tf.cast(tf.random.stateless_normal([4, 6, 6, 3], [3, 1]), tf.float64)
     t = tf.random.stateless_normal([4, 5], [3, 2], dtype=tf.float64)
 
-    def _PerExampleSquares(o, t):
-      return tf.reduce_mean(tf.square(o - t), 1)
-
-    with tf.GradientTape() as tape:
-      loss = tf.add_n([tf.reduce_sum(_PerExampleSquares(
-          model(xm, training=True), tm))
-                       for xm, tm in zip(tf.split(x, 2), tf.split(t, 2))]) / 4
-    want = tape.gradient(loss, model.trainable_variables)
-    pipe = pipeline.PipeliningLayer.Params().Set(
-        name='net', layers=pipeline.FromKeras(model), num_partitions=2,
-        num_micro_batches=2, schedule='zb_h1').Instantiate()
-    pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
-    _, _, grads = pipe.ComputeLossAndGradients(
-        (x,), t, lambda o, t: loss_lib.LossTerms(_PerExampleSquares(o, t)))
-    got = dict(zip(map(id, pipe.trainable_variables), grads))
+    _, want = keras_zoo.KerasStep(model, x, t, 2)
+    _, _, got = keras_zoo.PipelineStep(model, pipeline.FromKeras(model), x, t,
+                                       2, num_partitions=2, schedule='zb_h1')
     scale = max(float(tf.reduce_max(tf.abs(g))) for g in want)
-    for var, g in zip(model.trainable_variables, want):
+    for var, g, h in zip(model.trainable_variables, want, got):
       tol = 1e-6 if '/bn' in var.path else 1e-13
-      self.assertAllClose(g, tf.cast(got[id(pairs[id(var)])], tf.float64),
-                          rtol=0, atol=tol * scale, msg=var.path)
+      self.assertAllClose(g, tf.cast(h, tf.float64), rtol=0,
+                          atol=tol * scale, msg=var.path)
 
   def testModelWithoutInputShapeIsRefused(self):
     with self.assertRaisesRegex(layers.keras_layer.KerasInputShapeError,

@@ -37,7 +37,7 @@ class KerasZooTableTest(tf.test.TestCase):
       self.assertEqual(keras_zoo_table.Verdict(row), verdict)
     self.assertEqual(keras_zoo_table.Verdict(row._replace(keras_error=None)), '-')
 
-  def testDocsSupportTableIsTheZoosResults(self):
+  def testTablesInTheDocsAreTheZoosResults(self):
     # Regenerate with: python -m tools.keras_zoo --zoo_write_docs
     #   --zoo_results=benchmarks/keras_zoo/results.csv
     with open(keras_zoo_table.DOCS) as f:
@@ -45,6 +45,9 @@ class KerasZooTableTest(tf.test.TestCase):
     rows = keras_zoo_table.ReadResults(_RESULTS)
     self.assertNotEmpty(rows)
     self.assertEqual(keras_zoo_table.UpdateDocs(text, rows), text)
+    with open(keras_zoo_table.README) as f:
+      text = f.read()
+    self.assertEqual(keras_zoo_table.UpdateReadme(text, rows), text)
 
   def testTables(self):
     rows = [keras_zoo_table.Row('A', 10, 2, 'gpipe', 'converted', 1e-7, 3.0, '32x32',
@@ -64,6 +67,20 @@ class KerasZooTableTest(tf.test.TestCase):
     keras_zoo_table.WriteResults(path, rows[:2])
     keras_zoo_table.WriteResults(path, rows[2:])
     self.assertEqual(keras_zoo_table.ReadResults(path), rows)
+
+    def _Lines():
+      with open(path) as f:
+        return f.read().splitlines()[1:]
+
+    # A re-run replaces its stale row, and a model's new row its refusal
+    # before any K: no second row of one model, K and schedule in the file.
+    rerun = rows[0]._replace(max_grad_diff=5e-7, seconds=2.0)
+    fixed = rows[2]._replace(layers=7, k=2, schedule='zb_h1',
+                             status='converted', max_grad_diff=1e-7)
+    keras_zoo_table.WriteResults(path, [rerun, fixed])
+    self.assertLen(_Lines(), 3)
+    self.assertEqual(keras_zoo_table.ReadResults(path),
+                     [rows[1], rerun, fixed])
 
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from unittest import mock
 
+from absl import logging as absl_logging
 import tensorflow as tf
 
 from gpipe_tf.runtime import distribute
@@ -207,6 +208,11 @@ class DistributeTest(tf.test.TestCase):
       distribute.NumReplicasThatFit(0, four)
 
   def testNumReplicasZeroTrainsOnEveryDevice(self):
+    # absl logs INFO only while its verbosity allows it: a test that parsed
+    # absl flags earlier in this process set it to WARNING (a CI run).
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.INFO)
+    self.addCleanup(absl_logging.set_verbosity, verbosity)
     with self.assertLogs(level='INFO') as logs:
       result = loop.train(_Piped, self.get_temp_dir() + '/auto', 1,
                                num_replicas=0)

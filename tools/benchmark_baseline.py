@@ -69,7 +69,8 @@ def Serve(spec: lib.ModelSpec, steps_per_round: int, inference: bool,
   (gpipe_tf.runtime.devices.SplitCpu(1, 1, 1)).
   """
   configs = Configs(inference)
-  steps, peaks = lib.Build(spec, configs, devices_lib.DefaultDevices()[:1])
+  steps, peaks, _ = lib.Build(spec, configs,
+                              devices_lib.DefaultDevices()[:1])
   _Send(replies, configs=configs, peak_memory_bytes=peaks)
   for line in requests:
     if line.strip() != 'round':

@@ -23,9 +23,11 @@ module turns a ModelSpec and a list of configurations into result rows:
   * ``single_core`` marks the single-core baseline (a SequentialLayer timed
     in its own one-thread process, tools/benchmark_baseline.py);
   * a row is the configuration plus ``examples_per_sec`` (global examples
-    over the median step time), ``peak_memory_bytes`` and
-    ``model_peak_bytes`` (ModelPeakBytes: the memory model's figure to
-    compare with the measured peak; None where it has none).
+    over the median step time), ``peak_memory_bytes``,
+    ``model_peak_bytes`` (ModelPeakBytes over the sizes the traced step's
+    stages hold, tools/benchmark_memory.py: the memory model's figure to
+    compare with the measured peak; None where it has none) and
+    ``plan_peak_bytes`` (the same model over tools.plan's estimated sizes).
 
 Logical CPU devices must exist before this module runs any op
 (gpipe_tf.runtime.devices.SplitCpu). It does NOT define flags or print tables.
@@ -52,8 +54,8 @@ from gpipe_tf.pipeline import schedule as schedule_lib
 
 __all__ = ['Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
            'Measure', 'Merge', 'ModelPeakBytes', 'ModelSpec', 'PipelineConfigs',
-           'ReplicaConfigs', 'Rows', 'ScheduleLabel', 'StageBalance',
-           'StageInputs', 'TimeRound']
+           'ReplicaConfigs', 'Rows', 'ScheduleLabel', 'StepAndModel',
+           'StageBalance', 'StageInputs', 'TimeRound']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,29 +226,32 @@ def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
     One row per configuration, in order: the configuration plus
     ``examples_per_sec`` and ``peak_memory_bytes``.
   """
-  steps, peaks = Build(spec, configs,
-                       devices_lib.DefaultDevices()[:num_devices], log)
+  steps, peaks, sizes = Build(spec, configs,
+                              devices_lib.DefaultDevices()[:num_devices], log)
   times = [[] for _ in configs]
   for _ in range(rounds):
     for time_round in also_time:
       time_round()
     for i, step in enumerate(steps):
       times[i].append(TimeRound(step, steps_per_round))
-  return Rows(spec, configs, times, peaks)
+  return Rows(spec, configs, times, peaks, sizes)
 
 
 def Build(spec: ModelSpec, configs: Sequence[dict], all_devices: Sequence[str],
           log: Callable[[str], None] | None = None
-          ) -> tuple[list[Callable[[], tf.Tensor]], list[int]]:
-  """Every configuration's step, traced and warmed up, and its peak memory.
+          ) -> tuple[list[Callable[[], tf.Tensor]], list[int], list]:
+  """Every configuration's step, traced and warmed up, its peak memory, and
+  the sizes its stages hold (tools.benchmark_memory.TracedStageBytes: None
+  for a row that is not a pipeline, or whose sizes are not known).
 
   The peak is read over one more step: the most the (process-wide) allocator
   held during the step beyond what it held before it.
   """
+  from tools import benchmark_memory  # pylint: disable=g-import-not-at-top
   log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-  steps, peaks = [], []
+  steps, peaks, sizes = [], [], []
   for cfg in configs:
-    step = MakeStep(spec, cfg, all_devices)
+    step, model = StepAndModel(spec, cfg, all_devices)
     step()  # Trace and warm up.
     tf.config.experimental.reset_memory_stats('CPU:0')
     before = tf.config.experimental.get_memory_info('CPU:0')['current']
@@ -254,8 +259,10 @@ def Build(spec: ModelSpec, configs: Sequence[dict], all_devices: Sequence[str],
     peaks.append(int(tf.config.experimental.get_memory_info('CPU:0')['peak'] -
                      before))
     steps.append(step)
+    sizes.append(benchmark_memory.TracedStageBytes(model.cells)
+                 if cfg['pipeline'] else None)
     log(f'built {Label(cfg)}')
-  return steps, peaks
+  return steps, peaks, sizes
 
 
 def TimeRound(step: Callable[[], tf.Tensor], steps_per_round: int) -> float:
@@ -268,25 +275,39 @@ def TimeRound(step: Callable[[], tf.Tensor], steps_per_round: int) -> float:
 
 
 def Rows(spec: ModelSpec, configs: Sequence[dict],
-         times: Sequence[Sequence[float]], peaks: Sequence[int]) -> list[dict]:
-  """The result rows: each configuration with its median throughput, peak
-  and the seconds per step of every round (in the order they ran)."""
-  return [dict(cfg, examples_per_sec=spec.batch_size / statistics.median(ts),
-               peak_memory_bytes=int(peak),
-               model_peak_bytes=ModelPeakBytes(spec, cfg),
-               seconds_per_step_rounds=[float(t) for t in ts])
-          for cfg, ts, peak in zip(configs, times, peaks)]
+         times: Sequence[Sequence[float]], peaks: Sequence[int],
+         stage_bytes: Sequence[list | None] | None = None) -> list[dict]:
+  """The result rows: each configuration with its median throughput, peak,
+  the memory model's peaks (ModelPeakBytes; ``model_peak_bytes`` over the
+  traced sizes ``stage_bytes`` (Build's) where given, ``plan_peak_bytes``
+  over the layers' FPropMeta sizes) and the seconds per step of every round
+  (in the order they ran)."""
+  stage_bytes = stage_bytes or [None] * len(configs)
+  rows = []
+  for cfg, ts, peak, sizes in zip(configs, times, peaks, stage_bytes):
+    plan = ModelPeakBytes(spec, cfg)
+    rows.append(dict(
+        cfg, examples_per_sec=spec.batch_size / statistics.median(ts),
+        peak_memory_bytes=int(peak),
+        model_peak_bytes=(plan if sizes is None or plan is None else
+                          ModelPeakBytes(spec, cfg, sizes)),
+        plan_peak_bytes=plan,
+        seconds_per_step_rounds=[float(t) for t in ts]))
+  return rows
 
 
-def ModelPeakBytes(spec: ModelSpec, cfg: dict) -> int | None:
+def ModelPeakBytes(spec: ModelSpec, cfg: dict,
+                   stage_bytes: Sequence[object] | None = None) -> int | None:
   """The memory model's peak of a pipelined training row, to set beside the measured one.
 
   tools.plan_lib.Evaluate's total_step_bytes (schedule.memory.Profile over
-  the simulated step, sizes from the layers' FPropMeta, 4 bytes a value):
-  the gradient sums and activations all devices hold at the worst moment,
-  as the measured peak counts them on one shared allocator. None for rows
-  it does not model: not pipelined, inference, R > 1 or a dtype other than
-  float32. Runs no TensorFlow op.
+  the simulated step): the gradient sums and activations all devices hold
+  at the worst moment, as the measured peak counts them on one shared
+  allocator. The sizes are ``stage_bytes`` (one schedule.memory.StageBytes
+  per stage: tools.benchmark_memory.TracedStageBytes) when given, else
+  those tools.plan estimates from the layers' FPropMeta (4 bytes a value).
+  None for rows it does not model: not pipelined, inference, R > 1 or a
+  dtype other than float32. Runs no TensorFlow op.
   """
   if (not cfg['pipeline'] or cfg['mode'] != 'train' or
       cfg['num_replicas'] > 1 or cfg.get('dtype', 'float32') != 'float32'):
@@ -297,12 +318,21 @@ def ModelPeakBytes(spec: ModelSpec, cfg: dict) -> int | None:
   layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
                            cfg['schedule'], cfg['num_virtual_stages'],
                            cfg['remat'])
-  return int(plan_lib.Evaluate(model, layout, spec.batch_size).total_step_bytes)
+  return int(plan_lib.Evaluate(model, layout, spec.batch_size,
+                               stage_bytes=stage_bytes).total_step_bytes)
 
 
 def MakeStep(spec: ModelSpec, cfg: dict,
              all_devices: Sequence[str]) -> Callable[[], tf.Tensor]:
-  """A tf.function running one step of ``cfg``; it returns the global loss.
+  """A tf.function running one step of ``cfg``; it returns the global loss
+  (StepAndModel's step)."""
+  return StepAndModel(spec, cfg, all_devices)[0]
+
+
+def StepAndModel(spec: ModelSpec, cfg: dict, all_devices: Sequence[str]
+                 ) -> tuple[Callable[[], tf.Tensor], object]:
+  """(a tf.function running one step of ``cfg``, returning the global loss;
+  the model it runs: a PipeliningLayer or a SequentialLayer).
 
   Training: forward, backward and one SGD update of the mean squared output
   over the global batch (for R > 1: each replica's mean over its share, the
@@ -327,7 +357,7 @@ def MakeStep(spec: ModelSpec, cfg: dict,
           cfg, all_devices):
         return _Loss(model, inputs, training=False)
 
-    return _Infer
+    return _Infer, model
 
   @tf.function
   def _Step():
@@ -343,7 +373,7 @@ def MakeStep(spec: ModelSpec, cfg: dict,
         v.assign_sub(tf.cast(spec.learning_rate, g.dtype) * g)
     return loss
 
-  return _Step
+  return _Step, model
 
 
 def StageBalance(spec: ModelSpec, cfg: dict) -> tuple[int, ...]:
@@ -413,7 +443,7 @@ def _ReplicatedStep(spec, cfg, all_devices):
     opt.apply_gradients(zip(grads, variables))
     return loss
 
-  return _Step
+  return _Step, model
 
 
 def _LossAndGradients(model, cfg, inputs, variables):

@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 
 from gpipe_tf.pipeline import schedule as schedule_lib
 from tools import benchmark_lib as lib
+from tools import benchmark_memory
 from tools import benchmark_predict as predict_lib
 
 __all__ = ['SHARED', 'PROCESSES', 'MODES', 'Mode', 'BoundaryBytes',
@@ -136,15 +137,17 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
   if any(cfg['num_replicas'] > 1 for cfg in configs):
     raise ValueError('--devices=processes times one replica; leave out '
                      '--replicas (or use --devices=shared).')
-  steps, peaks = [], []
+  steps, peaks, sizes = [], [], []
   for cfg in configs:
-    step = lib.MakeStep(spec, cfg, devices)
+    step, model = lib.StepAndModel(spec, cfg, devices)
     step().numpy()  # Trace and warm up.
     before = workers.Memory(reset=True)
     step().numpy()
     after = workers.Memory()
     peaks.append([a['peak'] - b['current'] for a, b in zip(after, before)])
     steps.append(step)
+    sizes.append(benchmark_memory.TracedStageBytes(model.cells)
+                 if cfg['pipeline'] else None)
     log(f'built {lib.Label(cfg)}')
   times = [[] for _ in configs]
   cpu = [[0.0] * len(devices) for _ in configs]
@@ -162,7 +165,7 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
                                                workers.CpuSeconds())]
       sent[i] = [t + b - a for t, a, b in zip(sent[i], sent0,
                                                workers.BytesSent())]
-  rows = lib.Rows(spec, configs, times, [sum(p) for p in peaks])
+  rows = lib.Rows(spec, configs, times, [sum(p) for p in peaks], sizes)
   total_steps = rounds * steps_per_round
   for row, cfg, p, c, s, own in zip(rows, configs, peaks, cpu, sent, chief):
     row.update(devices=PROCESSES, device_peak_memory_bytes=[int(x) for x in p],

@@ -119,14 +119,15 @@ def ScheduleTable(rows: Sequence[dict], micro_batches: Sequence[int],
 
   One line per schedule x remat x M: examples/sec, x single-core (when
   measured), peak step memory and the memory model's peak (all devices at
-  its worst moment; schedule.memory).
+  its worst moment; schedule.memory) over the sizes the traced step holds
+  (model MiB) and over tools.plan's estimate of them (plan MiB).
   """
   k = num_partitions
   path = 'loss inside' if any(r['loss_inside'] for r in rows) else 'tape'
   lines = [f'\nSchedules at K={k} (training, R=1; path of every row: {path})',
            '| schedule | remat | M | examples/sec | x single-core | peak MiB | '
-           'model MiB |',
-           '|---|---|---|---|---|---|---|']
+           'model MiB | plan MiB |',
+           '|---|---|---|---|---|---|---|---|']
   for name in Schedules(rows):
     for remat in remats:
       for m in micro_batches:
@@ -137,7 +138,8 @@ def ScheduleTable(rows: Sequence[dict], micro_batches: Sequence[int],
                      f"{r['examples_per_sec']:.0f} | "
                      f"{_Times(r.get('speedup_vs_single_core'))} | "
                      f"{r['peak_memory_bytes'] / 2**20:.1f} | "
-                     f"{_MiB(r.get('model_peak_bytes'))} |")
+                     f"{_MiB(r.get('model_peak_bytes'))} | "
+                     f"{_MiB(r.get('plan_peak_bytes'))} |")
   return '\n'.join(lines)
 
 

@@ -201,7 +201,8 @@ def _Fits(name: str, k: int, m: int, v: int) -> bool:
 
 def Evaluate(model: Model, layout: Layout, batch_size: int,
              flops_per_second: float = 1e12,
-             layer_pass_seconds: float = 0.0) -> Plan:
+             layer_pass_seconds: float = 0.0,
+             stage_bytes: Sequence[memory.StageBytes] | None = None) -> Plan:
   """The estimated step time, bubble and per-device memory of one layout.
 
   Args:
@@ -215,6 +216,12 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
       layers take n times it more (W none: the engine runs it with B
       unless the schedule defers it). 0 leaves it out; plan_check.Calibrate
       measures it.
+    stage_bytes: one schedule.memory.StageBytes per stage, in place of the
+      ones the layers' output sizes give (memory.StageBytesOf): e.g. the
+      sizes a traced step holds (tools.benchmark_memory).
+
+  Raises:
+    PlanError: stage_bytes given, but not one per stage.
   """
   k, v = layout.num_partitions, layout.num_virtual_stages
   n = batch_size // layout.num_replicas
@@ -238,12 +245,18 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
   sim = schedule_lib.Simulate(
       sched, [f + o for f, o in zip(fwd, passes)],
       [f * (1 + r) + o for f, r, o in zip(fwd, shares, passes)], fwd)
-  inputs = [model.input_bytes] + [st[-1].output_bytes for st in stages[:-1]]
-  held = memory.Profile(sched, [
-      memory.StageBytesOf(i, [c.output_bytes for c in st],
-                          sum(c.num_params for c in st), b,
-                          model.bytes_per_param, model.grad_bytes_per_param)
-      for i, st in zip(inputs, stages)], kept, sim)
+  if stage_bytes is None:
+    inputs = [model.input_bytes] + [st[-1].output_bytes
+                                    for st in stages[:-1]]
+    stage_bytes = [
+        memory.StageBytesOf(i, [c.output_bytes for c in st],
+                            sum(c.num_params for c in st), b,
+                            model.bytes_per_param, model.grad_bytes_per_param)
+        for i, st in zip(inputs, stages)]
+  elif len(stage_bytes) != sched.num_stages:
+    raise PlanError(f'give one StageBytes per stage: {layout.Label()} has '
+                    f'{sched.num_stages} stages, got {len(stage_bytes)}')
+  held = memory.Profile(sched, stage_bytes, kept, sim)
   return Plan(layout, tuple(balance), sim.makespan, sim.bubble_fraction,
               layout.num_replicas * n / sim.makespan,
               tuple(sim.peak_in_flight), held.weights, held.step_peak,

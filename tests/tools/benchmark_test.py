@@ -26,7 +26,8 @@ _ROW_KEYS = ('pipeline', 'num_partitions', 'num_micro_batches', 'remat',
              'mode', 'num_replicas', 'single_core', 'schedule',
              'num_virtual_stages', 'loss_inside', 'dtype', 'jit_compile',
              'execution', 'examples_per_sec', 'peak_memory_bytes',
-             'model_peak_bytes', 'seconds_per_step_rounds')
+             'model_peak_bytes', 'plan_peak_bytes',
+             'seconds_per_step_rounds')
 _SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 
 
@@ -137,11 +138,12 @@ class MeasureTest(tf.test.TestCase):
     self.assertIn('| K=2 M=2 remat=never | zb_h1 | loss inside |',
                   tables.Table1(rows))
     # The memory model's peak beside the measured one.
-    self.assertIn('| peak MiB | model MiB |', table)
+    self.assertIn('| peak MiB | model MiB | plan MiB |', table)
     self.assertIn('| peak MiB | model MiB | examples/sec |',
                   tables.Table1(rows))
     for row in rows:
       self.assertEqual(row['model_peak_bytes'] is None, not row['pipeline'])
+      self.assertEqual(row['plan_peak_bytes'] is None, not row['pipeline'])
 
   def testVShapedSchedulesRunTwoStagesADevice(self):
     # --virtual_stages is interleaved 1F1B's; zbv and dualpipe_v have one
@@ -191,8 +193,9 @@ class ModelPeakTest(tf.test.TestCase):
 
   def testTablesShowTheModelBesideTheMeasuredPeak(self):
     rows = [dict(_Row(100.0, m=2, remat='never'), model_peak_bytes=3 * 2**20,
-                 peak_memory_bytes=5 * 2**20, loss_inside=True)]
-    self.assertIn('| gpipe | never | 2 | 100 | n/a | 5.0 | 3.0 |',
+                 plan_peak_bytes=2 * 2**20, peak_memory_bytes=5 * 2**20,
+                 loss_inside=True)]
+    self.assertIn('| gpipe | never | 2 | 100 | n/a | 5.0 | 3.0 | 2.0 |',
                   tables.ScheduleTable(rows, [2], ['never']))
     self.assertIn('| 5.0 | 3.0 | 100 |', tables.Table1(rows))
     self.assertNotIn('model MiB', tables.Table1([_Row(100.0)]))

@@ -8,6 +8,7 @@ import tempfile
 from absl import flags
 from absl.testing import absltest
 
+from gpipe_tf.pipeline.schedule import memory
 from tools import plan_check
 from tools import plan_lib
 
@@ -63,6 +64,18 @@ class EvaluateTest(absltest.TestCase):
     self.assertEqual(plan.static_bytes, (4000 * 12,) * 2)
     # Gradients + 4 micro-batches x 8 examples x (input + 4 outputs).
     self.assertEqual(plan.step_bytes, (4000 * 4 + 4 * 8 * 5 * 4096,) * 2)
+
+  def testGivenStageBytesReplaceTheEstimate(self):
+    # Sizes read from a traced step (tools/benchmark_memory.py): GPipe at
+    # M = 4 holds 4 micro-batches of each stage's input + activations.
+    stage = memory.StageBytes(input=10, activations=100, gradients=7)
+    plan = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32,
+                             stage_bytes=[stage, stage])
+    self.assertEqual(plan.step_bytes, (7 + 4 * 110,) * 2)
+    self.assertEqual(plan.total_step_bytes, 2 * (7 + 4 * 110))
+    with self.assertRaisesRegex(plan_lib.PlanError, 'one StageBytes per '
+                                'stage.*2 stages, got 1'):
+      plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32, stage_bytes=[stage])
 
   def testRematKeepsBoundaryInputsAndCostsAForward(self):
     never = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32)

@@ -17,12 +17,16 @@ loss inside (``ComputeLossAndGradients``), and for each the tool reports:
   * peak step memory: the most the process's allocator held during one step
     (default execution) beyond what it held before, as tools.benchmark
     measures it (get_memory_info; all logical devices share one allocator,
-    so this is the total over the cells);
+    so this is the total over the cells); with --skips_devices=processes
+    every cell runs in a local worker process of its own
+    (gpipe_tf.runtime.local_workers) and each device's own peak is read
+    from its allocator: what a middle device holds of carried skips;
   * the median step time over --skips_steps steps, both variants
     interleaved.
 
     python -m tools.skips                                # K=4, 1f1b and gpipe
     python -m tools.skips --skips_schedules=1f1b --skips_micro_batches=8
+    python -m tools.skips --skips_devices=processes      # each device's peak
 """
 
 from __future__ import annotations
@@ -47,6 +51,12 @@ _SCHEDULES = flags.DEFINE_list('skips_schedules', ['1f1b', 'gpipe'],
                                'Schedules to measure.')
 _REMAT = flags.DEFINE_string('skips_remat', 'never', 'Remat policy.')
 _STEPS = flags.DEFINE_integer('skips_steps', 5, 'Timed steps per variant.')
+_DEVICES = flags.DEFINE_enum(
+    'skips_devices', 'shared', ['shared', 'processes'],
+    "What a device is. 'shared': a logical CPU device of this process (all "
+    "share one allocator: the peak is the cells' total). 'processes': a "
+    'local worker process of its own (gpipe_tf.runtime.local_workers), '
+    'with its own allocator: the peak of every device.')
 _BALANCE = flags.DEFINE_list(
     'skips_balance', ['5', '4', '4', '4'],
     'Layers per cell (the 17 calls: the encoder in cell 0, the bottom in '
@@ -83,14 +93,24 @@ def _LossFn(outputs, labels):
 
 def Measure(model: Any, skips: bool, schedule: str, k: int, m: int,
             batch: int, remat: str, devices: list,
-            balance: list | None = None) -> dict:
+            balance: list | None = None, workers: Any = None) -> dict:
   """One variant's row: received bytes per device, peak MiB, step times.
+
+  Args:
+    model: the Keras model.
+    skips: stash/pop (True) or tuple carrying (False).
+    schedule, k, m, batch, remat, balance: the pipeline's.
+    devices: cell i's device is devices[i].
+    workers: the local_workers.LocalWorkers the devices are on, to read
+      every device's own peak (None: the devices share this process's
+      allocator).
 
   Returns:
     {'variant', 'schedule', 'received' (bytes per device, in device order),
-     'peak_bytes' (the median of three steps' peaks, 'peaks'), 'times'
-     (seconds of each timed step, filled by the caller), 'step' (a callable
-     running one more step), 'balance'}.
+     'peak_bytes' (the median of three steps' peaks, 'peaks'),
+     'device_peaks' (with workers: per device, the median of its three
+     steps' peaks), 'times' (seconds of each timed step, filled by the
+     caller), 'step' (a callable running one more step), 'balance'}.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
@@ -112,12 +132,19 @@ def Measure(model: Any, skips: bool, schedule: str, k: int, m: int,
   graph = tf.function(lambda: unrolled.ComputeLossAndGradients(
       x, y, _LossFn)[0]).get_concrete_function().graph
   by_device = transfers.ReceivedBytes(graph)
-  received = [by_device.get(f'CPU:{i}', 0) for i in range(k)]
+  received = [by_device.get(transfers.DeviceKey(d), 0) for d in devices[:k]]
   pipe = _Pipe('loop')
   step = tf.function(lambda: pipe.ComputeLossAndGradients(x, y, _LossFn)[0])
   step().numpy()  # Trace and warm up.
-  peaks = []
+  peaks, device_peaks = [], []
   for _ in range(3):  # The executor's order, and so the peak, may vary.
+    if workers is not None:
+      before = workers.Memory(reset=True)
+      step().numpy()
+      device_peaks.append([a['peak'] - b['current'] for a, b in
+                           zip(workers.Memory(), before)])
+      peaks.append(sum(device_peaks[-1]))
+      continue
     tf.config.experimental.reset_memory_stats('CPU:0')
     before = tf.config.experimental.get_memory_info('CPU:0')['current']
     step().numpy()
@@ -125,7 +152,10 @@ def Measure(model: Any, skips: bool, schedule: str, k: int, m: int,
                  before)
   return dict(variant='stash/pop' if skips else 'tuple', schedule=schedule,
               received=received, peak_bytes=int(statistics.median(peaks)),
-              peaks=peaks, times=[], step=step, balance=pipe.balance)
+              peaks=peaks,
+              device_peaks=[int(statistics.median(p))
+                            for p in zip(*device_peaks)],
+              times=[], step=step, balance=pipe.balance)
 
 
 def _Time(step) -> float:
@@ -135,17 +165,23 @@ def _Time(step) -> float:
 
 
 def Table(rows: list[dict]) -> str:
-  """The markdown table of measured rows."""
+  """The markdown table of measured rows (with each device's own peak when
+  the rows have them: --skips_devices=processes)."""
   k = len(rows[0]['received'])
+  own = bool(rows[0].get('device_peaks'))
+  peak = 'peak step MiB, sum of devices' if own else 'peak step MiB'
   head = ('| schedule | variant | balance | ' +
           ' | '.join(f'recv dev {i} KiB' for i in range(k)) +
-          ' | recv total KiB | peak step MiB (min-max of 3) | step ms |')
-  lines = [head, '|' + '---|' * (k + 6)]
+          ' | recv total KiB | ' +
+          ''.join(f'peak dev {i} MiB | ' for i in range(k) if own) +
+          f'{peak} (min-max of 3) | step ms |')
+  lines = [head, '|' + '---|' * (k + 6 + (k if own else 0))]
   for r in rows:
     lines.append(
         f"| {r['schedule']} | {r['variant']} | {r['balance']} | " +
         ' | '.join(f'{b / 1024:.1f}' for b in r['received']) +
-        f" | {sum(r['received']) / 1024:.1f} | "
+        f" | {sum(r['received']) / 1024:.1f} | " +
+        ''.join(f'{b / 2**20:.2f} | ' for b in r.get('device_peaks') or ()) +
         f"{r['peak_bytes'] / 2**20:.2f} "
         f"({min(r['peaks']) / 2**20:.2f}-{max(r['peaks']) / 2**20:.2f}) | "
         f"{1000 * statistics.median(r['times']):.0f} |")
@@ -154,14 +190,24 @@ def Table(rows: list[dict]) -> str:
 
 def main(argv):
   del argv
+  if _DEVICES.value == 'processes':
+    from gpipe_tf.runtime import local_workers  # pylint: disable=g-import-not-at-top
+    with local_workers.LocalWorkers(local_workers.Options(
+        num_workers=_K.value)) as workers:
+      print(f'--skips_devices=processes: {workers.Describe()}', flush=True)
+      _Run(workers.Connect(), workers)
+    return
   from gpipe_tf.runtime import devices as devices_lib  # pylint: disable=g-import-not-at-top
-  devices = devices_lib.SplitCpu(_K.value)
+  _Run(devices_lib.SplitCpu(_K.value), None)
+
+
+def _Run(devices: list, workers: Any) -> None:
   model = UNet(_SIZE.value, _WIDTH.value)
   rows = []
   for schedule in _SCHEDULES.value:
     balance = [int(n) for n in _BALANCE.value] or None
     pair = [Measure(model, skips, schedule, _K.value, _M.value,
-                    _BATCH.value, _REMAT.value, devices, balance)
+                    _BATCH.value, _REMAT.value, devices, balance, workers)
             for skips in (True, False)]
     for _ in range(_STEPS.value):  # Interleaved: load slows both alike.
       for row in pair:
@@ -169,7 +215,8 @@ def main(argv):
     rows += pair
   print(f'K={_K.value} M={_M.value} batch={_BATCH.value} '
         f'balance={_BALANCE.value or "by cost"} '
-        f'image={_SIZE.value}px width={_WIDTH.value} remat={_REMAT.value}')
+        f'image={_SIZE.value}px width={_WIDTH.value} remat={_REMAT.value} '
+        f'devices={_DEVICES.value}')
   print(Table(rows))
 
 

@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import tensorflow as tf
 
-__all__ = ['ByPair', 'Edge', 'Edges', 'ReceivedBytes']
+__all__ = ['ByPair', 'DeviceKey', 'Edge', 'Edges', 'ReceivedBytes']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +39,13 @@ class Edge:
   num_bytes: int
 
 
-def _Canonical(device: str) -> str:
+def DeviceKey(device: str) -> str:
+  """How Edges names a device: 'CPU:1' for a device of this process, with
+  the job and task in front for another process's ('/job:worker/task:1/CPU:0')."""
   spec = tf.DeviceSpec.from_string(device)
-  return f'{spec.device_type or "?"}:{spec.device_index or 0}'
+  mine = spec.job in (None, 'localhost')
+  where = '' if mine else f'/job:{spec.job}/task:{spec.task or 0}/'
+  return f'{where}{spec.device_type or "?"}:{spec.device_index or 0}'
 
 
 def _Bytes(t: tf.Tensor) -> int:
@@ -66,11 +70,11 @@ def Edges(graph: tf.Graph) -> list[Edge]:
           "trace the step with execution='unrolled'.")
     if not op.device:
       continue
-    dst = _Canonical(op.device)
+    dst = DeviceKey(op.device)
     for t in op.inputs:
       if not t.op.device:
         continue
-      src = _Canonical(t.op.device)
+      src = DeviceKey(t.op.device)
       if src != dst:
         edges.append(Edge(src, dst, tuple(t.shape.as_list())
                           if t.shape.rank is not None else (), t.dtype.name,

@@ -92,6 +92,18 @@ class ProfileTest(absltest.TestCase):
     self.assertEqual(prof.held[0], (25, 20))
     self.assertEqual(prof.held[-1], (20, 20))
 
+  def testABackwardHoldsItsWeightGradientsBesideTheSums(self):
+    # A piece's weight gradients are added to the sums when it returns:
+    # while a BW (or a W) runs, its device holds them beside the sums.
+    stage = memory.StageBytes(input=1, activations=4, gradients=10)
+    # 1F1B: dev 0 during BW0 holds F0 and F1 (10), the sums and BW0's
+    # gradients (20); dev 1 during its BW, one micro-batch (5) and 20.
+    self.assertEqual(_Profile('1f1b', stage=stage).step_peak, (30, 25))
+    # ZB-H1: a B makes no weight gradient, its W does: dev 0 during B0
+    # holds F0, F1 and the sums (20); during W0 (right after B0) F1, the
+    # sums and W0's gradients (25).
+    self.assertEqual(_Profile('zb_h1', stage=stage).step_peak, (25, 20))
+
   def testTheSimulatedTimesSayWhen(self):
     sched = schedule_lib.Make('gpipe', 2, 2)
     stages = [memory.StageBytes(input=1, activations=4)] * 2

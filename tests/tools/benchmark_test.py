@@ -177,16 +177,18 @@ class ModelPeakTest(tf.test.TestCase):
   """The memory model's column: pure Python, no TensorFlow op runs."""
 
   def testModelPeakFollowsTheSchedule(self):
-    # 4 FC blocks of 8 on 16 examples, K = 2, M = 4, every forward kept:
-    # gpipe holds all 4 micro-batches on both devices at once, 1f1b 2 + 1.
+    # 4 FC blocks of 8 on 16 examples, K = 2, M = 4, every forward kept,
+    # unit times: gpipe's worst moment is device 0's BW(0, 3) beside device
+    # 1's BW(1, 2) (4 + 3 micro-batches), 1f1b's 2 + 1; both devices run a
+    # backward then, holding its gradients beside the sums.
     peaks = {name: lib.ModelPeakBytes(_TINY, lib.Config(
         True, 2, 4, 'never', schedule=name, loss_inside=True))
              for name in ('gpipe', '1f1b')}
     # A micro-batch of 4 examples: per stage input 8 + 2 layers' outputs 16
     # values; gradients 2 x (8 x 8 + 8) values per stage; 4 bytes each.
     grads, unit = 2 * 2 * 72 * 4, 4 * 24 * 4
-    self.assertEqual(peaks['gpipe'], grads + 8 * unit)
-    self.assertEqual(peaks['1f1b'], grads + 3 * unit)
+    self.assertEqual(peaks['gpipe'], 2 * grads + 7 * unit)
+    self.assertEqual(peaks['1f1b'], 2 * grads + 3 * unit)
     self.assertIsNone(lib.ModelPeakBytes(_TINY, lib.Config(False)))
     self.assertIsNone(lib.ModelPeakBytes(
         _TINY, lib.Config(True, 2, 4, 'never', mode='inference')))

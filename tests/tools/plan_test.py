@@ -62,17 +62,20 @@ class EvaluateTest(absltest.TestCase):
     self.assertAlmostEqual(plan.examples_per_sec, 32 / plan.makespan)
     self.assertEqual(plan.peak_in_flight, (4, 4))
     self.assertEqual(plan.static_bytes, (4000 * 12,) * 2)
-    # Gradients + 4 micro-batches x 8 examples x (input + 4 outputs).
-    self.assertEqual(plan.step_bytes, (4000 * 4 + 4 * 8 * 5 * 4096,) * 2)
+    # Gradient sums + 4 micro-batches x 8 examples x (input + 4 outputs),
+    # and once the first backward runs, its own weight gradients.
+    self.assertEqual(plan.step_bytes, (2 * 4000 * 4 + 4 * 8 * 5 * 4096,) * 2)
 
   def testGivenStageBytesReplaceTheEstimate(self):
     # Sizes read from a traced step (tools/benchmark_memory.py): GPipe at
-    # M = 4 holds 4 micro-batches of each stage's input + activations.
+    # M = 4 holds 4 micro-batches of each stage's input + activations, the
+    # sums and a running backward's gradients; device 1's first backward
+    # runs while device 0 still holds all 4.
     stage = memory.StageBytes(input=10, activations=100, gradients=7)
     plan = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32,
                              stage_bytes=[stage, stage])
-    self.assertEqual(plan.step_bytes, (7 + 4 * 110,) * 2)
-    self.assertEqual(plan.total_step_bytes, 2 * (7 + 4 * 110))
+    self.assertEqual(plan.step_bytes, (2 * 7 + 4 * 110,) * 2)
+    self.assertEqual(plan.total_step_bytes, 3 * 7 + 2 * 4 * 110)
     with self.assertRaisesRegex(plan_lib.PlanError, 'one StageBytes per '
                                 'stage.*2 stages, got 1'):
       plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32, stage_bytes=[stage])
@@ -82,8 +85,10 @@ class EvaluateTest(absltest.TestCase):
     always = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4, remat='always'), 32)
     # 4 inputs + one stage's 4 outputs, of 8 examples each: micro-batches 0-2
     # while BW(0, 2) recomputes, or all 4 inputs and the kept micro-batch 3
-    # (its BW directly follows its F) until BW(0, 3).
-    self.assertEqual(always.step_bytes[0], 4000 * 4 + (4 + 4) * 8 * 4096)
+    # (its BW directly follows its F) until BW(0, 3); the sums, and the
+    # running backward's gradients.
+    self.assertEqual(always.step_bytes[0],
+                     2 * 4000 * 4 + (4 + 4) * 8 * 4096)
     # 3 of 4 micro-batches recomputed: BW = 2F + 3/4 F on both stages, and
     # fill-drain takes (M + K - 1)(F + BW): 3.75 F against 3 F per slot.
     self.assertAlmostEqual(always.makespan / never.makespan, 3.75 / 3)
@@ -102,11 +107,12 @@ class EvaluateTest(absltest.TestCase):
     # BW2 F3 [12, 13.25) BW3 [13.25, 15.75); device 0's BW(0, 3) then runs
     # [15.75, 18): 18 against 15 without remat (the same as with (4, 4)).
     self.assertAlmostEqual(always.makespan / never.makespan, 18 / 15)
-    # Stage 0 (3 layers): gradients + two inputs and one recompute of 3
-    # outputs; stage 1 (5 layers): gradients + one micro-batch whole.
+    # Stage 0 (3 layers): gradient sums + two inputs and one recompute of 3
+    # outputs; stage 1 (5 layers): sums + one micro-batch whole; both while
+    # a backward runs, with its own gradients.
     self.assertEqual(always.step_bytes,
-                     (3000 * 4 + (2 + 3) * 8 * 4096,
-                      5000 * 4 + (1 + 5) * 8 * 4096))
+                     (2 * 3000 * 4 + (2 + 3) * 8 * 4096,
+                      2 * 5000 * 4 + (1 + 5) * 8 * 4096))
     # With M = 1 every backward follows its forward: 'always' is 'never'.
     for name in ('gpipe', '1f1b'):
       never = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=1, schedule=name), 32)
@@ -124,12 +130,14 @@ class EvaluateTest(absltest.TestCase):
     plan = plan_lib.Evaluate(_MODEL, _Layout(k=4, m=2, schedule='1f1b',
                                              remat='always'), 32)
     unit = 16 * 4096  # One example-layer output of the 16-example batch.
-    # Stages 0-2: 2 inputs + a recompute of 2 outputs; stage 3: one whole.
-    self.assertEqual(plan.step_bytes, (2000 * 4 + 4 * unit,) * 3 +
-                     (2000 * 4 + 3 * unit,))
-    # At [6, 9): devices 0 and 1 hold 2 inputs each, device 2 recomputes
-    # (4), device 3 holds micro-batch 1 whole (3): 11 units, not 4 + 4 + 4 + 3.
-    self.assertEqual(plan.total_step_bytes, 8000 * 4 + 11 * unit)
+    # Stages 0-2: 2 inputs + a recompute of 2 outputs; stage 3: one whole;
+    # each while a backward runs (the sums and its own gradients).
+    self.assertEqual(plan.step_bytes, (2 * 2000 * 4 + 4 * unit,) * 3 +
+                     (2 * 2000 * 4 + 3 * unit,))
+    # At [7, 9): devices 0 and 1 hold 2 inputs each, device 2 recomputes
+    # (4), device 3 holds micro-batch 1 whole (3): 11 units, not 4 + 4 + 4 +
+    # 3; devices 2 and 3 each run a backward (its gradients beside the sums).
+    self.assertEqual(plan.total_step_bytes, (4 + 2) * 2000 * 4 + 11 * unit)
 
   def testMoreMicroBatchesLowerTheBubble(self):
     bubbles = [plan_lib.Evaluate(_MODEL, _Layout(k=4, m=m), 64).bubble_fraction

@@ -9,6 +9,22 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from tools import skips  # pylint: disable=g-import-not-at-top
 
 
+class _Workers:
+  """Stands in for local_workers.LocalWorkers: its devices' allocators
+  answer peaks of 1, 2, 3 ... MiB above 10 MiB, device d's step i at
+  (i + 1) * (d + 1) MiB."""
+
+  def __init__(self, k):
+    self.k, self.steps = k, 0
+
+  def Memory(self, reset=False):
+    if reset:
+      self.steps += 1
+      return [dict(current=10 * 2**20, peak=10 * 2**20)] * self.k
+    return [dict(current=0, peak=10 * 2**20 + self.steps * (d + 1) * 2**20)
+            for d in range(self.k)]
+
+
 class SkipsToolTest(tf.test.TestCase):
 
   def testStashPopReceivesLessInTheMiddle(self):
@@ -25,10 +41,27 @@ class SkipsToolTest(tf.test.TestCase):
     self.assertEqual(stash[1], 4 * 4 * (2 * 2 * 8 + 2 * 2 * 24))
     for row in rows:
       self.assertGreater(row['peak_bytes'], 0)
+      self.assertEqual(row['device_peaks'], [])
       row['times'].append(0.01)
     table = skips.Table(rows)
     self.assertIn('| 1f1b | stash/pop | [5, 4, 4, 4] |', table)
     self.assertIn('| 1f1b | tuple | [5, 4, 4, 4] |', table)
+    self.assertNotIn('peak dev', table)
+
+  def testEachDevicesPeakFromItsOwnAllocator(self):
+    # --skips_devices=processes reads every worker's allocator: per device
+    # the median of three steps' peaks, the row's peak their sum.
+    model = skips.UNet(size=8, width=2)
+    row = skips.Measure(model, True, 'gpipe', 2, 2, 4, 'never', DEVICES,
+                        [9, 8], workers=_Workers(2))
+    self.assertEqual(row['device_peaks'], [2 * 2**20, 4 * 2**20])
+    self.assertEqual(row['peaks'], [3 * 2**20, 6 * 2**20, 9 * 2**20])
+    self.assertEqual(row['peak_bytes'], 6 * 2**20)
+    row['times'].append(0.01)
+    table = skips.Table([row])
+    self.assertIn('| peak dev 0 MiB | peak dev 1 MiB | peak step MiB, sum '
+                  'of devices (min-max of 3) |', table)
+    self.assertIn('| 2.00 | 4.00 | 6.00 (3.00-9.00) |', table)
 
 
 if __name__ == '__main__':

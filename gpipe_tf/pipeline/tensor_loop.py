@@ -140,19 +140,13 @@ class Packed:
            ) -> list[tf.Tensor | None]:
     """Slot m of every tensor (None where not kept), with its static
     shape."""
-    return [None if w is None else
-            tf_internals.ListGetItem(lists[w[0]], i, spec)
-            for w, i, spec in zip(self.where, self._Indices(m), self.specs)]
+    return self._Get(lists, self._Indices(m))
 
   def Write(self, lists: Sequence[tf.Tensor], m: Any,
             values: Sequence[Any]) -> list[tf.Tensor]:
     """`lists` with slot m of every kept tensor set to its value (a None
     value leaves its slot as it was)."""
-    lists = list(lists)
-    for w, i, value in zip(self.where, self._Indices(m), values):
-      if w is not None and value is not None:
-        lists[w[0]] = tf_internals.ListSetItem(lists[w[0]], i, value)
-    return lists
+    return self._Set(lists, self._Indices(m), values)
 
   def Take(self, lists: Sequence[tf.Tensor], m: Any
            ) -> tuple[list, list[tf.Tensor]]:
@@ -160,11 +154,25 @@ class Packed:
 
     Emptying frees a tensor once its reader is done (why: slots.Take).
     """
-    values = self.Read(lists, m)
+    indices = self._Indices(m)
+    values = self._Get(lists, indices)
     # Scalars are left: they hold no memory.
-    return values, self.Write(lists, m, [
+    return values, self._Set(lists, indices, [
         Empty(v) if v is not None and v.shape.rank else None
         for v in values])
+
+  def _Get(self, lists: Sequence[tf.Tensor], indices: Sequence[Any]) -> list:
+    return [None if w is None else
+            tf_internals.ListGetItem(lists[w[0]], i, spec)
+            for w, i, spec in zip(self.where, indices, self.specs)]
+
+  def _Set(self, lists: Sequence[tf.Tensor], indices: Sequence[Any],
+           values: Sequence[Any]) -> list[tf.Tensor]:
+    lists = list(lists)
+    for w, i, value in zip(self.where, indices, values):
+      if w is not None and value is not None:
+        lists[w[0]] = tf_internals.ListSetItem(lists[w[0]], i, value)
+    return lists
 
 
 def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:

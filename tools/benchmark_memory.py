@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from gpipe_tf.pipeline.schedule import memory as memory_lib
 
-__all__ = ['TracedStageBytes']
+__all__ = ['ProgramBytes', 'TracedStageBytes']
 
 
 # Ops whose output shares its input's buffer (TensorFlow forwards it): a
@@ -69,7 +69,9 @@ def _Bytes(tensors: Sequence[Any], exclude: frozenset = frozenset()
   return total
 
 
-def _StageBytes(program: Any) -> memory_lib.StageBytes | None:
+def ProgramBytes(program: Any) -> memory_lib.StageBytes | None:
+  """The StageBytes of one cell_program.CellProgram (module docstring), or
+  None when a size is not known statically."""
   t = program.tensors
   inputs = frozenset(id(_Root(x)) for x in t.x + t.skip_in if x is not None)
   sizes = [_Bytes(t.x + t.skip_in), _Bytes(t.saved, inputs), _Bytes(t.wcut),
@@ -93,7 +95,7 @@ def TracedStageBytes(cells: Sequence[Any]) -> list | None:
     programs = [p for p in cell.programs.values() if p.training]
     if len(programs) != 1:
       return None
-    stage = _StageBytes(programs[0])
+    stage = ProgramBytes(programs[0])
     if stage is None:
       return None
     stages.append(stage)

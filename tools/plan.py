@@ -65,34 +65,53 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
       'compare', None, "A tools.benchmark --json file: plan the benchmark's "
       'model instead of --model and print the estimates beside its rows.',
       **fv)
+  flags.DEFINE_enum(
+      'activations', 'outputs', ['outputs', 'traced'],
+      "A layer's activations in the memory estimate. 'outputs': its "
+      "FPropMeta outputs (nothing is built). 'traced': what its backward "
+      'keeps, from a trace of each distinct layer\'s training step on a '
+      'small batch (tools/plan_trace.py; builds one of each).', **fv)
 
 
-def ExperimentModel(experiment_params) -> tuple[plan_lib.Model, int, int]:
+def _Kept(model: plan_lib.Model, layers, shapes,
+          activations: str) -> plan_lib.Model:
+  if activations != 'traced':
+    return model
+  from tools import plan_trace  # pylint: disable=g-import-not-at-top
+  return plan_lib.WithKeptBytes(model, plan_trace.KeptBytes(layers, shapes))
+
+
+def ExperimentModel(experiment_params, activations: str = 'outputs'
+                    ) -> tuple[plan_lib.Model, int, int]:
   """An experiment's model costs, its own K and its training batch.
 
   Bytes per parameter: weight and optimizer slots in the model's dtype
-  (model_stats.BytesPerParam), and one more value for the gradient.
+  (model_stats.BytesPerParam), and one more value for the gradient;
+  `activations` as --activations.
   """
   from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
   from tools import model_stats  # pylint: disable=g-import-not-at-top
   layers, shapes = model_stats.LayersAndShapes(experiment_params)
   dtype = layers[0].dtype
-  model = plan_lib.ModelOf(
+  model = _Kept(plan_lib.ModelOf(
       layers, shapes, model_stats.BytesPerParam(experiment_params.task, dtype),
-      model_stats.DtypeBytes(dtype))
+      model_stats.DtypeBytes(dtype)), layers, shapes, activations)
   return (model, PipeliningLayer.NumDevicesOf(experiment_params.task.model),
           int(experiment_params.train.batch_size))
 
 
-def BenchmarkModel(measured: dict) -> tuple[plan_lib.Model, int, int]:
-  """The model a tools.benchmark --json file timed, its D and its batch."""
+def BenchmarkModel(measured: dict, activations: str = 'outputs'
+                   ) -> tuple[plan_lib.Model, int, int]:
+  """The model a tools.benchmark --json file timed, its D and its batch
+  (`activations` as --activations)."""
   from tools import benchmark_lib  # pylint: disable=g-import-not-at-top
   fields = {f.name for f in dataclasses.fields(benchmark_lib.ModelSpec)}
   spec = benchmark_lib.ModelSpec(**{k: v for k, v in measured.items()
                                     if k in fields})
   layers, shapes = benchmark_lib.LayersOf(spec)
   # The benchmark's SGD keeps no slots: 4 bytes of weight, 4 of gradient.
-  return (plan_lib.ModelOf(layers, shapes, bytes_per_param=4),
+  return (_Kept(plan_lib.ModelOf(layers, shapes, bytes_per_param=4), layers,
+                shapes, activations),
           measured['num_devices'], spec.batch_size)
 
 
@@ -109,7 +128,7 @@ def Run(fv: flags.FlagValues) -> str:
   if fv.compare:
     with open(fv.compare) as f:
       measured = json.load(f)
-    model, own_k, own_n = BenchmarkModel(measured)
+    model, own_k, own_n = BenchmarkModel(measured, fv.activations)
     name = (f"tools.benchmark's {measured['num_blocks']} x "
             f"{measured['block']} blocks of width {measured['dim']}")
   elif fv.model:
@@ -118,7 +137,7 @@ def Run(fv: flags.FlagValues) -> str:
     params = model_registry.GetParams(fv.model)
     if fv.model_params_override:
       base_experiment.ApplyOverrides(params, fv.model_params_override)
-    model, own_k, own_n = ExperimentModel(params)
+    model, own_k, own_n = ExperimentModel(params, fv.activations)
     name = fv.model
   else:
     raise plan_lib.PlanError('--model (or --compare) is required.')

@@ -71,6 +71,10 @@ class LayerCost:
   flops: float  # Forward FLOPs.
   num_params: int
   output_bytes: int  # Bytes of its outputs.
+  # Bytes its kept forward stashes for the backward beyond its inputs, and
+  # its B for its W (tools.plan_trace); None: estimated from its outputs.
+  kept_bytes: int | None = None
+  wcut_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +145,20 @@ def ModelOf(layer_params: Sequence, input_shapes: Sequence,
                  for m in metas)
   return Model(layers, _BytesPerExample(input_shapes, value_bytes),
                bytes_per_param, value_bytes)
+
+
+def WithKeptBytes(model: Model, kept: Sequence[tuple[int, int] | None]
+                  ) -> Model:
+  """`model` with each layer's (kept_bytes, wcut_bytes)
+  (tools.plan_trace.KeptBytes; None leaves a layer's estimates from its
+  outputs)."""
+  if len(kept) != len(model.layers):
+    raise PlanError(f'give one kept size per layer: {len(model.layers)} '
+                    f'layers, got {len(kept)}')
+  return dataclasses.replace(model, layers=tuple(
+      c if k is None else dataclasses.replace(c, kept_bytes=k[0],
+                                              wcut_bytes=k[1])
+      for c, k in zip(model.layers, kept)))
 
 
 def _BytesPerExample(shapes: Sequence, value_bytes: int) -> int:
@@ -251,7 +269,9 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
     stage_bytes = [
         memory.StageBytesOf(i, [c.output_bytes for c in st],
                             sum(c.num_params for c in st), b,
-                            model.bytes_per_param, model.grad_bytes_per_param)
+                            model.bytes_per_param, model.grad_bytes_per_param,
+                            [c.kept_bytes for c in st],
+                            [c.wcut_bytes for c in st])
         for i, st in zip(inputs, stages)]
   elif len(stage_bytes) != sched.num_stages:
     raise PlanError(f'give one StageBytes per stage: {layout.Label()} has '

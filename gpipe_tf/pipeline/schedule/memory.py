@@ -85,7 +85,10 @@ class StageBytes:
 def StageBytesOf(input_bytes: float, output_bytes: Sequence[float],
                  num_params: int, micro_batch_size: int,
                  bytes_per_param: float = 4.0,
-                 grad_bytes_per_param: float = 4.0) -> StageBytes:
+                 grad_bytes_per_param: float = 4.0,
+                 kept_bytes: Sequence[float | None] | None = None,
+                 wcut_bytes: Sequence[float | None] | None = None
+                 ) -> StageBytes:
   """A stage's StageBytes from its layers' sizes per example.
 
   Args:
@@ -95,15 +98,24 @@ def StageBytesOf(input_bytes: float, output_bytes: Sequence[float],
     micro_batch_size: examples per micro-batch.
     bytes_per_param: weight and optimizer-slot bytes per parameter.
     grad_bytes_per_param: gradient bytes per parameter.
+    kept_bytes: per layer, the bytes per example its kept forward stashes
+      for its backward beyond its inputs (None, or no list: its outputs).
+    wcut_bytes: per layer, the bytes per example its B stashes for its W
+      (None, or no list: its input and its output's gradient).
 
   Returns:
-    The StageBytes: activations are the layers' outputs, wcut the layers'
-    inputs plus as many output gradients as outputs; nothing pinned.
+    The StageBytes: activations are the kept bytes, wcut the wcut bytes
+    (by default the layers' outputs; their inputs plus as many output
+    gradients as outputs); nothing pinned.
   """
   b, outs = micro_batch_size, list(output_bytes)
-  layer_inputs = input_bytes + sum(outs[:-1])
-  return StageBytes(input=input_bytes * b, activations=sum(outs) * b,
-                    wcut=(layer_inputs + sum(outs)) * b,
+  ins = [input_bytes] + outs[:-1]
+  kept = [o if k is None else k
+          for o, k in zip(outs, kept_bytes or [None] * len(outs))]
+  wcut = [i + o if w is None else w
+          for i, o, w in zip(ins, outs, wcut_bytes or [None] * len(outs))]
+  return StageBytes(input=input_bytes * b, activations=sum(kept) * b,
+                    wcut=sum(wcut) * b,
                     weights=num_params * bytes_per_param,
                     gradients=num_params * grad_bytes_per_param)
 

@@ -1,0 +1,53 @@
+"""tools/plan_trace.py: what each layer's backward keeps, from a trace of its training step."""
+
+from unittest import mock
+
+import tensorflow as tf
+
+from gpipe_tf import layers
+from tools import plan_lib
+from tools import plan_trace
+
+
+def _FC(i):
+  return layers.FCLayer.Params().Set(name=f'fc{i}', input_dim=8, output_dim=8,
+                                     activation='RELU')
+
+
+class KeptBytesTest(tf.test.TestCase):
+
+  def testAnFCLayerKeepsItsOutputAndHandsItsInputAndGradientToW(self):
+    # Its backward reads its input (counted where it was made) and its
+    # ReLU output: 8 floats an example; its W reads the input and the
+    # output's gradient: 16. The two identical layers are traced once.
+    with mock.patch.object(plan_trace, '_Trace',
+                           wraps=plan_trace._Trace) as trace:
+      kept = plan_trace.KeptBytes([_FC(0), _FC(1)], [(None, 8)])
+    self.assertEqual(kept, [(32, 64), (32, 64)])
+    self.assertEqual(trace.call_count, 1)
+
+  def testATransformerBlockKeepsFarMoreThanItsOutput(self):
+    block = layers.TransformerEncoderLayer.Params().Set(
+        name='block', model_dim=8, hidden_dim=32, num_heads=2)
+    shapes = [(None, 4, 8), (None, 4)]
+    (kept, wcut), = plan_trace.KeptBytes([block], shapes)
+    output = plan_lib.ModelOf([block], shapes, 4).layers[0].output_bytes
+    self.assertGreater(kept, 10 * output)
+    self.assertGreater(wcut, output)
+
+  def testALayerTheTraceCannotBuildKeepsTheEstimate(self):
+    # An embedding reads integer ids; the trace feeds floats of the shapes.
+    embedding = layers.EmbeddingLayer.Params().Set(
+        name='emb', vocab_size=10, embedding_dim=8)
+    self.assertEqual(plan_trace.KeptBytes([embedding], [(None, 4)]), [None])
+    model = plan_lib.ModelOf([_FC(0)], [(None, 8)], 4)
+    traced = plan_lib.WithKeptBytes(model, [(100, 200)])
+    self.assertEqual((traced.layers[0].kept_bytes,
+                      traced.layers[0].wcut_bytes), (100, 200))
+    self.assertEqual(plan_lib.WithKeptBytes(model, [None]), model)
+    with self.assertRaisesRegex(plan_lib.PlanError, '1 layers, got 2'):
+      plan_lib.WithKeptBytes(model, [None, None])
+
+
+if __name__ == '__main__':
+  tf.test.main()

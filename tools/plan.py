@@ -147,15 +147,26 @@ def Run(fv: flags.FlagValues) -> str:
                         schedules=fv.schedules or None,
                         max_micro_batches=fv.max_micro_batches)
   reason = plan_lib.Reason(plans, budget)
+  untraced = [i for i, c in enumerate(model.layers) if c.kept_bytes is None]
+  if fv.activations != 'traced':
+    untraced = []
   if fv.json:
     return json.dumps(dict(
         model=name, devices=d, batch_size=n,
         memory_budget_mib=fv.memory_budget_mib or None, reason=reason,
+        activations=fv.activations, untraced_layers=untraced,
         plans=[p.AsDict() for p in plans if p.fits][:fv.top or None]))
   limit = f'{fv.memory_budget_mib:g} MiB' if budget else 'none'
   text = (f'{name}: D={d} devices, batch {n}, memory budget {limit} per '
           f'device; {len(plans)} layouts estimated\n\n'
           f'{plan_lib.FormatTable(plans, fv.top)}\n\n{reason}')
+  if untraced:
+    shown = ', '.join(map(str, untraced[:10])) + (
+        ', ...' if len(untraced) > 10 else '')
+    text += (f'\n\n--activations=traced: layers {shown} ({len(untraced)} of '
+             f'{len(model.layers)}) keep the estimate from their outputs: the '
+             'trace could not build them on float inputs of their shapes '
+             '(tools/plan_trace.py).')
   if measured is not None:
     table = plan_check.Compare(model, measured['rows'],
                                measured['batch_size'])

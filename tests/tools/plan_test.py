@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import tempfile
+from unittest import mock
 
 from absl import flags
 from absl.testing import absltest
@@ -11,6 +12,7 @@ from absl.testing import absltest
 from gpipe_tf.pipeline.schedule import memory
 from tools import plan_check
 from tools import plan_lib
+from tools import plan_trace
 
 # 8 equal layers of 1 MFLOP, 1000 parameters and 4 KiB of output per example.
 _LAYER = plan_lib.LayerCost(flops=1e6, num_params=1000, output_bytes=4096)
@@ -321,6 +323,18 @@ class PlanToolTest(absltest.TestCase):
     # Tiny's optimizer is Adam: 4 + 8 bytes of weight and slots, 4 of gradient.
     params = 16 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4
     self.assertEqual(sum(first['static_bytes']), 12 * params)  # One replica.
+
+  def testTracedActivationsNameTheLayersTheTraceCouldNotBuild(self):
+    # Tiny's FC layers trace; with outputs nothing is said. A layer the
+    # trace cannot build is named, not silently estimated.
+    traced = self._Run('--model=synthetic.mlp.TinyPipelined', '--devices=2',
+                       '--top=1', '--activations=traced')
+    self.assertNotIn('keep the estimate', traced)
+    with mock.patch.object(plan_trace, '_Trace', return_value=None):
+      failed = self._Run('--model=synthetic.mlp.TinyPipelined', '--devices=2',
+                         '--top=1', '--activations=traced')
+    self.assertRegex(failed, r'--activations=traced: layers 0, 1, .* keep '
+                     'the estimate from their outputs')
 
   def testCompareReadsTheBenchmarksModelAndRows(self):
     row = dict(pipeline=True, mode='train', num_replicas=1, single_core=False,

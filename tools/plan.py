@@ -147,9 +147,8 @@ def Run(fv: flags.FlagValues) -> str:
                         schedules=fv.schedules or None,
                         max_micro_batches=fv.max_micro_batches)
   reason = plan_lib.Reason(plans, budget)
-  untraced = [i for i, c in enumerate(model.layers) if c.kept_bytes is None]
-  if fv.activations != 'traced':
-    untraced = []
+  untraced = ([i for i, c in enumerate(model.layers) if c.kept_bytes is None]
+              if fv.activations == 'traced' else [])
   if fv.json:
     return json.dumps(dict(
         model=name, devices=d, batch_size=n,

@@ -201,23 +201,33 @@ def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
   graph = tf.compat.v1.get_default_graph()
   with tf_internals.NoAutomaticControlDependencies(graph), graph.device(_BesideInput):
     result = tf.while_loop(lambda t, *_: t < ticks, _Body,
-                           [tf.constant(0)] + [_AnyShape(x) for x in
+                           [tf.constant(0)] + [_Entering(x) for x in
                                                compact.Values()],
                            maximum_iterations=ticks,
                            parallel_iterations=overlap)
   return compact.Pack(result[1:])
 
 
-def _AnyShape(x: Any) -> Any:
-  """`x`, with no dimension known if some is not: a loop variable must
-  enter with a shape no more specific than any tick gives it, and steps
-  built before the loop (with micro-batches of several sizes) can give it
-  one more specific than a step in the loop does."""
-  if (not isinstance(x, tf.Tensor) or x.dtype == tf.variant or
-      not x.shape.rank or x.shape.is_fully_defined()):
+def _Entering(x: Any) -> Any:
+  """`x` as it enters a loop: an op of its own on x's device, with no
+  dimension known if some is not.
+
+  The placer puts a loop variable's Enter, Merge, Switch, NextIteration and
+  Exit beside the op that makes its initial value, but not beside a
+  function call's output (a step's piece): those went to the first device,
+  so a tensor a stage of another device made (its y, its dx) crossed to
+  the first device and back at every iteration. And a loop variable must
+  enter with a shape no more specific than any tick gives it: steps built
+  before the loop (with micro-batches of several sizes) can give it one
+  more specific than a step in the loop does.
+  """
+  if not isinstance(x, tf.Tensor):
     return x
   with tf.device(x.device):
-    return tf_internals.ShapeUnknown(x, [None] * x.shape.rank)
+    if (x.dtype != tf.variant and x.shape.rank and
+        not x.shape.is_fully_defined()):
+      return tf_internals.ShapeUnknown(x, [None] * x.shape.rank)
+    return tf.identity(x)
 
 
 def _BesideInput(op: tf.Operation) -> str:

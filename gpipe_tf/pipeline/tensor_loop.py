@@ -223,9 +223,15 @@ def _Entering(x: Any) -> Any:
   """
   if not isinstance(x, tf.Tensor):
     return x
+  partial = (x.dtype != tf.variant and bool(x.shape.rank) and
+             not x.shape.is_fully_defined())
+  if not x.device and not partial:
+    # Placed nowhere: an output of an earlier loop, whose Exit is beside its
+    # Enter. An op of its own here would go to the default device (in a
+    # process per device, the chief's), and the variable with it.
+    return x
   with tf.device(x.device):
-    if (x.dtype != tf.variant and x.shape.rank and
-        not x.shape.is_fully_defined()):
+    if partial:
       return tf_internals.ShapeUnknown(x, [None] * x.shape.rank)
     return tf.identity(x)
 

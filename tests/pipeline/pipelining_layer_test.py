@@ -132,7 +132,8 @@ class LoopVariablesStayOnTheirDeviceTest(tf.test.TestCase):
     """
     loss_fn = lambda y, _: loss_lib.LossTerms(tf.reduce_sum(tf.sin(y), -1))
     x = tf.random.stateless_normal([8, 16], [5, 5])
-    for schedule, v in (('zbv', 2), ('interleaved_1f1b', 2), ('1f1b', 1)):
+    for schedule, v in (('zbv', 2), ('interleaved_1f1b', 2), ('1f1b', 1),
+                        ('gpipe', 1)):
       for execution in ('folded', 'switch'):
         with self.subTest(schedule=schedule, execution=execution):
           pipe = _Pipe(_TypedLayers(2 * v), num_partitions=2,

@@ -23,7 +23,11 @@ from tools import benchmark_processes as processes_lib
 # boundary tensors (8 KB a micro-batch); a learning rate that moves the loss.
 SPEC = lib.ModelSpec(num_blocks=4, dim=128, batch_size=64, learning_rate=0.5)
 CONFIGS = (lib.Config(True, 2, 4, 'never', schedule='1f1b', loss_inside=True),
-           lib.Config(True, 2, 2, 'always'))
+           lib.Config(True, 2, 2, 'always'),
+           # Folded: two while loops, the second entered by the first's
+           # outputs (what each device's loop variables must not leave).
+           lib.Config(True, 2, 4, 'never', schedule='gpipe', loss_inside=True,
+                      execution='folded'))
 STEPS = 3
 
 

@@ -42,7 +42,6 @@ the page is stale.
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any, Callable, Sequence
 
@@ -306,10 +305,6 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
                        _AsFloat64(targets), m)
   rows = []
   for k, sched in runs:
-    # Keras models and pipelines hold reference cycles: the float64 twin and
-    # the previous row's pipeline (its weights and gradients) are freed only
-    # by a full collection, and the largest models ran out of memory waiting.
-    gc.collect()
     start = time.time()
     try:
       _, _, got = PipelineStep(model, params, x, targets, m,

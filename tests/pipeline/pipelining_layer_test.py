@@ -52,10 +52,10 @@ def _TypedLayers(num_cells, per_cell=1):
           for i in range(num_cells * per_cell)]
 
 
-def _OpsRun(step):
-  """Runs the tf.function ``step`` once: Counter of (op type, device index)
-  over the partition graphs the runtime executed (while-loop bodies
-  included: the runtime lowers them into the graph it partitions)."""
+def _PartitionGraphs(step):
+  """Runs the tf.function ``step`` once: the partition graphs the runtime
+  executed (while-loop bodies included: the runtime lowers them into the
+  graph it partitions)."""
   ctx = context.context()
   ctx.enable_graph_collection()
   try:
@@ -63,11 +63,17 @@ def _OpsRun(step):
     metadata = ctx.export_run_metadata()
   finally:
     ctx.disable_graph_collection()
+  return [graph for fn_graph in metadata.function_graphs
+          for graph in fn_graph.partition_graphs]
+
+
+def _OpsRun(step):
+  """Runs the tf.function ``step`` once: Counter of (op type, device index)
+  over the partition graphs the runtime executed."""
   ops = collections.Counter()
-  for fn_graph in metadata.function_graphs:
-    for graph in fn_graph.partition_graphs:
-      for node in graph.node:
-        ops[(node.op, tf.DeviceSpec.from_string(node.device).device_index)] += 1
+  for graph in _PartitionGraphs(step):
+    for node in graph.node:
+      ops[(node.op, tf.DeviceSpec.from_string(node.device).device_index)] += 1
   return ops
 
 
@@ -103,20 +109,12 @@ def _LoopVariablesSentEachIteration(step):
   """Runs the tf.function ``step`` once: the NextIteration ops of the
   partition graphs the runtime executed (one per loop variable) whose input
   is received from another device: a tensor sent at every iteration."""
-  ctx = context.context()
-  ctx.enable_graph_collection()
-  try:
-    step()
-    metadata = ctx.export_run_metadata()
-  finally:
-    ctx.disable_graph_collection()
   crossing = []
-  for fn_graph in metadata.function_graphs:
-    for graph in fn_graph.partition_graphs:
-      received = {n.name for n in graph.node if n.op == '_Recv'}
-      crossing += [n.name for n in graph.node
-                   if n.op == 'NextIteration' and
-                   n.input[0].split(':')[0] in received]
+  for graph in _PartitionGraphs(step):
+    received = {n.name for n in graph.node if n.op == '_Recv'}
+    crossing += [n.name for n in graph.node
+                 if n.op == 'NextIteration' and
+                 n.input[0].split(':')[0] in received]
   return crossing
 
 

@@ -1,9 +1,11 @@
 """Recommends K, R, M, schedule, V and remat for a registered model on D devices within a memory budget.
 
 Reads the experiment's layer Params and input shapes as tools/model_stats.py
-does (FPropMeta: nothing is built), estimates every layout with the schedule
-simulator (tools/plan_lib.py says how), drops those over the budget and
-prints the fastest as a table, with the reason for the winner::
+does (FPropMeta), traces each distinct layer's step once for what its
+backward keeps (tools/plan_trace.py; --activations=outputs builds nothing
+and takes each layer's outputs instead), estimates every layout with the
+schedule simulator (tools/plan_lib.py says how), drops those over the
+budget and prints the fastest as a table, with the reason for the winner::
 
   python -m tools.plan --model=lm.synthetic.TransformerL_103 --devices=8 \\
       --memory_budget_mib=16384
@@ -66,52 +68,98 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
       'model instead of --model and print the estimates beside its rows.',
       **fv)
   flags.DEFINE_enum(
-      'activations', 'outputs', ['outputs', 'traced'],
-      "A layer's activations in the memory estimate. 'outputs': its "
-      "FPropMeta outputs (nothing is built). 'traced': what its backward "
-      'keeps, from a trace of each distinct layer\'s training step on a '
-      'small batch (tools/plan_trace.py; builds one of each).', **fv)
+      'activations', 'traced', ['outputs', 'traced'],
+      "A layer's activations in the memory estimate. 'traced': what its "
+      "backward keeps, from a trace of each distinct layer's training step "
+      'on a small batch (tools/plan_trace.py; builds one of each, seconds '
+      "per kind of layer). 'outputs': its FPropMeta outputs (nothing is "
+      'built; far under for a Transformer block).', **fv)
+  flags.DEFINE_enum(
+      'precision', None, list(_POLICIES),
+      "The trainer's --precision: activations in its compute dtype (2 bytes "
+      'under the mixed policies), variables and gradients in float32. '
+      "Default: float32; with --compare, the rows' dtype (tools.benchmark "
+      '--dtype), only rows of it compared.', **fv)
 
 
-def _Kept(model: plan_lib.Model, layers, shapes,
-          activations: str) -> plan_lib.Model:
+# The trainer's --precision values (layers/precision.POLICIES; a test keeps
+# the two the same without importing TensorFlow here).
+_POLICIES = ('float32', 'mixed_bfloat16', 'mixed_float16')
+
+
+def _Kept(model: plan_lib.Model, layers, shapes, activations: str,
+          policy: str) -> plan_lib.Model:
   if activations != 'traced':
     return model
   from tools import plan_trace  # pylint: disable=g-import-not-at-top
-  return plan_lib.WithKeptBytes(model, plan_trace.KeptBytes(layers, shapes))
+  return plan_lib.WithKeptBytes(
+      model, plan_trace.KeptBytes(layers, shapes, policy=policy))
 
 
-def ExperimentModel(experiment_params, activations: str = 'outputs'
+def _ActivationBytes(policy: str, value_bytes: int) -> int:
+  """Bytes of an activation value under `policy`: 2 under a 16-bit one."""
+  return value_bytes if policy == 'float32' else 2
+
+
+def ExperimentModel(experiment_params, activations: str = 'traced',
+                    policy: str = 'float32'
                     ) -> tuple[plan_lib.Model, int, int]:
   """An experiment's model costs, its own K and its training batch.
 
   Bytes per parameter: weight and optimizer slots in the model's dtype
   (model_stats.BytesPerParam), and one more value for the gradient;
-  `activations` as --activations.
+  `activations` as --activations, `policy` as --precision.
   """
   from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
   from tools import model_stats  # pylint: disable=g-import-not-at-top
   layers, shapes = model_stats.LayersAndShapes(experiment_params)
   dtype = layers[0].dtype
+  value = model_stats.DtypeBytes(dtype)
   model = _Kept(plan_lib.ModelOf(
       layers, shapes, model_stats.BytesPerParam(experiment_params.task, dtype),
-      model_stats.DtypeBytes(dtype)), layers, shapes, activations)
+      value, _ActivationBytes(policy, value)), layers, shapes, activations,
+                policy)
   return (model, PipeliningLayer.NumDevicesOf(experiment_params.task.model),
           int(experiment_params.train.batch_size))
 
 
-def BenchmarkModel(measured: dict, activations: str = 'outputs'
+def _RowsPolicy(measured: dict, policy: str | None) -> str:
+  """The precision policy --compare plans for: --precision, else the one
+  dtype of the benchmark's rows.
+
+  Raises:
+    plan_lib.PlanError: rows of several dtypes and no --precision.
+  """
+  if policy:
+    return policy
+  dtypes = sorted({r.get('dtype', 'float32') for r in measured['rows']})
+  if len(dtypes) > 1:
+    raise plan_lib.PlanError(
+        f'the rows were timed under several precision policies {dtypes}: '
+        'pass --precision=<one of them> to compare its rows.')
+  return dtypes[0] if dtypes else 'float32'
+
+
+def BenchmarkModel(measured: dict, activations: str = 'traced',
+                   policy: str | None = None
                    ) -> tuple[plan_lib.Model, int, int]:
   """The model a tools.benchmark --json file timed, its D and its batch
-  (`activations` as --activations)."""
+  (`activations` as --activations, `policy` as --precision: default, the
+  rows' dtype).
+
+  Raises:
+    plan_lib.PlanError: rows of several dtypes and no `policy`.
+  """
   from tools import benchmark_lib  # pylint: disable=g-import-not-at-top
   fields = {f.name for f in dataclasses.fields(benchmark_lib.ModelSpec)}
   spec = benchmark_lib.ModelSpec(**{k: v for k, v in measured.items()
                                     if k in fields})
+  policy = _RowsPolicy(measured, policy)
   layers, shapes = benchmark_lib.LayersOf(spec)
   # The benchmark's SGD keeps no slots: 4 bytes of weight, 4 of gradient.
-  return (_Kept(plan_lib.ModelOf(layers, shapes, bytes_per_param=4), layers,
-                shapes, activations),
+  model = plan_lib.ModelOf(layers, shapes, bytes_per_param=4,
+                           activation_bytes=_ActivationBytes(policy, 4))
+  return (_Kept(model, layers, shapes, activations, policy),
           measured['num_devices'], spec.batch_size)
 
 
@@ -128,7 +176,8 @@ def Run(fv: flags.FlagValues) -> str:
   if fv.compare:
     with open(fv.compare) as f:
       measured = json.load(f)
-    model, own_k, own_n = BenchmarkModel(measured, fv.activations)
+    policy = _RowsPolicy(measured, fv.precision)
+    model, own_k, own_n = BenchmarkModel(measured, fv.activations, policy)
     name = (f"tools.benchmark's {measured['num_blocks']} x "
             f"{measured['block']} blocks of width {measured['dim']}")
   elif fv.model:
@@ -137,7 +186,8 @@ def Run(fv: flags.FlagValues) -> str:
     params = model_registry.GetParams(fv.model)
     if fv.model_params_override:
       base_experiment.ApplyOverrides(params, fv.model_params_override)
-    model, own_k, own_n = ExperimentModel(params, fv.activations)
+    policy = fv.precision or 'float32'
+    model, own_k, own_n = ExperimentModel(params, fv.activations, policy)
     name = fv.model
   else:
     raise plan_lib.PlanError('--model (or --compare) is required.')
@@ -153,11 +203,12 @@ def Run(fv: flags.FlagValues) -> str:
     return json.dumps(dict(
         model=name, devices=d, batch_size=n,
         memory_budget_mib=fv.memory_budget_mib or None, reason=reason,
-        activations=fv.activations, untraced_layers=untraced,
+        activations=fv.activations, precision=policy,
+        untraced_layers=untraced,
         plans=[p.AsDict() for p in plans if p.fits][:fv.top or None]))
   limit = f'{fv.memory_budget_mib:g} MiB' if budget else 'none'
   text = (f'{name}: D={d} devices, batch {n}, memory budget {limit} per '
-          f'device; {len(plans)} layouts estimated\n\n'
+          f'device, precision {policy}; {len(plans)} layouts estimated\n\n'
           f'{plan_lib.FormatTable(plans, fv.top)}\n\n{reason}')
   if untraced:
     shown = ', '.join(map(str, untraced[:10])) + (
@@ -167,8 +218,12 @@ def Run(fv: flags.FlagValues) -> str:
              'trace could not build them on float inputs of their shapes '
              '(tools/plan_trace.py).')
   if measured is not None:
-    table = plan_check.Compare(model, measured['rows'],
-                               measured['batch_size'])
+    rows = [r for r in measured['rows']
+            if r.get('dtype', 'float32') == policy]
+    if not rows:
+      raise plan_lib.PlanError(f'no row of {fv.compare} was timed under '
+                               f'--precision={policy}.')
+    table = plan_check.Compare(model, rows, measured['batch_size'])
     mode = measured.get('devices', 'shared')
     what = ('one worker process per device' if mode == 'processes' else
             'one process, logical devices sharing one thread pool')

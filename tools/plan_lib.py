@@ -132,18 +132,22 @@ class Plan:
 
 
 def ModelOf(layer_params: Sequence, input_shapes: Sequence,
-            bytes_per_param: int, value_bytes: int = 4) -> Model:
+            bytes_per_param: int, value_bytes: int = 4,
+            activation_bytes: int | None = None) -> Model:
   """The costs of a layer list from its FPropMeta (no variables are built).
 
-  Output bytes count every batched output (rank >= 1) as ``value_bytes`` per
-  element, whatever its dtype.
+  Output bytes count every batched output (rank >= 1) as
+  ``activation_bytes`` per element (default ``value_bytes``: 2 under a
+  16-bit precision policy), whatever its dtype; a gradient is
+  ``value_bytes`` per parameter.
   """
   from gpipe_tf.layers import core  # pylint: disable=g-import-not-at-top
+  act = value_bytes if activation_bytes is None else activation_bytes
   metas = core.MetaOfSequence(list(layer_params), tuple(input_shapes))
   layers = tuple(LayerCost(float(m.flops), int(m.num_params),
-                           _BytesPerExample(m.out_shapes, value_bytes))
+                           _BytesPerExample(m.out_shapes, act))
                  for m in metas)
-  return Model(layers, _BytesPerExample(input_shapes, value_bytes),
+  return Model(layers, _BytesPerExample(input_shapes, act),
                bytes_per_param, value_bytes)
 
 

@@ -12,9 +12,15 @@ stashes for the backward, less its inputs, and what its B stashes for its W
 (the weight gradients' inputs), each buffer once (tools.benchmark_memory),
 divided by the batch.
 
+A layer that stashes or pops a skip (layers/skips.py) is traced as a cell of
+its own, as the pipeline runs it at a cell boundary: what it pops comes in
+as the cell's skip_in, what it stashes leaves as its skip_out. Under a
+16-bit precision policy (layers/precision.py) the layer is traced in it, on
+inputs of its compute dtype, as a pipeline cell receives them.
+
 A layer the trace cannot build on float inputs of its FPropMeta shapes (an
-embedding that reads integer ids, a layer that stashes or pops a skip) keeps
-its output size: KeptBytes gives None for it.
+embedding that reads integer ids) keeps its output size: KeptBytes gives
+None for it.
 """
 
 from __future__ import annotations
@@ -29,19 +35,27 @@ def _Key(layer_params: Any, shapes: tuple) -> tuple:
   return (layer_params.Copy().Set(name='layer').ToText(), shapes)
 
 
-def _Trace(layer_params: Any, shapes: tuple, batch: int
+def _Trace(layer_params: Any, shapes: tuple, batch: int, policy: str
            ) -> tuple[int, int] | None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.layers import precision  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.layers import skips as skips_lib  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import cell as cell_lib  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import cell_program  # pylint: disable=g-import-not-at-top
   from tools import benchmark_memory  # pylint: disable=g-import-not-at-top
-  specs = [tf.TensorSpec([batch] + [int(d or 1) for d in s[1:]], tf.float32)
+  dtype = precision.ComputeDtype(policy)
+  specs = [tf.TensorSpec([batch] + [int(d or 1) for d in s[1:]], dtype)
            for s in shapes]
+  pops = skips_lib.Names(layer_params, 'pop')
+  xs, skips = specs[:len(specs) - len(pops)], specs[len(specs) - len(pops):]
   try:
-    layer = layer_params.Copy().Instantiate()
-    cell = cell_lib.Cell(0, [layer], '/device:CPU:0')
-    program = cell_program.CellProgram(
-        cell, tuple(specs), specs, tf.TensorSpec([2], tf.int64), True)
+    with precision.Policy(policy):
+      cell = cell_lib.Cell(0, [layer_params.Copy().Instantiate()],
+                           '/device:CPU:0', skip_in=pops,
+                           skip_out=skips_lib.Names(layer_params, 'stash'))
+      program = cell_program.CellProgram(
+          cell, tuple(xs), xs, tf.TensorSpec([2], tf.int64), True,
+          skip_specs=skips)
   except Exception:  # pylint: disable=broad-except
     # Anything the trace cannot build keeps the estimate (module docstring).
     return None
@@ -52,7 +66,8 @@ def _Trace(layer_params: Any, shapes: tuple, batch: int
 
 
 def KeptBytes(layer_params: Sequence[Any], input_shapes: Sequence,
-              batch: int = 2) -> list[tuple[int, int] | None]:
+              batch: int = 2, policy: str = 'float32'
+              ) -> list[tuple[int, int] | None]:
   """Per layer, (the bytes per example its kept forward stashes for its
   backward beyond its inputs, those its B stashes for its W), or None where
   the trace cannot tell.
@@ -61,21 +76,23 @@ def KeptBytes(layer_params: Sequence[Any], input_shapes: Sequence,
     layer_params: the layers' Params, in order (as tools.plan_lib.ModelOf).
     input_shapes: the first layer's input shapes (batch dimension None).
     batch: examples of the traced step.
+    policy: the precision policy the layers run under
+      (layers/precision.py).
+
+  Raises:
+    precision.PolicyError: an unknown policy.
   """
   from gpipe_tf.layers import core  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.layers import skips as skips_lib  # pylint: disable=g-import-not-at-top
-  layer_params = list(layer_params)
-  metas = core.MetaOfSequence(layer_params, tuple(input_shapes))
-  inputs = [tuple(tuple(s) for s in input_shapes)] + [
-      tuple(tuple(s) for s in m.out_shapes) for m in metas[:-1]]
+  from gpipe_tf.layers import precision  # pylint: disable=g-import-not-at-top
+  precision.ComputeDtype(policy)  # PolicyError if unknown.
+  chain = core.InputsAndMetaOfSequence(list(layer_params),
+                                       tuple(input_shapes))
   cache: dict = {}
   out = []
-  for lp, shapes in zip(layer_params, inputs):
-    if skips_lib.Names(lp, 'stash') or skips_lib.Names(lp, 'pop'):
-      out.append(None)
-      continue
+  for lp, (shapes, _) in zip(layer_params, chain):
+    shapes = tuple(tuple(s) for s in shapes)
     key = _Key(lp, shapes)
     if key not in cache:
-      cache[key] = _Trace(lp, shapes, batch)
+      cache[key] = _Trace(lp, shapes, batch, policy)
     out.append(cache[key])
   return out

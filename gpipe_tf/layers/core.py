@@ -12,8 +12,9 @@ from gpipe_tf.layers import random_seeds
 from gpipe_tf.layers import skips as skips_lib
 
 __all__ = ['Activation', 'ActivationLayer', 'AsTuple', 'BranchLayer',
-           'DropoutLayer', 'FCLayer', 'FromTuple', 'MergeLayer',
-           'MetaOfSequence', 'RunSequence', 'RunWithSkips', 'SequentialLayer']
+           'DropoutLayer', 'FCLayer', 'FromTuple', 'InputsAndMetaOfSequence',
+           'MergeLayer', 'MetaOfSequence', 'RunSequence', 'RunWithSkips',
+           'SequentialLayer']
 
 LayerMeta = base_layer.LayerMeta
 
@@ -322,8 +323,20 @@ def MetaOfSequence(layer_params: list, shapes: tuple) -> list:
   Raises:
     SkipError: the layers' stash and pop names do not pair up.
   """
+  return [meta for _, meta in InputsAndMetaOfSequence(layer_params, shapes)]
+
+
+def InputsAndMetaOfSequence(layer_params: list, shapes: tuple) -> list:
+  """Per layer of a sequence, (the input shapes it is called with, the
+  shapes it pops appended; its FPropMeta): MetaOfSequence's chain, with
+  what each layer takes (a layer after one that stashes takes that layer's
+  outputs less the stashed ones).
+
+  Raises:
+    SkipError: the layers' stash and pop names do not pair up.
+  """
   skips_lib.Check(layer_params)
-  metas = []
+  out = []
   shapes = tuple(tuple(s) for s in shapes)
   stashed: dict = {}
   for i, lp in enumerate(layer_params):
@@ -337,7 +350,7 @@ def MetaOfSequence(layer_params: list, shapes: tuple) -> list:
           f"layer '{layer_params[i - 1].name}' produces "
           f"{[list(s) for s in shapes]} but layer '{lp.name}' cannot take it: "
           f'{e}') from e
-    metas.append(meta)
+    out.append((shapes, meta))
     shapes = skips_lib.Stash(lp, _Unpack(meta.out_shapes), stashed,
                              'output shapes')
-  return metas
+  return out

@@ -316,6 +316,8 @@ class PlanToolTest(absltest.TestCase):
     out = json.loads(self._Run('--model=synthetic.mlp.TinyPipelined',
                                '--devices=2', '--json', '--top=3'))
     self.assertEqual((out['devices'], out['batch_size']), (2, 32))
+    self.assertEqual((out['activations'], out['precision']),
+                     ('traced', 'float32'))  # The defaults.
     self.assertLen(out['plans'], 3)
     self.assertIn('Recommended', out['reason'])
     first = out['plans'][0]
@@ -335,6 +337,48 @@ class PlanToolTest(absltest.TestCase):
                          '--top=1', '--activations=traced')
     self.assertRegex(failed, r'--activations=traced: layers 0, 1, .* keep '
                      'the estimate from their outputs')
+
+  def testPrecisionPutsActivationsIn16Bits(self):
+    from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
+    from gpipe_tf.layers import precision  # pylint: disable=g-import-not-at-top
+    from tools import plan  # pylint: disable=g-import-not-at-top
+    self.assertEqual(plan._POLICIES, tuple(precision.POLICIES))
+    params = model_registry.GetParams('synthetic.mlp.TinyPipelined')
+    full, _, _ = plan.ExperimentModel(params, 'outputs')
+    half, _, _ = plan.ExperimentModel(params, 'outputs', 'mixed_bfloat16')
+    self.assertEqual([c.output_bytes for c in half.layers],
+                     [c.output_bytes // 2 for c in full.layers])
+    self.assertEqual(half.input_bytes * 2, full.input_bytes)
+    # Variables, their slots and gradients stay float32.
+    self.assertEqual((half.bytes_per_param, half.grad_bytes_per_param),
+                     (full.bytes_per_param, full.grad_bytes_per_param))
+    traced, _, _ = plan.ExperimentModel(params, 'traced', 'mixed_bfloat16')
+    self.assertEqual(traced.layers[0].kept_bytes * 2,
+                     plan.ExperimentModel(params)[0].layers[0].kept_bytes)
+    out = self._Run('--model=synthetic.mlp.TinyPipelined', '--devices=2',
+                    '--top=1', '--precision=mixed_bfloat16')
+    self.assertIn('precision mixed_bfloat16;', out)
+
+  def testCompareTakesTheRowsOfOnePolicy(self):
+    rows = [dict(pipeline=True, mode='train', num_replicas=1,
+                 single_core=False, num_partitions=2, num_micro_batches=2,
+                 remat='never', schedule=s, num_virtual_stages=1,
+                 examples_per_sec=50.0, peak_memory_bytes=2**20, dtype=d)
+            for s, d in (('1f1b', 'float32'), ('gpipe', 'mixed_bfloat16'))]
+    path = os.path.join(tempfile.mkdtemp(), 'rows.json')
+    with open(path, 'w') as f:
+      json.dump(dict(block='fc', num_blocks=4, dim=8, seq_len=4,
+                     batch_size=16, learning_rate=0.1, num_devices=2,
+                     devices='shared', rows=rows), f)
+    with self.assertRaisesRegex(plan_lib.PlanError, 'several precision '
+                                'policies.*pass --precision'):
+      self._Run(f'--compare={path}')
+    out = self._Run(f'--compare={path}', '--precision=mixed_bfloat16')
+    self.assertIn('K=2 M=2 gpipe remat=never', out)
+    self.assertNotIn('K=2 M=2 1f1b remat=never |', out)
+    with self.assertRaisesRegex(plan_lib.PlanError, 'no row .* timed under '
+                                '--precision=mixed_float16'):
+      self._Run(f'--compare={path}', '--precision=mixed_float16')
 
   def testCompareReadsTheBenchmarksModelAndRows(self):
     row = dict(pipeline=True, mode='train', num_replicas=1, single_core=False,

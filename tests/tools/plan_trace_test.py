@@ -5,6 +5,8 @@ from unittest import mock
 import tensorflow as tf
 
 from gpipe_tf import layers
+from gpipe_tf.layers import core
+from gpipe_tf.layers import precision
 from tools import plan_lib
 from tools import plan_trace
 
@@ -34,6 +36,25 @@ class KeptBytesTest(tf.test.TestCase):
     output = plan_lib.ModelOf([block], shapes, 4).layers[0].output_bytes
     self.assertGreater(kept, 10 * output)
     self.assertGreater(wcut, output)
+
+  def testSkipLayersAndTheLayerAfterAStashAreTraced(self):
+    # 'c' takes the stasher's outputs less the stashed copy (one 8-wide
+    # input, not two); the stasher and the popper trace as cells with a
+    # skip_out / skip_in and keep nothing; 'd' reads the 16-wide concat.
+    fc = lambda n, i, o: _FC(0).Set(name=n, input_dim=i, output_dim=o)
+    stack = [fc('a', 8, 8), core.BranchLayer.Params().Set(
+        name='b', stash=('s',)), fc('c', 8, 8), core.MergeLayer.Params().Set(
+            name='m', pop=('s',), op='concat'), fc('d', 16, 8)]
+    self.assertEqual(plan_trace.KeptBytes(stack, [(None, 8)]),
+                     [(32, 64), (0, 0), (32, 64), (0, 0), (32, 96)])
+
+  def testA16BitPolicyKeepsHalfTheBytes(self):
+    # Traced in the policy, on bfloat16 inputs: 2 bytes a value.
+    self.assertEqual(
+        plan_trace.KeptBytes([_FC(0)], [(None, 8)], policy='mixed_bfloat16'),
+        [(16, 32)])
+    with self.assertRaises(precision.PolicyError):
+      plan_trace.KeptBytes([_FC(0)], [(None, 8)], policy='float8')
 
   def testALayerTheTraceCannotBuildKeepsTheEstimate(self):
     # An embedding reads integer ids; the trace feeds floats of the shapes.

@@ -128,10 +128,6 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
       cells, schedule, inputs, specs, True, (forward, backward),
       _SeedSpec(seed), jit_compile=jit_compile, execution=execution,
       budget=budget)
-  # The flat outputs that exist (an output may be None), known once traced.
-  out_idx = [i for i, spec in enumerate(compiled.programs[-1].out_specs)
-             if spec is not None]
-  in_idx = [i for i, x in enumerate(flat) if x is not None]
 
   @tf.custom_gradient
   def _Pipeline(*ts):
@@ -150,7 +146,7 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
       dx = interpreter.InputGradients(compiled, after)
       grads = interpreter.Gradients(compiled, after)
       interpreter.Done(after)
-      return ([dx[i] for i in in_idx],
+      return ([g for g, x in zip(dx, flat) if x is not None],
               [grads[v.ref()][1] if v.ref() in grads else None
                for v in variables or []])
 
@@ -159,10 +155,9 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
   merged = _Pipeline(*leaves.Present(flat))
   if not isinstance(merged, (list, tuple)):
     merged = [merged]
-  full = [None] * len(compiled.programs[-1].out_specs)
-  for i, y in zip(out_idx, merged):
-    full[i] = y
-  return _Packed(compiled, full)
+  # The outputs that exist (an output may be None) at their places.
+  return _Packed(compiled, leaves.Fill(compiled.programs[-1].out_specs,
+                                       merged))
 
 
 @_NotConverted

@@ -306,27 +306,13 @@ def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
           continue
         starts, ends = state[act.stage].stamps
         start, end = starts.read(t), ends.read(t)
-        for part in _Unjoined(c.schedule, program, act):
+        for part in ticks_lib.Unjoined(c.schedule, program, act):
           trace.Record(part, start, end)
   return state
 
 
-def _Unjoined(schedule: Any, program: ticks_lib.TickProgram,
-              act: Any) -> list:
-  """The actions of `schedule` an action of `program` runs: an FB that
-  ticks.FuseLast made of an F and its backward is both (and its W, unless
-  the program runs that later), and a BW that ticks.JoinBackward made of a
-  B and its W is both."""
-  if act.kind == ticks_lib.FB:
-    back = (ticks_lib.B if dataclasses.replace(act, kind=ticks_lib.W)
-            in program.tick else ticks_lib.BW)
-    return [dataclasses.replace(act, kind=ticks_lib.F)] + _Unjoined(
-        schedule, program, dataclasses.replace(act, kind=back))
-  if act.kind == ticks_lib.BW and schedule.SplitBackward(act.stage,
-                                                        act.micro_batch):
-    return [dataclasses.replace(act, kind=kind)
-            for kind in (ticks_lib.B, ticks_lib.W)]
-  return [act]
+# The packed slots (Layout's) a step takes from and writes back to.
+_PACKED = ('saved', 'pinned', 'wcut')
 
 
 def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
@@ -337,60 +323,42 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   program = c.programs[s]
   piece = program.Piece(step)
   layout = c.layouts[s]
-  reads = piece.reads
-  new = {}
-  dy = dskip = skip = saved = pinned = wcut = ()
-  if 'dy' in reads:  # Each of these is read by one step: taken.
-    dy, new['dy'] = slots_lib.Take(mine.dy, m, program.Specs('dy'))
-  # Inputs and skips are freed by the last step that reads them: they live
-  # until their reader has run (a recomputing backward reads them again).
-  read = (slots_lib.Take if _LastReadOfInputs(step, program.training) else
-          slots_lib.Peek)
-  x = ()
-  if 'x' in reads:
-    x, new['x'] = read(mine.x, m, program.Specs('x'))
-  if 'skip_in' in reads and mine.skip_in is not None:
-    skip, new['skip_in'] = read(mine.skip_in, m, program.Specs('skip_in'))
-  if 'dskip_out' in reads and mine.dskip_out is not None:
-    dskip, new['dskip_out'] = slots_lib.Take(mine.dskip_out, m,
-                                             program.Specs('dskip_out'))
-  if 'saved' in reads:
-    saved, new['saved'] = layout.saved.Take(mine.saved, m)
-  if 'pinned' in reads:
-    pinned, new['pinned'] = layout.pinned.Take(mine.pinned, m)
-  if 'wcut' in reads:
-    wcut, new['wcut'] = layout.wcut.Take(mine.wcut, m)
-  fed = program_lib.Tensors(
-      seed=((random_seeds.FoldIn(feeds.seeds[s], m),) if 'seed' in reads
-            else ()),
-      x=tuple(x),
-      skip_in=tuple(skip),
-      dskip_out=tuple(dskip),
-      labels=(tuple(slots_lib.Read(feeds.labels, m)) if 'labels' in reads
-              else ()),
-      dy=tuple(dy), saved=tuple(saved), pinned=tuple(pinned),
-      wcut=tuple(wcut))
+  reads, makes = piece.reads, piece.makes
+  new, fed = {}, {}
+  # Output gradients are read by one step: taken. Inputs and skips are
+  # freed by the last step that reads them: they live until their reader
+  # has run (a recomputing backward reads them again).
+  last = _LastReadOfInputs(step, program.training)
+  for role in ('x', 'skip_in', 'dy', 'dskip_out'):
+    if role in reads and getattr(mine, role) is not None:
+      fed[role], new[role] = slots_lib.Take(
+          getattr(mine, role), m, program.Specs(role),
+          empty=last or role in ('dy', 'dskip_out'))
+  for role in _PACKED:
+    if role in reads:
+      fed[role], new[role] = getattr(layout, role).Take(getattr(mine, role), m)
+  if 'seed' in reads:
+    fed['seed'] = (random_seeds.FoldIn(feeds.seeds[s], m),)
+  if 'labels' in reads:
+    fed['labels'] = slots_lib.Read(feeds.labels, m)
+  fed = program_lib.Tensors(**{k: tuple(v) for k, v in fed.items()})
   if mine.stamps is not None:
     with tf.control_dependencies(
         [x for x in fed.Present(*reads) if isinstance(x, tf.Tensor)]):
       start = tf.timestamp()
   out = piece(fed)
-  makes = piece.makes
   if 'y' in makes:
     if mine.out is not None:
       new['out'] = slots_lib.Write(mine.out, m, out.y)
     else:
       new['y'] = list(out.y)
-  if 'skip_out' in makes and out.skip_out:
-    new['skip_out'] = list(out.skip_out)
-  if 'saved' in makes:
-    new['saved'] = layout.saved.Write(new.get('saved', mine.saved), m,
-                                      out.saved)
-  if 'pinned' in makes:
-    new['pinned'] = layout.pinned.Write(new.get('pinned', mine.pinned), m,
-                                        out.pinned)
-  if 'wcut' in makes:
-    new['wcut'] = layout.wcut.Write(new.get('wcut', mine.wcut), m, out.wcut)
+  for role in ('skip_out', 'dskip_in'):
+    if role in makes and getattr(out, role):
+      new[role] = list(getattr(out, role))
+  for role in _PACKED:
+    if role in makes:
+      new[role] = getattr(layout, role).Write(
+          new.get(role, getattr(mine, role)), m, getattr(out, role))
   if 'bn' in makes:
     new['bn'] = layout.bn.Write(mine.bn, 0, [
         a + b for a, b in zip(layout.bn.Read(mine.bn), out.bn)])
@@ -400,11 +368,8 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
     if mine.dx0 is not None:
       new['dx0'] = slots_lib.Write(mine.dx0, m, out.dx)
     elif s > 0:
-      new['dx'] = [None if old is None else g
-                   for old, g in zip(mine.dx, out.dx)]
-  if 'dskip_in' in makes and out.dskip_in:
-    new['dskip_in'] = [None if old is None else g
-                       for old, g in zip(mine.dskip_in, out.dskip_in)]
+      new['dx'] = list(out.dx)
+  made = out.Present(*makes)
   if 'dws' in makes:
     # The sums are taken from their slot before they are added to, so that
     # the add may write in place and the sums of the micro-batches before
@@ -414,8 +379,6 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
     new['acc'] = layout.acc.Write(emptied, 0, [
         None if g is None else (g if prev is None else prev + g)
         for g, prev in zip(out.dws, sums)])
-  made = out.Present(*makes)
-  if 'dws' in makes:
     # The device's next step waits for the add as well as the piece: else
     # the pieces ran ahead of their adds, and several micro-batches'
     # gradients waited beside the sums (zb_h1's Ws).

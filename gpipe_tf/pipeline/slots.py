@@ -109,48 +109,33 @@ def _Arrays(specs: Sequence[Any], size: int, read_once: bool = False) -> list:
           for s in specs]
 
 
-def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any]
-         ) -> tuple[list, list]:
-  """(micro-batch m of each read-once slot, the slots with it emptied).
+def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
+         empty: bool = True) -> tuple[list, list]:
+  """(micro-batch m of each read-once slot, the slots with it emptied, or
+  with `empty=False` still in place: a read a later step's Take follows).
 
   Emptying frees the tensor once its reader is done: a TensorArray in a
   tf.function is a TensorList, which keeps every item, read or not, until
   it is overwritten (clear_after_read is not honoured), so a kept forward's
   activations would otherwise live until the end of the step and no
-  schedule's memory bound would hold.
+  schedule's memory bound would hold. Left in place, an eager TensorArray's
+  read-once read has cleared it, so there it is written back.
   """
-  values, emptied = [], []
+  values, after = [], []
   for ta, spec in zip(slots, specs):
     if not isinstance(ta, tf.TensorArray):  # None, or a shared tensor.
       values.append(ta)
-      emptied.append(ta)
+      after.append(ta)
       continue
     value = ta.read(m)
     value.set_shape(spec.shape)
     values.append(value)
-    if spec.shape.rank:
+    if empty and spec.shape.rank:
       ta = ta.write(m, tl.Empty(value))
-    emptied.append(ta)
-  return values, emptied
-
-
-def Peek(slots: Sequence[Any], m: Any, specs: Sequence[Any]
-         ) -> tuple[list, list]:
-  """(micro-batch m of each read-once slot, the slots with it still in
-  place): a read a later step's Take follows. Inside a tf.function a read
-  leaves the item where it is; an eager TensorArray's read-once read clears
-  it, so there it is written back."""
-  values, kept = [], []
-  for ta, spec in zip(slots, specs):
-    if not isinstance(ta, tf.TensorArray):  # None, or a shared tensor.
-      values.append(ta)
-      kept.append(ta)
-      continue
-    value = ta.read(m)
-    value.set_shape(spec.shape)
-    values.append(value)
-    kept.append(ta.write(m, value) if tf.executing_eagerly() else ta)
-  return values, kept
+    elif not empty and tf.executing_eagerly():
+      ta = ta.write(m, value)
+    after.append(ta)
+  return values, after
 
 
 class Layout(NamedTuple):
@@ -191,52 +176,45 @@ def Make(programs: Sequence[Any], s: int, layout: Layout | None,
     batch: examples per micro-batch (None: they vary).
   """
   program, last = programs[s], len(programs) - 1
+
+  def _Fillers(role):
+    return [tl.Filler(v) if v else None for v in program.Specs(role)]
+
   with tf.device(device):
-    # Slots a neighbour writes have a spare slot M (tick_graph's receipts).
-    x = None if s == 0 else _Arrays(programs[s - 1].out_specs, m + 1,
-                                    read_once=True)
-    y = None if s == last else [tl.Filler(v) if v else None
-                                for v in program.out_specs]
-    token = tf.zeros([])
-    skip_in = skip_out = None
-    if program.tensors.skip_in:  # Written by the stage that stashed them.
-      skip_in = _Arrays(program.Specs('skip_in'), m + 1, read_once=True)
-    if program.tensors.skip_out:
-      skip_out = [tl.Filler(v) if v else None
-                  for v in program.Specs('skip_out')]
+    slots = Slots(
+        # Slots a neighbour writes have a spare slot M (tick_graph's
+        # receipts).
+        x=None if s == 0 else _Arrays(programs[s - 1].out_specs, m + 1,
+                                      read_once=True),
+        y=None if s == last else _Fillers('y'),
+        # Written by the stage that stashed them.
+        skip_in=(_Arrays(program.Specs('skip_in'), m + 1, read_once=True)
+                 if program.tensors.skip_in else None),
+        skip_out=_Fillers('skip_out') if program.tensors.skip_out else None,
+        out=(_Arrays(program.out_specs, m)
+             if not loss_inside and s == last else None),
+        token=tf.zeros([]))
     if layout is None:
-      return Slots(x=x, y=y, out=_Arrays(program.out_specs, m)
-                   if s == last else None, skip_in=skip_in,
-                   skip_out=skip_out, token=token)
+      return slots
 
     def _Zeros(packed):
       return packed.Initial([None if d is None else tf.zeros(d.shape, d.dtype)
                              for d in packed.specs])
 
-    return Slots(
-        x=x,
+    return slots._replace(
         dy=None if loss_inside and s == last else _Arrays(
             program.Specs('dy'), m + (s < last), read_once=True),
         saved=layout.saved.Initial(),
         pinned=layout.pinned.Initial(),
         wcut=layout.wcut.Initial(),
-        y=y,
-        dx=None if s == 0 else [tl.Filler(v) if v else None
-                                for v in program.Specs('dx')],
+        dx=None if s == 0 else _Fillers('dx'),
         acc=_Zeros(layout.acc),
         bn=_Zeros(layout.bn),
         sums=([tf.zeros(v.shape, v.dtype) for v in program.Specs('sums')]
               if loss_inside and s == last else None),
-        out=(_Arrays(program.out_specs, m)
-             if not loss_inside and s == last else None),
         dx0=(_Arrays([None if g is None else tl.SpecOf(g, batch)
                       for g in program.tensors.dx], m)
              if s == 0 and input_grads else None),
-        skip_in=skip_in,
-        skip_out=skip_out,
         dskip_out=(_Arrays(program.Specs('dskip_out'), m + 1, read_once=True)
                    if program.tensors.skip_out else None),
-        dskip_in=([tl.Filler(v) if v else None
-                   for v in program.Specs('dskip_in')]
-                  if program.tensors.skip_in else None),
-        token=token)
+        dskip_in=_Fillers('dskip_in') if program.tensors.skip_in else None)

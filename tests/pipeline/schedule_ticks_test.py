@@ -244,6 +244,16 @@ class LowerTest(unittest.TestCase):
     self.assertEqual(table.ToAscii().splitlines()[0].split()[:5],
                      ['dev', '0:', 'F0', 'F1', 'BW0'])
 
+  def testUnjoinedGivesBackEveryActionOfTheScheduleOnce(self):
+    # What a trace records: the fused and joined program's actions, each
+    # taken back apart, are the schedule's actions, each once.
+    for sched in _Layouts():
+      table = ticks.Lower(ticks.FuseLast(ticks.JoinBackward(sched)))
+      got = [a for row in table.grid for act in row if act is not None
+             for a in ticks.Unjoined(sched, table, act)]
+      want = [a for row in sched.actions for a in row]
+      self.assertCountEqual(got, want, sched)
+
   def testToAscii(self):
     table = ticks.Lower(ticks.FuseLast(schedule.Make('1f1b', 2, 3)))
     self.assertEqual(table.ToAscii().splitlines(), [

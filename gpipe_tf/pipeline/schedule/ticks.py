@@ -54,7 +54,7 @@ from gpipe_tf.pipeline.schedule import replay
 from gpipe_tf.pipeline.schedule import table
 
 __all__ = ['FB', 'PHASES', 'FuseLast', 'Fusable', 'JoinBackward', 'Lower',
-           'SplitStages', 'Step', 'TickProgram']
+           'SplitStages', 'Step', 'TickProgram', 'Unjoined']
 
 Action = action_lib.Action
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
@@ -152,6 +152,23 @@ def JoinBackward(schedule: table.Schedule) -> table.Schedule:
       Action(BW, act.stage, act.micro_batch)
       if act.kind == B and nxt == Action(W, act.stage, act.micro_batch)
       else None))
+
+
+def Unjoined(schedule: table.Schedule, program: 'TickProgram',
+             act: Action) -> list[Action]:
+  """The actions of `schedule` that an action of `program` (lowered from
+  it after FuseLast and JoinBackward) runs: an FB is its F and its
+  backward (a B when the program runs its W later, else the BW, itself
+  its B and W when `schedule` splits them), a BW that JoinBackward made of
+  a B and its W is both; any other action is itself. What a trace records
+  against the schedule the user asked for."""
+  if act.kind == FB:
+    back = B if dataclasses.replace(act, kind=W) in program.tick else BW
+    return [dataclasses.replace(act, kind=F)] + Unjoined(
+        schedule, program, dataclasses.replace(act, kind=back))
+  if act.kind == BW and schedule.SplitBackward(act.stage, act.micro_batch):
+    return [dataclasses.replace(act, kind=kind) for kind in (B, W)]
+  return [act]
 
 
 def _MergePairs(schedule: table.Schedule,

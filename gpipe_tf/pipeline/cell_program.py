@@ -395,26 +395,19 @@ class CellProgram:
         [v for v in tape.watched_variables() if v.trainable])
     sources = ([x for x, w in zip(xs, wanted) if w] +
                [x for x, w in zip(skips, wanted_skips) if w] + self.variables)
-    dys = ()
     it = iter(args)
-    if self.head is not None:
-      targets, grads_in = [target], None
-    else:
-      dys = tuple(next(it) if p else None for p in self._dy_present)
-      pairs = [(o, g) for o, g in zip(flat_y, dys) if g is not None]
-      targets, grads_in = [o for o, _ in pairs], [g for _, g in pairs]
+    dys = () if self.head else tuple(next(it) if p else None
+                                     for p in self._dy_present)
     # A stashed tensor's gradient from the cell that popped it adds into
     # this cell's backward like an output's (the tape sums both uses).
     dskips = tuple(next(it) if p else None for p in self._dskip_present)
-    pairs = [(o, g) for o, g in zip(skip_out, dskips) if g is not None]
-    if pairs and grads_in is None:
-      grads_in = [tf.ones_like(target)]
-    targets += [o for o, _ in pairs]
-    grads_in = (grads_in or []) + [g for _, g in pairs] or None
-    if not targets:
-      grads = [None] * len(sources)
-    else:
-      grads = tape.gradient(targets, sources, output_gradients=grads_in)
+    pairs = [(o, g) for o, g in
+             ([(target, tf.ones_like(target))] if self.head else
+              list(zip(flat_y, dys))) + list(zip(skip_out, dskips))
+             if g is not None]
+    grads = (tape.gradient([o for o, _ in pairs], sources,
+                           output_gradients=[g for _, g in pairs])
+             if pairs else [None] * len(sources))
     graph_edit.CastsJustInTime(
         graph, graph.get_operations()[self._mark:],
         graph_edit.TrainableReads(graph, self.variables))

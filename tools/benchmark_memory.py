@@ -51,12 +51,16 @@ def _Bytes(tensors: Sequence[Any], exclude: frozenset = frozenset()
            ) -> int | None:
   """Bytes of one micro-batch's tensors, each buffer once (views of one
   buffer, None leaves and tensors whose buffer is in `exclude` count 0);
-  None when a shape is not known statically."""
+  None when a shape is not known statically. An integer vector of unknown
+  length in a step traced on static shapes is shape arithmetic (the axes a
+  broadcast's gradient sums over, say) and counts 0."""
   total, seen = 0, set(exclude)
   for x in tensors:
     if x is None:
       continue
     if not x.shape.is_fully_defined():
+      if x.shape.rank == 1 and x.dtype.is_integer:
+        continue
       return None
     if not hasattr(x, 'op'):  # A variable.
       total += math.prod(x.shape.as_list()) * x.dtype.size

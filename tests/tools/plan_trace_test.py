@@ -56,6 +56,17 @@ class KeptBytesTest(tf.test.TestCase):
     with self.assertRaises(precision.PolicyError):
       plan_trace.KeptBytes([_FC(0)], [(None, 8)], policy='float8')
 
+  def testASoftmaxOverLabelsIsTraced(self):
+    # Its W's cut holds the broadcast gradient's axes, int vectors of no
+    # static length: shape arithmetic, counted 0, not a size unknown. Its
+    # backward reads only its input (kept 0 beyond it); its W reads the
+    # input and the logits' gradient: 4 positions x (8 + 16) floats.
+    softmax = layers.SoftmaxLayer.Params().Set(name='sm', input_dim=8,
+                                               num_classes=16)
+    self.assertEqual(
+        plan_trace.KeptBytes([softmax], [(None, 4, 8), (None, 4)]),
+        [(0, 4 * (8 + 16) * 4)])
+
   def testALayerTheTraceCannotBuildKeepsTheEstimate(self):
     # An embedding reads integer ids; the trace feeds floats of the shapes.
     embedding = layers.EmbeddingLayer.Params().Set(

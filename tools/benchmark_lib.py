@@ -40,7 +40,7 @@ import dataclasses
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
@@ -237,27 +237,34 @@ def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
   return Rows(spec, configs, times, peaks, sizes)
 
 
+def _ProcessPeak(step: Callable[[], tf.Tensor]) -> int:
+  """The most the (process-wide) allocator held during one more step
+  beyond what it held before it."""
+  tf.config.experimental.reset_memory_stats('CPU:0')
+  before = tf.config.experimental.get_memory_info('CPU:0')['current']
+  step().numpy()
+  return int(tf.config.experimental.get_memory_info('CPU:0')['peak'] - before)
+
+
 def Build(spec: ModelSpec, configs: Sequence[dict], all_devices: Sequence[str],
-          log: Callable[[str], None] | None = None
-          ) -> tuple[list[Callable[[], tf.Tensor]], list[int], list]:
+          log: Callable[[str], None] | None = None,
+          peak: Callable[[Callable[[], tf.Tensor]], Any] = _ProcessPeak
+          ) -> tuple[list[Callable[[], tf.Tensor]], list, list]:
   """Every configuration's step, traced and warmed up, its peak memory, and
   the sizes its stages hold (tools.benchmark_memory.TracedStageBytes: None
   for a row that is not a pipeline, or whose sizes are not known).
 
-  The peak is read over one more step: the most the (process-wide) allocator
-  held during the step beyond what it held before it.
+  The peak is `peak(step)`'s, read over one more step: by default the most
+  the (process-wide) allocator held during it beyond what it held before
+  (tools.benchmark_processes reads each worker's).
   """
   from tools import benchmark_memory  # pylint: disable=g-import-not-at-top
   log = log or (lambda line: print(line, file=sys.stderr, flush=True))
   steps, peaks, sizes = [], [], []
   for cfg in configs:
     step, model = StepAndModel(spec, cfg, all_devices)
-    step()  # Trace and warm up.
-    tf.config.experimental.reset_memory_stats('CPU:0')
-    before = tf.config.experimental.get_memory_info('CPU:0')['current']
-    step().numpy()
-    peaks.append(int(tf.config.experimental.get_memory_info('CPU:0')['peak'] -
-                     before))
+    step().numpy()  # Trace and warm up.
+    peaks.append(peak(step))
     steps.append(step)
     sizes.append(benchmark_memory.TracedStageBytes(model.cells)
                  if cfg['pipeline'] else None)

@@ -40,7 +40,6 @@ from typing import Callable, Sequence
 
 from gpipe_tf.pipeline import schedule as schedule_lib
 from tools import benchmark_lib as lib
-from tools import benchmark_memory
 from tools import benchmark_predict as predict_lib
 
 __all__ = ['SHARED', 'PROCESSES', 'MODES', 'Mode', 'BoundaryBytes',
@@ -137,18 +136,13 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
   if any(cfg['num_replicas'] > 1 for cfg in configs):
     raise ValueError('--devices=processes times one replica; leave out '
                      '--replicas (or use --devices=shared).')
-  steps, peaks, sizes = [], [], []
-  for cfg in configs:
-    step, model = lib.StepAndModel(spec, cfg, devices)
-    step().numpy()  # Trace and warm up.
+
+  def _WorkerPeaks(step):
     before = workers.Memory(reset=True)
     step().numpy()
-    after = workers.Memory()
-    peaks.append([a['peak'] - b['current'] for a, b in zip(after, before)])
-    steps.append(step)
-    sizes.append(benchmark_memory.TracedStageBytes(model.cells)
-                 if cfg['pipeline'] else None)
-    log(f'built {lib.Label(cfg)}')
+    return [a['peak'] - b['current'] for a, b in zip(workers.Memory(), before)]
+
+  steps, peaks, sizes = lib.Build(spec, configs, devices, log, _WorkerPeaks)
   times = [[] for _ in configs]
   cpu = [[0.0] * len(devices) for _ in configs]
   sent = [[0] * len(devices) for _ in configs]

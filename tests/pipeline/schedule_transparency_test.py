@@ -1,7 +1,8 @@
 """Keystone for every schedule: the loss inside the pipeline gives SequentialLayer's loss and gradients.
 
 For 'gpipe', '1f1b', 'interleaved_1f1b' (2 virtual stages) and 'zb_h1', every
-remat policy and (K, M) in {(1, 2), (2, 1), (2, 3), (4, 8)}:
+remat policy and every (K, M) in {(1, 2), (2, 1), (2, 3), (4, 8)} (each pair of
+the three once):
 ``PipeliningLayer.ComputeLossAndGradients`` equals the mean loss of a
 SequentialLayer over the same layers on the whole mini-batch, and its
 gradients. Layers whose forward depends on the micro-batch split (BatchNorm
@@ -115,9 +116,14 @@ class ScheduleTransparencyTest(tf.test.TestCase):
         name='net', layers=_MlpLayers()).Instantiate()
     want = _TapeLossAndGrads(seq, x, y)
     # K x M pairs that cover one device, uneven and even splits, and M >= K;
-    # support_test and precision_test cover the features on top.
-    for (name, v), remat, (k, m) in itertools.product(
-        SCHEDULES, REMATS, ((1, 2), (2, 1), (2, 3), (4, 8))):
+    # support_test and precision_test cover the features on top. Every pair
+    # of (schedule, remat, K x M) values runs (a Latin square, 16 cells, not
+    # the 48 of the full product): schedule i at pair j takes remat i + j,
+    # so each schedule meets every remat and every K x M, and each remat
+    # every K x M; testInFunction and the rows below add the graph path.
+    for (i, (name, v)), (j, (k, m)) in itertools.product(
+        enumerate(SCHEDULES), enumerate(((1, 2), (2, 1), (2, 3), (4, 8)))):
+      remat = REMATS[(i + j) % len(REMATS)]
       with self.subTest(schedule=name, remat=remat, k=k, m=m):
         pipe = _Pipe(_MlpLayers(), k, m, remat, name, v)
         self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
@@ -153,12 +159,15 @@ class ScheduleTransparencyTest(tf.test.TestCase):
 
   def testSplitDependentRowsEqualTheTapePath(self):
     # Batch statistics per micro-batch and dropout masks per micro-batch: every
-    # schedule equals the GPipe GradientTape path of the same K and M.
+    # schedule equals the GPipe GradientTape path of the same K and M. Every
+    # pair of (layers, schedule, remat) values runs: each schedule once per
+    # layer kind, with the other remat for the other kind (8 cells, not 16).
     x, y = _Data(12)
-    for layers_fn in (lambda: _BatchNormLayers(False), _DropoutLayers):
+    for l, layers_fn in enumerate((lambda: _BatchNormLayers(False),
+                                   _DropoutLayers)):
       want = _TapeLossAndGrads(_Pipe(layers_fn(), 2, 3, 'always'), x, y)
-      for (name, v), remat in itertools.product(SCHEDULES,
-                                                ('always', 'never')):
+      for i, (name, v) in enumerate(SCHEDULES):
+        remat = ('always', 'never')[(i + l) % 2]
         with self.subTest(layers=layers_fn.__name__, schedule=name,
                           remat=remat):
           pipe = _Pipe(layers_fn(), 2, 3, remat, name, v)

@@ -5,11 +5,15 @@ import test_utils  # pylint: disable=g-bad-import-order
 test_utils.SetUpDevices()
 
 import dataclasses  # pylint: disable=g-import-not-at-top
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from unittest import mock
 
 from absl import logging as absl_logging
+import pytest
 import tensorflow as tf
 
 from gpipe_tf.runtime import distribute
@@ -74,16 +78,46 @@ def _Variant(base, **params):
   return _Variant
 
 
+# One xdist worker runs the class, so that its tests share the runs _Run
+# trains once.
+@pytest.mark.xdist_group('distribute_test')
 class DistributeTest(tf.test.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls._root = tempfile.mkdtemp()
+    cls._runs = {}
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls._root, ignore_errors=True)
+    super().tearDownClass()
+
+  def _Run(self, experiment, num_replicas=1, **pipeline_params):
+    """NUM_STEPS steps of `experiment` (these PipeliningLayer Params set):
+    (RunResult, checkpoint values, the executions periods.Plan was asked
+    for). Each run trains once for the class: several tests compare the
+    same runs (the references of one device, 2 replicas of the default
+    execution)."""
+    key = (experiment, num_replicas, tuple(sorted(pipeline_params.items())))
+    if key not in self._runs:
+      logdir = os.path.join(self._root, f'run{len(self._runs)}')
+      if pipeline_params:
+        experiment = _Variant(experiment, **pipeline_params)
+      with mock.patch.object(periods, 'Plan', autospec=True,
+                             side_effect=periods.Plan) as called:
+        result = loop.train_and_evaluate(experiment, logdir, 'train',
+                                         max_steps=NUM_STEPS,
+                                         num_replicas=num_replicas)
+      self._runs[key] = (result, test_utils.CheckpointValues(logdir),
+                         {c.args[1] for c in called.call_args_list})
+    return self._runs[key]
+
   def testTwoReplicasOfTwoCellsEqualOneDevice(self):
-    plain, dist = self.get_temp_dir() + '/plain', self.get_temp_dir() + '/dist'
-    loop.train_and_evaluate(_Plain, plain, 'train', max_steps=NUM_STEPS)
-    result = loop.train_and_evaluate(_Piped, dist, 'train',
-                                          max_steps=NUM_STEPS, num_replicas=2)
+    _, a, _ = self._Run(_Plain)
+    result, b, _ = self._Run(_Piped, num_replicas=2)
     self.assertEqual(result.global_step, NUM_STEPS)
-    a, b = (test_utils.CheckpointValues(plain),
-            test_utils.CheckpointValues(dist))
     self.assertEqual(sorted(a), sorted(b))
     self.assertGreater(len(a), 6)  # Weights, Adam slots, global step.
     for name in a:
@@ -104,17 +138,14 @@ class DistributeTest(tf.test.TestCase):
       self.assertAllEqual(a[name], b[name], msg=name)
 
   def testCrossReplicaBatchNormStatisticsAreTheGlobalBatchs(self):
-    plain, dist = self.get_temp_dir() + '/bnp', self.get_temp_dir() + '/bnd'
-    loop.train_and_evaluate(_PlainBatchNorm, plain, 'train', max_steps=2)
-    loop.train_and_evaluate(_PipedBatchNorm, dist, 'train', max_steps=2,
-                                 num_replicas=2)
-    a, b = (test_utils.CheckpointValues(plain),
-            test_utils.CheckpointValues(dist))
+    _, a, _ = self._Run(_PlainBatchNorm)
+    _, b, _ = self._Run(_PipedBatchNorm, num_replicas=2)
     stats = [k for k in a if 'moving_' in k]
     self.assertLen(stats, 2)
-    # decay=0: the moving statistics are exactly those of the last (2nd)
-    # global batch, and the same as one device's.
-    batch = list(_PlainBatchNorm().Train().Instantiate().GetDataset().take(2))
+    # decay=0: the moving statistics are exactly those of the last
+    # (NUM_STEPS-th) global batch, and the same as one device's.
+    batch = list(_PlainBatchNorm().Train().Instantiate().GetDataset().take(
+        NUM_STEPS))
     x = batch[-1]['inputs'].numpy()
     mean = [a[k] for k in stats if 'moving_mean' in k][0]
     variance = [a[k] for k in stats if 'moving_variance' in k][0]
@@ -127,31 +158,21 @@ class DistributeTest(tf.test.TestCase):
     # Each replica's cells trace their programs in that replica's context
     # (its copies of the variables, its devices) and run their own loops (or
     # unrolled steps); BatchNorm statistics are still summed across replicas.
-    root = self.get_temp_dir()
-    loop.train_and_evaluate(_Plain, root + '/p', 'train', max_steps=2)
-    loop.train_and_evaluate(_PlainBatchNorm, root + '/pbn', 'train',
-                            max_steps=2)
-    plain = test_utils.CheckpointValues(root + '/p')
-    plain_bn = test_utils.CheckpointValues(root + '/pbn')
+    _, plain, _ = self._Run(_Plain)
+    _, plain_bn, _ = self._Run(_PlainBatchNorm)
     for execution in ('loop', 'unrolled'):
+      # 'loop' is the default: the runs of the tests above (the plan below
+      # shows it).
+      params = {} if execution == 'loop' else {'execution': execution}
       with self.subTest(execution=execution):
         # Each replica's step is planned as the execution asks.
-        with mock.patch.object(periods, 'Plan', autospec=True,
-                               side_effect=periods.Plan) as called:
-          loop.train_and_evaluate(_Variant(_Piped, execution=execution),
-                                  root + '/' + execution, 'train', max_steps=2,
-                                  num_replicas=2)
-        self.assertEqual({c.args[1] for c in called.call_args_list},
-                         {execution})
-        values = test_utils.CheckpointValues(root + '/' + execution)
+        _, values, planned = self._Run(_Piped, num_replicas=2, **params)
+        self.assertEqual(planned, {execution})
         self.assertEqual(sorted(plain), sorted(values))
         for key in plain:  # Weights, Adam slots, global step.
           self.assertAllClose(plain[key], values[key], rtol=1e-4, atol=1e-5,
                               msg=key)
-        loop.train_and_evaluate(_Variant(_PipedBatchNorm, execution=execution),
-                                root + '/bn' + execution, 'train', max_steps=2,
-                                num_replicas=2)
-        values = test_utils.CheckpointValues(root + '/bn' + execution)
+        _, values, _ = self._Run(_PipedBatchNorm, num_replicas=2, **params)
         stats = [k for k in plain_bn if 'moving_' in k]
         self.assertLen(stats, 2)
         for key in stats:

@@ -15,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from gpipe_tf import model_registry
@@ -59,16 +60,19 @@ def RunClient(test, client, cluster, out_dir):
 
 
 class _Workers:
-  """serve_worker processes of one cluster, killed at the test's cleanup."""
+  """serve_worker processes of one cluster, killed at the test's cleanup
+  (or, with kill_at_cleanup=False, by whoever shares them)."""
 
-  def __init__(self, test, cluster, num_logical_devices=1):
-    self.test = test
+  def __init__(self, test, cluster, num_logical_devices=1,
+               kill_at_cleanup=True):
+    self.test = test  # Logs go to its temporary directory; it asserts.
     self.cluster = cluster
     self.num_logical_devices = num_logical_devices
     count = len(json.loads(cluster)['worker'])
     self.processes = [None] * count
     self.logs = [None] * count
-    test.addCleanup(self.KillAll)
+    if kill_at_cleanup:
+      test.addCleanup(self.KillAll)
     for i in range(count):
       self.Start(i)
     self.WaitServing(range(count))
@@ -266,8 +270,40 @@ class RemoteCellsTest(tf.test.TestCase):
       self.assertAllClose(v.numpy(), old + 1.0, rtol=0, atol=1e-6)
 
 
+# One xdist worker runs the class: its tests share one start of the 2 workers.
+@pytest.mark.xdist_group('pipeline_cluster_failures')
 class WorkerFailureTest(tf.test.TestCase):
-  """The trainer on 2 workers: kill -9, SIGSTOP, no worker at all."""
+  """The trainer on 2 workers: kill -9, SIGSTOP, no worker at all.
+
+  The tests share the class's 2 worker servers (each start costs a
+  TensorFlow import a process): a test gets them all serving, a worker it
+  killed or stopped restarted first. A trainer of one test never meets
+  another's: each ends (or is killed) before its test does.
+  """
+
+  _workers = None
+
+  @classmethod
+  def tearDownClass(cls):
+    if cls._workers is not None:
+      cls._workers.KillAll()
+      cls._workers = None
+    super().tearDownClass()
+
+  def _ServingWorkers(self):
+    """The class's workers, any that is not running (re)started."""
+    cls = type(self)
+    if cls._workers is None:
+      cls._workers = _Workers(self, _Cluster(2), kill_at_cleanup=False)
+      return cls._workers
+    workers = cls._workers
+    workers.test = self
+    ended = [i for i, p in enumerate(workers.processes)
+             if p.poll() is not None]
+    for i in ended:
+      workers.Start(i)
+    workers.WaitServing(ended)
+    return workers
 
   def _AssertOneLineError(self, trainer, pattern):
     lines = trainer.ErrorLines()
@@ -288,17 +324,27 @@ class WorkerFailureTest(tf.test.TestCase):
     Returns (workers, cluster, logdir, trainer, seconds from the signal until
     the trainer exited with status 1).
     """
-    cluster = _Cluster(2)
-    workers = _Workers(self, cluster)
+    workers = self._ServingWorkers()
+    cluster = workers.cluster
     logdir = os.path.join(self.get_temp_dir(), 'run')
     trainer = _Trainer(self, cluster, logdir, 100000)
     self._WaitForCheckpoint(trainer, logdir)
+    # Whatever the signal, this process ends with the test (the next test
+    # restarts the worker).
+    self.addCleanup(self._End, workers.processes[index])
     workers.processes[index].send_signal(sig)
     signalled_at = time.time()
     code = trainer.Wait(FAILURE_BOUND)
     took = time.time() - signalled_at
     self.assertEqual(code, 1, trainer.Output()[-3000:])  # None: still running.
     return workers, cluster, logdir, trainer, took
+
+  @staticmethod
+  def _End(process):
+    if process.poll() is None:
+      process.send_signal(signal.SIGCONT)
+      process.kill()
+      process.wait()
 
   def testKilledWorkerEndsTrainerAndRerunResumes(self):
     workers, cluster, logdir, trainer, took = self._SignalWorkerMidTraining(

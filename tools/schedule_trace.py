@@ -91,6 +91,11 @@ _DEVICES = flags.DEFINE_enum(
     "'shared': one process, logical devices sharing one thread pool; "
     "'processes': one local worker process per device, each pinned to its "
     'own core with one intra-op thread.')
+_EXECUTION = flags.DEFINE_enum(
+    'execution', 'loop', ['loop', 'folded', 'switch', 'unrolled'],
+    "How the step's graph is built (PipeliningLayer's execution): the "
+    "default 'loop', or 'unrolled' to see where a loop waits that every "
+    'tick built on its own does not.')
 
 _COLORS = {schedule_lib.F: '#4c78a8', schedule_lib.B: '#f58518',
            schedule_lib.BW: '#e45756', schedule_lib.W: '#54a24b'}
@@ -127,7 +132,7 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
           batch_size: int = 1024, steps: int = 3,
           workers: local_workers.LocalWorkers | None = None,
           devices: Sequence[str] | None = None, block: str = 'fc',
-          seq_len: int = 32) -> Traced:
+          seq_len: int = 32, execution: str = 'loop') -> Traced:
   """Runs ``steps`` traced training steps, keeps the last one's timeline,
   then times ``steps`` more for how busy they keep the cores.
 
@@ -145,6 +150,7 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
       CPU first on a CPU-only host).
     block: 'fc' (FC layers without activation) or 'transformer' (encoder
       blocks, 4 heads, hidden 4 x dim, on ``seq_len`` tokens).
+    execution: the PipeliningLayer's execution (how the graph is built).
 
   Returns:
     Traced.
@@ -160,7 +166,7 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
   pipe = PipeliningLayer.Params().Set(
       name='net', layers=blocks, num_partitions=num_partitions,
       num_micro_batches=num_micro_batches, remat=remat, schedule=schedule,
-      num_virtual_stages=num_virtual_stages,
+      num_virtual_stages=num_virtual_stages, execution=execution,
       input_shapes=([(None, dim)] if block == 'fc' else
                     [(None, seq_len, dim), (None, seq_len)]),
       devices=list(devices) if devices else None).Instantiate()
@@ -293,7 +299,8 @@ def main(argv):
     v = schedule.num_stages // k
   args = (schedule, k, m, v, _REMAT.value, _NUM_BLOCKS.value, _DIM.value,
           _BATCH.value)
-  model = dict(block=_BLOCK.value, seq_len=_SEQ_LEN.value)
+  model = dict(block=_BLOCK.value, seq_len=_SEQ_LEN.value,
+               execution=_EXECUTION.value)
   if _DEVICES.value == 'processes':
     with local_workers.LocalWorkers(
         local_workers.Options(num_workers=k)) as workers:

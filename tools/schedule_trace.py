@@ -35,7 +35,11 @@ M and V.
 its own (gpipe_tf.runtime.local_workers: pinned to its own core, one
 intra-op thread), as accelerators run them, instead of on logical devices
 sharing the process's thread pool (--devices=shared, the default); the
-report then also gives each worker's CPU time over the wall time.
+report then also gives each worker's CPU time over the wall time, and
+--profile=DIR profiles the workers (tools/worker_profile.py: each worker's
+ops, and how long its sends waited after the action that made them).
+--execution builds the step another way (e.g. 'unrolled' beside the default
+'loop') to see where one build waits that another does not.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import trace as trace_lib
+from tools import worker_profile
 from tools import trace_waits as waits_lib
 
 __all__ = ['Draw', 'Report', 'Trace', 'Traced', 'main']
@@ -91,6 +96,11 @@ _DEVICES = flags.DEFINE_enum(
     "'shared': one process, logical devices sharing one thread pool; "
     "'processes': one local worker process per device, each pinned to its "
     'own core with one intra-op thread.')
+_PROFILE = flags.DEFINE_string(
+    'profile', None, 'With --devices=processes: also profile the workers '
+    "(TensorFlow's profiler) over a few more steps, write one .xplane.pb a "
+    'worker under this directory, and print how long each worker\'s sends '
+    'waited after the action that made them (tools/worker_profile.py).')
 _EXECUTION = flags.DEFINE_enum(
     'execution', 'loop', ['loop', 'folded', 'switch', 'unrolled'],
     "How the step's graph is built (PipeliningLayer's execution): the "
@@ -113,11 +123,13 @@ class Traced(NamedTuple):
       processes, theirs (this process only drives the step).
     workers_busy: with worker processes, each one's CPU time over the wall
       time of those steps (one core each: at most 1.0); else None.
+    profiles: with a profile directory, each worker's profiled steps.
   """
   timeline: trace_lib.Timeline
   devices: list[str]
   cores_busy: float
   workers_busy: list[float] | None = None
+  profiles: list[worker_profile.WorkerProfile] | None = None
 
 
 def _Cores() -> int:
@@ -132,7 +144,8 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
           batch_size: int = 1024, steps: int = 3,
           workers: local_workers.LocalWorkers | None = None,
           devices: Sequence[str] | None = None, block: str = 'fc',
-          seq_len: int = 32, execution: str = 'loop') -> Traced:
+          seq_len: int = 32, execution: str = 'loop',
+          profile_dir: str | None = None) -> Traced:
   """Runs ``steps`` traced training steps, keeps the last one's timeline,
   then times ``steps`` more for how busy they keep the cores.
 
@@ -151,6 +164,8 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
     block: 'fc' (FC layers without activation) or 'transformer' (encoder
       blocks, 4 heads, hidden 4 x dim, on ``seq_len`` tokens).
     execution: the PipeliningLayer's execution (how the graph is built).
+    profile_dir: with ``workers``, also profile them over ``steps`` + 2
+      more steps (worker_profile.Capture) and write their profiles here.
 
   Returns:
     Traced.
@@ -200,8 +215,18 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
   for _ in range(steps):
     step()[1][1].numpy()
   wall, cpu = time.perf_counter() - wall, [b - a for a, b in zip(cpu, own())]
+  profiles = None
+  if profile_dir and workers:
+    more = steps + 2  # Summarize keeps the steps whose next one is profiled.
+    paths = worker_profile.Capture(
+        workers.cluster.workers,
+        lambda: [step()[1][1].numpy() for _ in range(more)], profile_dir,
+        duration_ms=int(1000 * (2.0 + 2 * more * wall / steps)))
+    profiles = [worker_profile.Summarize(f'worker {i}',
+                                         *worker_profile.Read(path))
+                for i, path in enumerate(paths)]
   return Traced(timeline, pipe.devices, sum(cpu) / (wall * _Cores()),
-                [c / wall for c in cpu] if workers else None)
+                [c / wall for c in cpu] if workers else None, profiles)
 
 
 def DeviceBusy(timeline: trace_lib.Timeline) -> list[float]:
@@ -301,12 +326,15 @@ def main(argv):
           _BATCH.value)
   model = dict(block=_BLOCK.value, seq_len=_SEQ_LEN.value,
                execution=_EXECUTION.value)
+  if _PROFILE.value and _DEVICES.value != 'processes':
+    raise app.UsageError('--profile profiles worker processes: add '
+                         '--devices=processes.')
   if _DEVICES.value == 'processes':
     with local_workers.LocalWorkers(
         local_workers.Options(num_workers=k)) as workers:
       print(f'--devices=processes: {workers.Describe()}', flush=True)
       traced = Trace(*args, workers=workers, devices=workers.Connect(),
-                     **model)
+                     profile_dir=_PROFILE.value, **model)
   else:
     devices_lib.SplitCpu(k)
     traced = Trace(*args, **model)
@@ -314,6 +342,10 @@ def main(argv):
   print(Report(timeline, traced.cores_busy, traced.workers_busy))
   if _WAITS.value:
     print(waits_lib.WaitReport(timeline, _WAITS.value))
+  if traced.profiles:
+    print(f'profile ({_PROFILE.value}): what each worker ran, and how long '
+          'its sends waited after the action that made them')
+    print(worker_profile.Report(traced.profiles))
   if _OUT.value:
     Draw(timeline, device_names, _OUT.value)
     print(f'wrote {_OUT.value}')

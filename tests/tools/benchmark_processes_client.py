@@ -4,13 +4,16 @@ Run as ``python tests/tools/benchmark_processes_client.py OUT_DIR`` from the
 repository root. Starts 2 local workers (gpipe_tf.runtime.local_workers),
 connects to them before any op, and for every configuration of CONFIGS runs
 STEPS training steps of SPEC through tools/benchmark_lib.MakeStep with cell
-k on worker k, writing their losses to OUT_DIR/losses.json; then times the
+k on worker k, writing their losses to OUT_DIR/losses.json; profiles the
+first configuration's steps on the workers (tools/worker_profile.py) into
+OUT_DIR/profiles.json; then times the
 same configurations with tools/benchmark_processes.Measure (with the
 simulator's prediction from the pieces timed on the workers) and writes its
 rows to OUT_DIR/rows.json. The test computes the losses again in its own
 process on logical devices.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -18,6 +21,7 @@ import sys
 from gpipe_tf.runtime import local_workers
 from tools import benchmark_lib as lib
 from tools import benchmark_processes as processes_lib
+from tools import worker_profile
 
 # Big enough that the weights' gradients (2 x 66 KB a device) outweigh the
 # boundary tensors (8 KB a micro-batch); a learning rate that moves the loss.
@@ -40,6 +44,16 @@ def main(out_dir: str) -> None:
       losses.append([float(step().numpy()) for _ in range(STEPS)])
     with open(os.path.join(out_dir, 'losses.json'), 'w') as f:
       json.dump(losses, f)
+    # The first configuration's steps, profiled on the workers.
+    step = lib.MakeStep(SPEC, CONFIGS[0], devices)
+    step().numpy()
+    paths = worker_profile.Capture(
+        w.cluster.workers, lambda: [step().numpy() for _ in range(4)],
+        os.path.join(out_dir, 'profile'), duration_ms=4000)
+    profiles = [dataclasses.asdict(worker_profile.Summarize(
+        path, *worker_profile.Read(path))) for path in paths]
+    with open(os.path.join(out_dir, 'profiles.json'), 'w') as f:
+      json.dump(profiles, f)
     rows = processes_lib.Measure(SPEC, CONFIGS, w, devices, rounds=1,
                                  steps_per_round=2, log=lambda line: None,
                                  predict=True)

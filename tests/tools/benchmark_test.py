@@ -375,12 +375,34 @@ class ProcessesTest(tf.test.TestCase):
                         inside['execution'])
     for cfg, row in zip(client.CONFIGS, measured['rows']):
       self._CheckPrediction(cfg, row)
+    self._CheckProfiles(out_dir, client.CONFIGS[0])
     prediction_table = tables.PredictionTable(measured['rows'])
     self.assertIn('| K=2 M=4 remat=never | 1f1b | ', prediction_table)
     table = tables.DeviceTable(measured['rows'])
     self.assertIn('| K=2 M=4 remat=never | 1f1b | ', table)
     self.assertLen(table.strip().splitlines(), 3 + len(client.CONFIGS))
 
+
+  def _CheckProfiles(self, out_dir, cfg):
+    """The workers' profiles of a 1F1B step (K=2): each worker's ops, and
+    every micro-batch's boundary tensor sent once a step by the action that
+    made it (device 0 its forwards' outputs, device 1 its FBs' input
+    gradients)."""
+    with open(os.path.join(out_dir, 'profiles.json')) as f:
+      profiles = json.load(f)
+    self.assertLen(profiles, 2)
+    m = cfg['num_micro_batches']
+    for d, (profile, made_by) in enumerate(zip(profiles, ('stage0_F_mb',
+                                                           'stage1_FB_mb'))):
+      self.assertTrue(os.path.exists(profile['name']), profile['name'])
+      self.assertNotEmpty(profile['step_ms'], d)
+      for step_ms, busy, lags in zip(profile['step_ms'], profile['busy_ms'],
+                                     profile['lags']):
+        self.assertBetween(busy, 0.001, step_ms + 1e-6)
+        self.assertCountEqual([s['action'] for s in lags],
+                              [f'{made_by}{i}' for i in range(m)])
+        for s in lags:
+          self.assertBetween(s['lag'], 0, step_ms)
 
   def _CheckPrediction(self, cfg, row):
     """The step predicted from the row's pieces (timed on the workers by

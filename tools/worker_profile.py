@@ -21,7 +21,7 @@ workers can:
     ``_t{col}`` inside a loop of ticks), the time from the end of the
     action's last op to the Send;
   * ``Summarize`` and ``Report``: per worker, the step, its busy time (the
-    union of its ops) and its sends' lags.
+    union of its ops), the threads that ran them and its sends' lags.
 
 Pure Python over the profile's protocol buffer except ``Capture``, which
 runs the profiler client. What it does NOT do: tell why the executor ran an
@@ -53,11 +53,12 @@ _PIECE = '/StatefulPartitionedCall/'
 @dataclasses.dataclass(frozen=True)
 class Op:
   """One op a worker ran: start and duration in milliseconds (the
-  profile's clock), the op's name and its type."""
+  profile's clock), the op's name, its type and the thread that ran it."""
   start: float
   ms: float
   name: str
   kind: str
+  thread: str = ''
 
   @property
   def end(self) -> float:
@@ -97,11 +98,14 @@ class WorkerProfile:
     step_ms: per step, from its first op's start to its last op's end.
     busy_ms: per step, the union of its ops' intervals.
     lags: per step, its sends' lags.
+    threads: how many threads ran its actions' ops over those steps (a
+      worker runs a chief's ops on the threads the chief configured).
   """
   name: str
   step_ms: list[float]
   busy_ms: list[float]
   lags: list[list[SendLag]]
+  threads: int = 0
 
 
 def Capture(addresses: Sequence[str], run: Callable[[], None],
@@ -185,7 +189,7 @@ def FromSpace(space) -> tuple[list[Op], list[float]]:
             not kind.startswith(':') and '::' not in name and
             not name.startswith(('Executor', 'Memory', 'Eager',
                                  'ThreadpoolListener'))):
-          ops.append(Op(start, event.duration_ps / 1e9, op, kind))
+          ops.append(Op(start, event.duration_ps / 1e9, op, kind, line.name))
   ops.sort(key=lambda o: o.start)
   return ops, sorted(starts)
 
@@ -243,15 +247,16 @@ def Summarize(name: str, ops: Sequence[Op], starts: Sequence[float]
   """A worker's complete steps (a call of the step's function whose next
   call the profile holds too): each from its first op's start to its last
   op's end."""
-  steps, busy, lags = [], [], []
+  steps, busy, lags, threads = [], [], [], set()
   for a, b in zip(starts, starts[1:]):
     mine = [o for o in ops if a <= o.start < b]
     if not mine:
       continue
+    threads.update(o.thread for o in mine if o.action)
     steps.append(max(o.end for o in mine) - mine[0].start)
     busy.append(_Union(mine))
     lags.append(SendLags(mine))
-  return WorkerProfile(name, steps, busy, lags)
+  return WorkerProfile(name, steps, busy, lags, len(threads))
 
 
 def _Union(ops: Sequence[Op]) -> float:
@@ -275,7 +280,8 @@ def Report(profiles: Sequence[WorkerProfile], top: int = 5) -> str:
     ms = [s.lag for s in flat]
     line = (f'{p.name}: {len(p.step_ms)} steps, step '
             f'{statistics.median(p.step_ms):.1f} ms, ops busy '
-            f'{statistics.median(p.busy_ms):.1f} ms')
+            f'{statistics.median(p.busy_ms):.1f} ms on {p.threads} '
+            f'thread{"s" if p.threads != 1 else ""}')
     if ms:
       line += (f'; {len(ms) / len(p.step_ms):.0f} sends a step, lag median '
                f'{statistics.median(ms):.1f} ms, p90 '

@@ -63,7 +63,8 @@ class Options:
     intra_op_threads: threads one op may use on a worker; 1 runs a device's
       ops one after another.
     inter_op_threads: ops a worker may run at once (its sends and receives
-      run beside its compute).
+      run beside its compute); applied through the chief's configuration
+      by Connect.
     pin: pin worker k to core CoreOf(k); False leaves the OS to place them.
     start_timeout_seconds: how long a worker may take to serve.
   """
@@ -190,10 +191,15 @@ class LocalWorkers:
   def Connect(self, timeout_seconds: float = 60.0) -> list[str]:
     """Makes this process the chief; returns worker k's device for cell k.
 
-    Must run before TensorFlow runs any op in this process.
+    Must run before TensorFlow runs any op in this process. Each worker then
+    runs this process's ops on `options.inter_op_threads` threads (the
+    chief's setting decides that, not the worker's:
+    pipeline_cluster.ConnectToCluster).
     """
     from gpipe_tf.runtime import pipeline_cluster  # pylint: disable=g-import-not-at-top
-    pipeline_cluster.ConnectToCluster(self.cluster, timeout_seconds)
+    pipeline_cluster.ConnectToCluster(
+        self.cluster, timeout_seconds,
+        worker_inter_op_threads=self.options.inter_op_threads)
     return pipeline_cluster.PipelineDevices(self.options.num_workers,
                                             self.cluster)
 

@@ -179,10 +179,19 @@ def ParseCluster(value: str,
 
 
 def ConnectToCluster(cluster: PipelineCluster,
-                     timeout_seconds: float = 60.0) -> list[str]:
+                     timeout_seconds: float = 60.0,
+                     worker_inter_op_threads: int | None = None) -> list[str]:
   """Makes this process the cluster's chief; returns every device it sees.
 
-  Must run before TensorFlow runs any op. Waits for the workers
+  Must run before TensorFlow runs any op. `worker_inter_op_threads`: how
+  many ops each worker runs at once for this process. TensorFlow sizes a
+  worker's pool for a chief's ops from the chief's configuration, not from
+  the worker's own (serve_worker --inter_op_threads sizes only its server's
+  pool), and a chief that sets none leaves each worker one thread per core
+  it may use: one for a worker pinned to a core, whose sends then wait
+  until its compute runs out of work (docs/cross-host.md). Set, it becomes
+  this process's inter-op setting too (a chief that only drives the step
+  uses few). None leaves this process's setting as it is. Waits for the workers
   (``worker_health.WaitForWorkers``), then connects
   (tf.config.experimental_connect_to_cluster) with a ClusterSpec rather than
   a resolver, so ops without a device
@@ -198,6 +207,9 @@ def ConnectToCluster(cluster: PipelineCluster,
     PipelineClusterError: this process cannot listen on the chief address.
   """
   start = time.monotonic()
+  if worker_inter_op_threads:
+    tf.config.threading.set_inter_op_parallelism_threads(
+        worker_inter_op_threads)
   worker_health.WaitForWorkers(cluster, timeout_seconds)
   tf.config.experimental_connect_to_cluster(
       cluster.Spec(), job_name=CLIENT_JOB, task_index=0,

@@ -89,10 +89,12 @@ class WorkerProfileTest(tf.test.TestCase):
     self.assertAllClose(profile.busy_ms, [6.5, 2.5])
     self.assertEqual([[s.lag for s in step] for step in profile.lags],
                      [[2.0], [0.0]])
+    self.assertEqual(profile.threads, 1)
     report = wp.Report([profile, wp.WorkerProfile('worker 1', [], [], [])],
                        top=1)
     self.assertEqual(report.splitlines(), [
-        'worker 0: 2 steps, step 5.5 ms, ops busy 4.5 ms; 1 sends a step, '
+        'worker 0: 2 steps, step 5.5 ms, ops busy 4.5 ms on 1 thread; 1 '
+        'sends a step, '
         'lag median 1.0 ms, p90 2.0, max 2.0, 1.0 ms a step',
         '      2.0 ms  stage0_F_mb0 at 8.0 ms (stage0_F_mb0/'
         'StatefulPartitionedCall/y/_1)',

@@ -6,9 +6,17 @@ import shutil
 import tempfile
 import threading
 
-from absl import flags
-import numpy as np
-import tensorflow as tf
+# Before TensorFlow loads: its oneDNN rewrites, on by default on CPUs with
+# AVX512-VNNI, rename the ops the engine's tests count (MatMul runs as
+# _MklMatMul, an activation fused into it) and change sums in the last bits,
+# so the same test passed on one CI machine and failed on the next. The suite
+# runs TensorFlow's own kernels on every CPU (docs/testing.md); set the
+# variable to 1 to test with oneDNN.
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
+
+from absl import flags  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf.layers import base_layer
 from gpipe_tf.runtime import devices

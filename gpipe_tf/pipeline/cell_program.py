@@ -47,6 +47,7 @@ loop.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
@@ -242,9 +243,8 @@ def _Dense(grad: Any, shape: tf.TensorShape) -> Any:
   if grad is None:
     return None
   grad = tf.convert_to_tensor(grad)
-  if not grad.shape.is_fully_defined():
-    grad = tf.ensure_shape(grad, shape)
-  return grad
+  return (grad if grad.shape.is_fully_defined() else
+          tf.ensure_shape(grad, shape))
 
 
 def _Specs(tensors: Sequence[Any]) -> list:
@@ -321,40 +321,34 @@ class CellProgram:
         signature)
     if training:
       self._Cut()
-    self._splittable: bool | None = None
 
-  @property
+  @functools.cached_property
   def splittable(self) -> bool:
     """Whether W can run apart from B. Where the weight-gradient ops read
     something the cut cannot feed (a control edge into the input-gradient
     ops, say), B computes the whole backward and W nothing: still exact,
     without zero-bubble's overlap. Found on first use (only schedules with
     W ask)."""
-    if self._splittable is None:
-      self._splittable = self.training and self.split
-      if self._splittable:
-        try:
-          self._pieces[(ticks_lib.W, False, False)] = self._Prune(
-              ('wcut',), ('dws',))
-        except tf_internals.PRUNE_ERRORS:
-          self._splittable = False
-    return self._splittable
+    if not (self.training and self.split):
+      return False
+    try:
+      self._pieces[(ticks_lib.W, False, False)] = self._Prune(
+          ('wcut',), ('dws',))
+    except tf_internals.PRUNE_ERRORS:
+      return False
+    return True
 
   # ---- Tracing -------------------------------------------------------------
-  def _Forward(self, seed: tf.Tensor, xs: list, skips: list
-               ) -> tuple[tuple, tuple]:
-    return _RunCell(self.cell, self.in_struct, seed, xs, skips,
-                    self.training)
 
   def _Trace(self, args: Sequence[tf.Tensor], in_specs: list,
              skip_specs: list, input_grads: bool) -> list:
-    args = list(args)
     graph = tf.compat.v1.get_default_graph()
-    seed = args.pop(0)
-    num_x = len(leaves.Present(in_specs))
-    xs, args = leaves.Fill(in_specs, args[:num_x]), args[num_x:]
-    num_skips = len(leaves.Present(skip_specs))
-    skips, args = leaves.Fill(skip_specs, args[:num_skips]), args[num_skips:]
+    # The signature's tensors in order: seed, x, skip_in, labels, dy,
+    # dskip_out (None where a spec or a gradient is absent).
+    it = iter(args)
+    seed = next(it)
+    xs = [None if spec is None else next(it) for spec in in_specs]
+    skips = [None if spec is None else next(it) for spec in skip_specs]
     wanted = [self.training and input_grads and cell_lib.IsFloat(x)
               for x in xs]
     wanted_skips = [self.training and cell_lib.IsFloat(x) for x in skips]
@@ -362,12 +356,12 @@ class CellProgram:
     with tf.GradientTape() as tape:
       tape.watch([x for x, w in zip(xs + skips, wanted + wanted_skips) if w])
       with normalization.DeferMovingStats() as stats:
-        y, skip_out = self._Forward(seed, xs, skips)
+        y, skip_out = _RunCell(self.cell, self.in_struct, seed, xs, skips,
+                               self.training)
       flat_y = tf.nest.flatten(y)
       if self.head is not None:
-        n_labels = len(leaves.Present(self.head.label_specs))
-        labels_flat = leaves.Fill(self.head.label_specs, args[:n_labels])
-        args = args[n_labels:]
+        labels_flat = [None if spec is None else next(it)
+                       for spec in self.head.label_specs]
         labels = tf.nest.pack_sequence_as(self.head.label_struct,
                                           labels_flat)
         if self.head.scaled:
@@ -395,7 +389,6 @@ class CellProgram:
         [v for v in tape.watched_variables() if v.trainable])
     sources = ([x for x, w in zip(xs, wanted) if w] +
                [x for x, w in zip(skips, wanted_skips) if w] + self.variables)
-    it = iter(args)
     dys = () if self.head else tuple(next(it) if p else None
                                      for p in self._dy_present)
     # A stashed tensor's gradient from the cell that popped it adds into

@@ -25,7 +25,6 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 from gpipe_tf.layers import core
-from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell_program as program_lib
@@ -64,10 +63,6 @@ def _Leaves(cells: Sequence[Any], inputs: Any) -> list:
 def _Packed(compiled: interpreter.Compiled, flat: Sequence[Any]) -> Any:
   return core.FromTuple(tf.nest.pack_sequence_as(
       compiled.programs[-1].out_struct, list(flat)))
-
-
-def _SeedSpec(seed: tf.Tensor) -> tf.TensorSpec:
-  return tf.TensorSpec(seed.shape, seed.dtype)
 
 
 # The engine builds its ops explicitly and branches only on Python values, so
@@ -109,46 +104,41 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
   seed = _StepSeed()
   specs = interpreter.MicroBatchSpecs(flat, schedule.num_micro_batches)
   skips = interpreter.SkipPairs(cells)
-  forward = ticks_lib.Lower(schedule, phase='forward',
-                            keep=keep if training else lambda s, m: True,
-                            skips=skips)
+  programs = tuple(
+      ticks_lib.Lower(schedule, phase=phase,
+                      keep=keep if training else lambda s, m: True,
+                      skips=skips)
+      for phase in (('forward', 'backward') if training else ('forward',)))
+  # Inference compiles its pieces without XLA.
+  compiled = interpreter.Compile(
+      cells, schedule, inputs, specs, training, programs, seed,
+      jit_compile=training and jit_compile, execution=execution,
+      budget=budget)
+  forward = programs[0]
   if not training:
-    compiled = interpreter.Compile(cells, schedule, inputs, specs, False,
-                                   (forward,), _SeedSpec(seed),
-                                   execution=execution, budget=budget)
     feeds, state = interpreter.Start(compiled, flat, (), seed)
     state = interpreter.Run(compiled, feeds, forward, state, trace)
-    outputs = interpreter.Outputs(compiled, state)
+    outputs = interpreter.Merged(compiled, state, -1, 'out')
     interpreter.Done(state)
     return _Packed(compiled, outputs)
-
-  backward = ticks_lib.Lower(schedule, phase='backward', keep=keep,
-                             skips=skips)
-  compiled = interpreter.Compile(
-      cells, schedule, inputs, specs, True, (forward, backward),
-      _SeedSpec(seed), jit_compile=jit_compile, execution=execution,
-      budget=budget)
 
   @tf.custom_gradient
   def _Pipeline(*ts):
     feeds, state = interpreter.Start(
         compiled, leaves.Fill(flat, ts), (), seed)
     state = interpreter.Run(compiled, feeds, forward, state, trace)
-    bn_stats = normalization.DeferredMovingStats()
-    interpreter.BatchNormStats(compiled, state, bn_stats.Add)
-    bn_stats.Apply()
-    outputs = interpreter.Outputs(compiled, state)
+    interpreter.MoveBatchNormStats(compiled, state)
+    outputs = interpreter.Merged(compiled, state, -1, 'out')
 
     def _Grad(*dys, variables=None):
       after = interpreter.FeedOutputGradients(
           compiled, feeds, state, leaves.Fill(outputs, dys))
-      after = interpreter.Run(compiled, feeds, backward, after, trace)
-      dx = interpreter.InputGradients(compiled, after)
+      after = interpreter.Run(compiled, feeds, programs[1], after, trace)
+      dx = interpreter.Merged(compiled, after, 0, 'dx0')
       grads = interpreter.Gradients(compiled, after)
       interpreter.Done(after)
       return ([g for g, x in zip(dx, flat) if x is not None],
-              [grads[v.ref()][1] if v.ref() in grads else None
-               for v in variables or []])
+              [grads.get(v.ref()) for v in variables or []])
 
     return leaves.Present(outputs), _Grad
 
@@ -206,14 +196,12 @@ def RunLossAndGradients(cells: Sequence[Any],
       loss_fn, labels, tuple(tl.SpecOf(x, batch) for x in label_flat),
       loss_scale is not None)
   compiled = interpreter.Compile(
-      cells, schedule, inputs, specs, True, (program,), _SeedSpec(seed),
-      head=head, input_grads=False, jit_compile=jit_compile,
+      cells, schedule, inputs, specs, True, (program,), seed, head=head,
+      input_grads=False, jit_compile=jit_compile,
       execution=execution, budget=budget)
   feeds, state = interpreter.Start(compiled, flat, label_flat, seed)
   state = interpreter.Run(compiled, feeds, program, state, trace)
-  bn_stats = normalization.DeferredMovingStats()
-  interpreter.BatchNormStats(compiled, state, bn_stats.Add)
-  bn_stats.Apply()
+  interpreter.MoveBatchNormStats(compiled, state)
   grads = interpreter.Gradients(compiled, state)
   with tf.device(cells[-1].device):
     sums = interpreter.LossSums(compiled, state)
@@ -222,10 +210,7 @@ def RunLossAndGradients(cells: Sequence[Any],
   interpreter.Done(state)
   out = []
   for v in variables:
-    if v.ref() not in grads:
-      out.append(None)
-      continue
+    g = grads.get(v.ref())
     with tf.device(v.device):
-      g = grads[v.ref()][1]
-      out.append(g * tf.cast(scale, g.dtype))
+      out.append(None if g is None else g * tf.cast(scale, g.dtype))
   return loss, metrics, out

@@ -142,10 +142,9 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
 
     return leaves.Present(outputs), _Grad
 
-  merged = _Pipeline(*leaves.Present(flat))
-  if not isinstance(merged, (list, tuple)):
-    merged = [merged]
-  # The outputs that exist (an output may be None) at their places.
+  # The outputs that exist (an output may be None) at their places; one
+  # comes back alone, not in a list.
+  merged = tf.nest.flatten(_Pipeline(*leaves.Present(flat)))
   return _Packed(compiled, leaves.Fill(compiled.programs[-1].out_specs,
                                        merged))
 
@@ -181,7 +180,6 @@ def RunLossAndGradients(cells: Sequence[Any],
   """
   flat = _Leaves(cells, inputs)
   seed = _StepSeed()
-  m = schedule.num_micro_batches
   # Passes over the schedule, then lowering: a W that directly follows its
   # B runs with it as one BW; the last stage's F and its backward as one FB.
   program = ticks_lib.Lower(
@@ -190,7 +188,7 @@ def RunLossAndGradients(cells: Sequence[Any],
   if loss_scale is not None:
     labels = (labels, tf.cast(loss_scale, tf.float32))
   label_flat = tf.nest.flatten(labels)
-  specs = interpreter.MicroBatchSpecs(flat, m)
+  specs = interpreter.MicroBatchSpecs(flat, schedule.num_micro_batches)
   batch = next((x.shape[0] for x in specs if tl.HasBatch(x)), None)
   head = program_lib.LossHead(
       loss_fn, labels, tuple(tl.SpecOf(x, batch) for x in label_flat),

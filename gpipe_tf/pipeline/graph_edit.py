@@ -40,9 +40,8 @@ def TrainableReads(graph: tf.Graph, variables: Sequence[tf.Variable]):
   def _Reads(x: tf.Tensor) -> bool:
     if x.op.type == 'Cast':
       x = x.op.inputs[0]
-    if x.op.type != 'ReadVariableOp':
-      return False
-    return id(captured.get(id(x.op.inputs[0]))) in trainable
+    return (x.op.type == 'ReadVariableOp' and
+            id(captured.get(id(x.op.inputs[0]))) in trainable)
   return _Reads
 
 

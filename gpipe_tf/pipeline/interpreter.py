@@ -203,14 +203,15 @@ def MicroBatchSpecs(flat: Sequence[Any], num_micro_batches: int) -> list:
   return [tl.SpecOf(x, batch) for x in flat]  # Only a batch dim takes it.
 
 
-def _Split(flat: Sequence[Any], sizes: Any, m: int, batch: int | None,
-           read_once: bool = False) -> tuple:
-  """Per flat tensor, a TensorArray of its M micro-batches (None stays
-  None; a tensor without batch dimension is shared); `read_once` for
-  slots a step takes (slots.Take)."""
-  return tuple(tl.TensorArrayOf(
-      tl.SpecOf(x, None if read_once else batch), m,
-      read_once).split(x, sizes) if tl.HasBatch(x) else x for x in flat)
+def _Split(c: Compiled, s: int, flat: Sequence[Any], sizes: Any,
+           read_once: bool = False) -> list:
+  """Per flat tensor, on stage s's device, a TensorArray of its M
+  micro-batches (None stays None; a tensor without batch dimension is
+  shared); `read_once` for slots a step takes (slots.Take)."""
+  m, batch = c.schedule.num_micro_batches, None if read_once else c.batch
+  with tf.device(c.cells[s].device):
+    return [tl.TensorArrayOf(tl.SpecOf(x, batch), m, read_once).split(x, sizes)
+            if tl.HasBatch(x) else x for x in flat]
 
 
 def Start(compiled: Compiled, flat: Sequence[Any], labels: Sequence[Any],
@@ -224,22 +225,16 @@ def Start(compiled: Compiled, flat: Sequence[Any], labels: Sequence[Any],
     seed: the step seed.
   """
   c = compiled
-  m = c.schedule.num_micro_batches
-  sizes = microbatch.Sizes(flat, m)
-  with tf.device(c.cells[0].device):
-    inputs = _Split(flat, sizes, m, c.batch, read_once=True)
-  with tf.device(c.cells[-1].device):
-    label_tas = _Split(labels, sizes, m, c.batch)
+  sizes = microbatch.Sizes(flat, c.schedule.num_micro_batches)
+  inputs = _Split(c, 0, flat, sizes, read_once=True)
+  label_tas = _Split(c, -1, labels, sizes)
   seeds = []
   for cell in c.cells:
     with tf.device(cell.device):
       seeds.append(tf.identity(seed))
-  state = tuple(
-      slots_lib.Make(c.programs, s, c.layouts[s], cell.device, m,
-                     c.loss_inside, c.input_grads, c.batch)
-      for s, cell in enumerate(c.cells))
-  state = (state[0]._replace(x=list(inputs)),) + state[1:]
-  return Feeds(label_tas, tuple(seeds), sizes), state
+  state = tuple(slots_lib.Make(c, s) for s in range(len(c.cells)))
+  state = (state[0]._replace(x=inputs),) + state[1:]
+  return Feeds(tuple(label_tas), tuple(seeds), sizes), state
 
 
 def FeedOutputGradients(compiled: Compiled, feeds: Feeds, state: State,
@@ -255,9 +250,8 @@ def FeedOutputGradients(compiled: Compiled, feeds: Feeds, state: State,
       dys = [g if g is not None or ta is None else tf.zeros_like(y)
              for ta, g, y in zip(slots.dy, dys, outputs)]
     dys = [g if ta is not None else None for ta, g in zip(slots.dy, dys)]
-    dy = _Split(dys, feeds.sizes, c.schedule.num_micro_batches, c.batch,
-                read_once=True)
-  return state[:-1] + (slots._replace(dy=list(dy)),)
+    dy = _Split(c, -1, dys, feeds.sizes, read_once=True)
+  return state[:-1] + (slots._replace(dy=dy),)
 
 
 def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
@@ -270,25 +264,23 @@ def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
   if trace is not None:
     if trace.schedule is None:
       trace.schedule = c.schedule
-    stamped = []
+    state = list(state)
     for s, cell in enumerate(c.cells):
       with tf.device(cell.device):
-        stamps = tuple(tf.TensorArray(tf.float64, size=program.num_ticks,
-                                      element_shape=[]) for _ in range(2))
-      stamped.append(state[s]._replace(stamps=stamps))
-    state = tuple(stamped)
-  graph = tick_graph.TickGraph([cell.device for cell in c.cells], c.schedule,
-                               functools.partial(_Step, c, feeds), c.routes)
-  state = tuple(graph.Build(program, plan, state))
+        state[s] = state[s]._replace(stamps=tuple(
+            tf.TensorArray(tf.float64, size=program.num_ticks,
+                           element_shape=[]) for _ in range(2)))
+  state = tick_graph.TickGraph(
+      [cell.device for cell in c.cells], c.schedule,
+      functools.partial(_Step, c, feeds), c.routes).Build(program, plan, state)
   if trace is not None:
     for row in program.grid:
       for t, act in enumerate(row):
-        if act is None:
-          continue
-        starts, ends = state[act.stage].stamps
-        start, end = starts.read(t), ends.read(t)
-        for part in ticks_lib.Unjoined(c.schedule, program, act):
-          trace.Record(part, start, end)
+        if act is not None:
+          starts, ends = state[act.stage].stamps
+          start, end = starts.read(t), ends.read(t)
+          for part in ticks_lib.Unjoined(c.schedule, program, act):
+            trace.Record(part, start, end)
   return state
 
 
@@ -308,8 +300,12 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   new, fed = {}, {}
   # Output gradients are read by one step: taken. Inputs and skips are
   # freed by the last step that reads them: they live until their reader
-  # has run (a recomputing backward reads them again).
-  last = _LastReadOfInputs(step, program.training)
+  # has run (a recomputing backward reads them again). That is an F that
+  # keeps its activations (its backward reads those), an FB, a recomputing
+  # B or BW, or any step in inference.
+  last = (not program.training or step.kind == ticks_lib.FB or
+          (step.kind == ticks_lib.F and step.keep) or
+          (step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep))
   for role in ('x', 'skip_in', 'dy', 'dskip_out'):
     if role in reads and getattr(mine, role) is not None:
       fed[role], new[role] = slots_lib.Take(
@@ -321,7 +317,8 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   if 'seed' in reads:
     fed['seed'] = (random_seeds.FoldIn(feeds.seeds[s], m),)
   if 'labels' in reads:
-    fed['labels'] = slots_lib.Read(feeds.labels, m)
+    fed['labels'] = [ta.read(m) if isinstance(ta, tf.TensorArray) else ta
+                     for ta in feeds.labels]  # A shared label is itself.
   fed = program_lib.Tensors(**{k: tuple(v) for k, v in fed.items()})
   if mine.stamps is not None:
     with tf.control_dependencies(
@@ -368,16 +365,6 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
     new['stamps'] = (mine.stamps[0].write(t, start),
                      mine.stamps[1].write(t, end))
   return mine._replace(**new), made
-
-
-def _LastReadOfInputs(step: ticks_lib.Step, training: bool) -> bool:
-  """Whether `step` is the last of its stage's steps on a micro-batch to
-  read the stage's inputs: an F that keeps its activations (its backward
-  reads those), an FB, a recomputing B or BW, or any step in inference."""
-  kind = step.kind
-  return (not training or kind == ticks_lib.FB or
-          (kind == ticks_lib.F and step.keep) or
-          (kind in (ticks_lib.B, ticks_lib.BW) and not step.keep))
 
 
 def Merged(compiled: Compiled, state: State, s: int, role: str) -> list:

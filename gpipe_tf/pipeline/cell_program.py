@@ -205,7 +205,6 @@ def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
   """(output nest, flat output specs, skip_out specs) of the cell's forward
   on `in_specs` and the skip_in `skip_specs`, from a trace of the forward
   alone (cached on the cell: Cell.outputs)."""
-  skip_specs = list(skip_specs)
   key = (NestKey(in_struct), tuple(map(repr, in_specs)),
          tuple(map(repr, skip_specs)), training, precision.CurrentPolicy())
   if key not in cell.outputs:

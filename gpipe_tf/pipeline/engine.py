@@ -33,7 +33,6 @@ from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import tensor_loop as tl
-from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = ['ScheduleNeedsLossError']  # The rest is PipeliningLayer's.
@@ -45,19 +44,21 @@ class ScheduleNeedsLossError(errors.Error, ValueError):
   """A schedule that interleaves forwards and backwards asked for outputs only."""
 
 
-def _StepSeed() -> tf.Tensor:
-  seed = random_seeds.CurrentStepSeed()
-  return random_seeds.NewStepSeed() if seed is None else seed
-
-
-def _Leaves(cells: Sequence[Any], inputs: Any) -> list:
-  """The flat leaves of `inputs` (tensors, None stays None), cast as the
-  first layer will cast them under the precision policy (so that the
-  micro-batches the first stage holds are 16-bit)."""
+def _Inputs(cells: Sequence[Any], schedule: schedule_lib.Schedule,
+            inputs: Any) -> tuple[list, tf.Tensor, list]:
+  """(the flat leaves of `inputs`, the step seed, one micro-batch's flat
+  input specs (interpreter.MicroBatchSpecs)). The leaves are tensors (None
+  stays None), cast as the first layer will cast them under the precision
+  policy (so that the micro-batches the first stage holds are 16-bit); the
+  seed is the one in scope, else a new one."""
   flat = [None if x is None else tf.convert_to_tensor(x)
           for x in tf.nest.flatten(inputs)]
   with tf.device(cells[0].device):
-    return precision.AsLayerInputs(cells[0].layers[0], flat)
+    flat = precision.AsLayerInputs(cells[0].layers[0], flat)
+  seed = random_seeds.CurrentStepSeed()
+  seed = random_seeds.NewStepSeed() if seed is None else seed
+  return flat, seed, interpreter.MicroBatchSpecs(
+      flat, schedule.num_micro_batches)
 
 
 def _Packed(compiled: interpreter.Compiled, flat: Sequence[Any]) -> Any:
@@ -73,9 +74,8 @@ _NotConverted = tf.autograph.experimental.do_not_convert
 
 @_NotConverted
 def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
-                keep: Keep, inputs: tuple, training: bool, trace: Any = None,
-                execution: str = 'loop', jit_compile: bool = False,
-                budget: float = periods.DEFAULT_BUDGET) -> Any:
+                keep: Keep, inputs: tuple, training: bool, trace: Any,
+                execution: str, jit_compile: bool, budget: float) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
 
   Args:
@@ -100,24 +100,19 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
         'forward, so the loss must be computed inside the pipeline: train with '
         'PipeliningLayer.ComputeLossAndGradients(inputs, labels, loss_fn) (the '
         "tasks do this for you), or use schedule='gpipe'.")
-  flat = _Leaves(cells, inputs)
-  seed = _StepSeed()
-  specs = interpreter.MicroBatchSpecs(flat, schedule.num_micro_batches)
-  skips = interpreter.SkipPairs(cells)
-  programs = tuple(
+  flat, seed, specs = _Inputs(cells, schedule, inputs)
+  programs = tuple(  # (forward,) or (forward, backward)
       ticks_lib.Lower(schedule, phase=phase,
                       keep=keep if training else lambda s, m: True,
-                      skips=skips)
+                      skips=interpreter.SkipPairs(cells))
       for phase in (('forward', 'backward') if training else ('forward',)))
   # Inference compiles its pieces without XLA.
-  compiled = interpreter.Compile(
-      cells, schedule, inputs, specs, training, programs, seed,
-      jit_compile=training and jit_compile, execution=execution,
-      budget=budget)
-  forward = programs[0]
+  compiled = interpreter.Compile(cells, schedule, inputs, specs, training,
+                                 programs, seed, training and jit_compile,
+                                 execution, budget)
   if not training:
     feeds, state = interpreter.Start(compiled, flat, (), seed)
-    state = interpreter.Run(compiled, feeds, forward, state, trace)
+    state = interpreter.Run(compiled, feeds, programs[0], state, trace)
     outputs = interpreter.Merged(compiled, state, -1, 'out')
     interpreter.Done(state)
     return _Packed(compiled, outputs)
@@ -126,7 +121,7 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
   def _Pipeline(*ts):
     feeds, state = interpreter.Start(
         compiled, leaves.Fill(flat, ts), (), seed)
-    state = interpreter.Run(compiled, feeds, forward, state, trace)
+    state = interpreter.Run(compiled, feeds, programs[0], state, trace)
     interpreter.MoveBatchNormStats(compiled, state)
     outputs = interpreter.Merged(compiled, state, -1, 'out')
 
@@ -150,15 +145,12 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
 
 
 @_NotConverted
-def RunLossAndGradients(cells: Sequence[Any],
-                        schedule: schedule_lib.Schedule, keep: Keep,
-                        inputs: tuple, labels: Any,
-                        loss_fn: loss_lib.LossFn,
-                        variables: Sequence[tf.Variable], trace: Any = None,
-                        execution: str = 'loop', jit_compile: bool = False,
-                        loss_scale: tf.Tensor | None = None,
-                        budget: float = periods.DEFAULT_BUDGET
-                        ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
+def RunLossAndGradients(
+    cells: Sequence[Any], schedule: schedule_lib.Schedule, keep: Keep,
+    inputs: tuple, labels: Any, loss_fn: loss_lib.LossFn,
+    variables: Sequence[tf.Variable], trace: Any, execution: str,
+    jit_compile: bool, loss_scale: tf.Tensor | None, budget: float
+) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
   """One training step's loss, metrics and gradients, the loss inside the pipeline.
 
   Args:
@@ -178,8 +170,7 @@ def RunLossAndGradients(cells: Sequence[Any],
     micro-batches and over every use of the variable (in any cell or in the
     loss).
   """
-  flat = _Leaves(cells, inputs)
-  seed = _StepSeed()
+  flat, seed, specs = _Inputs(cells, schedule, inputs)
   # Passes over the schedule, then lowering: a W that directly follows its
   # B runs with it as one BW; the last stage's F and its backward as one FB.
   program = ticks_lib.Lower(
@@ -188,15 +179,13 @@ def RunLossAndGradients(cells: Sequence[Any],
   if loss_scale is not None:
     labels = (labels, tf.cast(loss_scale, tf.float32))
   label_flat = tf.nest.flatten(labels)
-  specs = interpreter.MicroBatchSpecs(flat, schedule.num_micro_batches)
   batch = next((x.shape[0] for x in specs if tl.HasBatch(x)), None)
   head = program_lib.LossHead(
       loss_fn, labels, tuple(tl.SpecOf(x, batch) for x in label_flat),
       loss_scale is not None)
   compiled = interpreter.Compile(
-      cells, schedule, inputs, specs, True, (program,), seed, head=head,
-      input_grads=False, jit_compile=jit_compile,
-      execution=execution, budget=budget)
+      cells, schedule, inputs, specs, True, (program,), seed, jit_compile,
+      execution, budget, head=head, input_grads=False)
   feeds, state = interpreter.Start(compiled, flat, label_flat, seed)
   state = interpreter.Run(compiled, feeds, program, state, trace)
   interpreter.MoveBatchNormStats(compiled, state)

@@ -95,10 +95,9 @@ class Feeds:
 def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
             specs: Sequence[Any], training: bool,
             ticks: Sequence[ticks_lib.TickProgram], seed: tf.Tensor,
+            jit_compile: bool, execution: str, budget: float,
             head: program_lib.LossHead | None = None,
-            input_grads: bool = True, jit_compile: bool = False,
-            execution: str = 'loop',
-            budget: float = periods.DEFAULT_BUDGET) -> Compiled:
+            input_grads: bool = True) -> Compiled:
   """Traces every cell's program (or takes it from the cell's cache) and
   plans how each tick program is built.
 
@@ -114,12 +113,12 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
       (ticks.SplitStages) gets a split program; every other, one whose
       backward is never cut into B and W.
     seed: the step seed (for its spec).
-    head: with the loss inside, the loss (the last stage's).
-    input_grads: whether stage 0 differentiates its inputs.
     jit_compile: compile the cells' pieces with XLA.
     execution: how the tick programs are built (periods.Plan).
     budget: the ops a 'loop' execution may build a program whole or
       folded with (periods.Plan).
+    head: with the loss inside, the loss (the last stage's).
+    input_grads: whether stage 0 differentiates its inputs.
   """
   split = frozenset().union(*map(ticks_lib.SplitStages, ticks))
   routes = cell_lib.Routes(cells)

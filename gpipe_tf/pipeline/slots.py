@@ -159,16 +159,14 @@ def Make(compiled: Any, s: int) -> Slots:
   def _Fillers(role):
     return [tl.Filler(v) if v else None for v in program.Specs(role)]
 
-  def _Received(specs, size=m + 1):
-    # Slots a neighbour, or the stage that stashed a skip, writes have a
-    # spare slot M (tick_graph's receipts).
-    return _Arrays(specs, size, read_once=True)
-
+  # Slots a neighbour, or the stage that stashed a skip, writes have a
+  # spare slot M (tick_graph's receipts).
   with tf.device(c.cells[s].device):
     slots = Slots(
-        x=None if s == 0 else _Received(c.programs[s - 1].out_specs),
+        x=None if s == 0 else _Arrays(c.programs[s - 1].out_specs, m + 1,
+                                      read_once=True),
         y=None if s == last else _Fillers('y'),
-        skip_in=(_Received(program.Specs('skip_in'))
+        skip_in=(_Arrays(program.Specs('skip_in'), m + 1, read_once=True)
                  if program.tensors.skip_in else None),
         skip_out=_Fillers('skip_out') if program.tensors.skip_out else None,
         out=(_Arrays(program.out_specs, m) if s == last and not loss_here
@@ -182,8 +180,8 @@ def Make(compiled: Any, s: int) -> Slots:
                              for d in packed.specs])
 
     return slots._replace(
-        dy=None if loss_here else _Received(
-            program.Specs('dy'), m + (s < last)),
+        dy=None if loss_here else _Arrays(
+            program.Specs('dy'), m + (s < last), read_once=True),
         saved=layout.saved.Initial(),
         pinned=layout.pinned.Initial(),
         wcut=layout.wcut.Initial(),
@@ -195,6 +193,6 @@ def Make(compiled: Any, s: int) -> Slots:
         dx0=(_Arrays([None if g is None else tl.SpecOf(g, c.batch)
                       for g in program.tensors.dx], m)
              if s == 0 and c.input_grads else None),
-        dskip_out=(_Received(program.Specs('dskip_out'))
+        dskip_out=(_Arrays(program.Specs('dskip_out'), m + 1, read_once=True)
                    if program.tensors.skip_out else None),
         dskip_in=_Fillers('dskip_in') if program.tensors.skip_in else None)

@@ -55,7 +55,7 @@ def _After(done: Sequence[tf.Tensor]) -> Any:
 class TickGraph:
   """Builds tick programs over the stages' slots.
 
-  Args:
+  Attributes:
     devices: stage s's device.
     schedule: the validated schedule.
     step: step(ticks.Step, m, t, slots) -> (the stage's new slots, the

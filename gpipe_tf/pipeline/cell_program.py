@@ -432,7 +432,7 @@ class CellProgram:
   def _Signature(self, step: ticks_lib.Step
                  ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the roles the step's piece reads, the roles it makes)."""
-    loss = self.head is not None
+    loss = self.training and self.head is not None  # Labels: training only.
     x = ('seed', 'x', 'skip_in') + (('labels',) if loss else ())
     if not self.training:
       return x, ('y', 'skip_out')

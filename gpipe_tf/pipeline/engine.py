@@ -31,6 +31,7 @@ from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import tensor_loop as tl
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
@@ -45,20 +46,32 @@ class ScheduleNeedsLossError(errors.Error, ValueError):
 
 
 def _Inputs(cells: Sequence[Any], schedule: schedule_lib.Schedule,
-            inputs: Any) -> tuple[list, tf.Tensor, list]:
-  """(the flat leaves of `inputs`, the step seed, one micro-batch's flat
-  input specs (interpreter.MicroBatchSpecs)). The leaves are tensors (None
-  stays None), cast as the first layer will cast them under the precision
-  policy (so that the micro-batches the first stage holds are 16-bit); the
-  seed is the one in scope, else a new one."""
+            inputs: Any) -> tuple[list, tf.Tensor, list, int | None]:
+  """(the flat leaves of `inputs`, the step seed, one micro-batch's spec of
+  each leaf, the examples per micro-batch).
+
+  The leaves are tensors (None stays None), cast as the first layer will
+  cast them under the precision policy (so that the micro-batches the first
+  stage holds are 16-bit); the seed is the one in scope, else a new one.
+  The specs' batch dimension (None stays None) is the micro-batch's size
+  when all are equal, else None, as is the examples per micro-batch.
+
+  Raises:
+    microbatch.MicroBatchError: fewer examples than micro-batches.
+  """
   flat = [None if x is None else tf.convert_to_tensor(x)
           for x in tf.nest.flatten(inputs)]
   with tf.device(cells[0].device):
     flat = precision.AsLayerInputs(cells[0].layers[0], flat)
   seed = random_seeds.CurrentStepSeed()
   seed = random_seeds.NewStepSeed() if seed is None else seed
-  return flat, seed, interpreter.MicroBatchSpecs(
-      flat, schedule.num_micro_batches)
+  n = microbatch.BatchSize(flat)
+  batch = None
+  if isinstance(n, int):
+    sizes = microbatch.MicroBatchSizes(n, schedule.num_micro_batches)
+    batch = sizes[0] if len(set(sizes)) == 1 else None  # Static: faster.
+  # SpecOf gives `batch` only to a leaf with a batch dimension.
+  return flat, seed, [tl.SpecOf(x, batch) for x in flat], batch
 
 
 def _Packed(compiled: interpreter.Compiled, flat: Sequence[Any]) -> Any:
@@ -100,7 +113,7 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
         'forward, so the loss must be computed inside the pipeline: train with '
         'PipeliningLayer.ComputeLossAndGradients(inputs, labels, loss_fn) (the '
         "tasks do this for you), or use schedule='gpipe'.")
-  flat, seed, specs = _Inputs(cells, schedule, inputs)
+  flat, seed, specs, _ = _Inputs(cells, schedule, inputs)
   programs = tuple(  # (forward,) or (forward, backward)
       ticks_lib.Lower(schedule, phase=phase,
                       keep=keep if training else lambda s, m: True,
@@ -170,7 +183,7 @@ def RunLossAndGradients(
     micro-batches and over every use of the variable (in any cell or in the
     loss).
   """
-  flat, seed, specs = _Inputs(cells, schedule, inputs)
+  flat, seed, specs, batch = _Inputs(cells, schedule, inputs)
   # Passes over the schedule, then lowering: a W that directly follows its
   # B runs with it as one BW; the last stage's F and its backward as one FB.
   program = ticks_lib.Lower(
@@ -179,7 +192,6 @@ def RunLossAndGradients(
   if loss_scale is not None:
     labels = (labels, tf.cast(loss_scale, tf.float32))
   label_flat = tf.nest.flatten(labels)
-  batch = next((x.shape[0] for x in specs if tl.HasBatch(x)), None)
   head = program_lib.LossHead(
       loss_fn, labels, tuple(tl.SpecOf(x, batch) for x in label_flat),
       loss_scale is not None)

@@ -187,21 +187,6 @@ def _Plan(programs: Sequence[Any], program: ticks_lib.TickProgram,
   return periods.Plan(periods.Columns(program), execution, budget, costs)
 
 
-def MicroBatchSpecs(flat: Sequence[Any], num_micro_batches: int) -> list:
-  """One micro-batch's spec of each flat input (None stays None): the
-  batch dimension is the micro-batch's size when all are equal, else None.
-
-  Raises:
-    microbatch.MicroBatchError: fewer examples than micro-batches.
-  """
-  n = microbatch.BatchSize(flat)
-  batch = None
-  if isinstance(n, int):
-    sizes = microbatch.MicroBatchSizes(n, num_micro_batches)
-    batch = sizes[0] if len(set(sizes)) == 1 else None  # Static: faster.
-  return [tl.SpecOf(x, batch) for x in flat]  # Only a batch dim takes it.
-
-
 def _Split(c: Compiled, s: int, flat: Sequence[Any], sizes: Any,
            read_once: bool = False) -> list:
   """Per flat tensor, on stage s's device, a TensorArray of its M
@@ -225,15 +210,14 @@ def Start(compiled: Compiled, flat: Sequence[Any], labels: Sequence[Any],
   """
   c = compiled
   sizes = microbatch.Sizes(flat, c.schedule.num_micro_batches)
-  inputs = _Split(c, 0, flat, sizes, read_once=True)
-  label_tas = _Split(c, -1, labels, sizes)
   seeds = []
   for cell in c.cells:
     with tf.device(cell.device):
       seeds.append(tf.identity(seed))
-  state = tuple(slots_lib.Make(c, s) for s in range(len(c.cells)))
-  state = (state[0]._replace(x=inputs),) + state[1:]
-  return Feeds(tuple(label_tas), tuple(seeds), sizes), state
+  state = [slots_lib.Make(c, s) for s in range(len(c.cells))]
+  state[0] = state[0]._replace(x=_Split(c, 0, flat, sizes, read_once=True))
+  return Feeds(tuple(_Split(c, -1, labels, sizes)), tuple(seeds),
+               sizes), tuple(state)
 
 
 def FeedOutputGradients(compiled: Compiled, feeds: Feeds, state: State,

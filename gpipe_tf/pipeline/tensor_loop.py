@@ -196,12 +196,10 @@ def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
 
   graph = tf.compat.v1.get_default_graph()
   with tf_internals.NoAutomaticControlDependencies(graph), graph.device(_BesideInput):
-    result = tf.while_loop(lambda t, *_: t < ticks, _Body,
-                           [tf.constant(0)] + [_Entering(x) for x in
-                                               compact.Values()],
-                           maximum_iterations=ticks,
-                           parallel_iterations=overlap)
-  return compact.Pack(result[1:])
+    return compact.Pack(tf.while_loop(
+        lambda t, *_: t < ticks, _Body,
+        [tf.constant(0)] + [_Entering(x) for x in compact.Values()],
+        maximum_iterations=ticks, parallel_iterations=overlap)[1:])
 
 
 def _Entering(x: Any) -> Any:

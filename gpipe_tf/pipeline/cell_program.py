@@ -173,9 +173,8 @@ class Piece:
   fed: tuple[tuple[bool, ...], ...] = ()
 
   def __call__(self, feeds: Tensors) -> Tensors:
-    args = []
-    for role, fed in zip(self.reads, self.fed):
-      args += [v for v, f in zip(getattr(feeds, role), fed) if f]
+    args = [v for role, fed in zip(self.reads, self.fed)
+            for v, f in zip(getattr(feeds, role), fed) if f]
     out = iter(self.function(*args))
     return Tensors(**{
         role: tuple(None if x is None else next(out)

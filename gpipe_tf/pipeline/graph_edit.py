@@ -25,8 +25,7 @@ def Ancestors(tensors: Sequence[Any], within: set) -> set:
     if op in seen or op not in within:
       continue
     seen.add(op)
-    stack.extend(i.op for i in op.inputs)
-    stack.extend(op.control_inputs)
+    stack.extend([i.op for i in op.inputs] + list(op.control_inputs))
   return seen
 
 

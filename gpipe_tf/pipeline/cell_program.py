@@ -47,7 +47,8 @@ loop.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+import functools
+from typing import Any, Callable, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -152,6 +153,7 @@ class LossHead(NamedTuple):
   scaled: bool = False
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # Compared by identity.
 class Piece:
   """One pruned piece of a program: piece(feeds) -> what it makes.
 
@@ -160,44 +162,28 @@ class Piece:
     reads: the Tensors roles it is fed, in the order it takes them.
     makes: the Tensors roles it returns.
     num_ops: what a call of it adds to a step's graph once inlined.
+    traced: the program's traced Tensors (where its outputs are None).
+    fed: per role read, whether each of its tensors is fed.
   """
-
-  def __init__(self, function: Any, reads: tuple[str, ...],
-               makes: tuple[str, ...], traced: Tensors,
-               fed: tuple[tuple[bool, ...], ...], jit_compile: bool) -> None:
-    assert set(reads) | set(makes) <= _ROLES, (reads, makes)
-    self.function = function
-    if jit_compile:
-      self.function = tf.function(lambda *args: function(*args),
-                                  jit_compile=True, autograph=False)
-    self.reads = reads
-    self.makes = makes
-    self._traced = traced
-    self._fed = fed   # per role read: whether each of its tensors is fed
-    self.num_ops = len(function.graph.get_operations())
+  function: Callable[..., Any]
+  reads: tuple[str, ...] = ()
+  makes: tuple[str, ...] = ()
+  num_ops: int = 0
+  traced: Tensors = Tensors()
+  fed: tuple[tuple[bool, ...], ...] = ()
 
   def __call__(self, feeds: Tensors) -> Tensors:
-    args = []
-    for role, fed in zip(self.reads, self._fed):
-      args += [v for v, f in zip(getattr(feeds, role), fed) if f]
+    args = [v for role, fed in zip(self.reads, self.fed)
+            for v, f in zip(getattr(feeds, role), fed) if f]
     out = iter(self.function(*args))
     return Tensors(**{
         role: tuple(None if x is None else next(out)
-                    for x in getattr(self._traced, role))
+                    for x in getattr(self.traced, role))
         for role in self.makes})
 
 
-class _NoPiece:
-  """The W of a cell whose B computed the whole backward: nothing to run."""
-  reads: tuple[str, ...] = ()
-  makes: tuple[str, ...] = ()
-  num_ops = 0
-
-  def __call__(self, feeds: Tensors) -> Tensors:
-    return Tensors()
-
-
-_NO_PIECE = _NoPiece()
+# The W of a cell whose B computed the whole backward: nothing to run.
+_NO_PIECE = Piece(lambda: ())
 
 
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
@@ -218,17 +204,14 @@ def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
   """(output nest, flat output specs, skip_out specs) of the cell's forward
   on `in_specs` and the skip_in `skip_specs`, from a trace of the forward
   alone (cached on the cell: Cell.outputs)."""
-  skip_specs = list(skip_specs)
   key = (NestKey(in_struct), tuple(map(repr, in_specs)),
          tuple(map(repr, skip_specs)), training, precision.CurrentPolicy())
   if key not in cell.outputs:
-    num_x = len(leaves.Present(in_specs))
 
     def _Body(seed, *args):
+      xs, skips = leaves.FillEach([in_specs, skip_specs], args)
       with normalization.DeferMovingStats():
-        return _RunCell(cell, in_struct, seed,
-                        leaves.Fill(in_specs, args[:num_x]),
-                        leaves.Fill(skip_specs, args[num_x:]), training)
+        return _RunCell(cell, in_struct, seed, xs, skips, training)
 
     y, skips = tf_internals.WrapFunction(
         _Body, [seed_spec] + leaves.Present(in_specs) +
@@ -242,9 +225,8 @@ def _Dense(grad: Any, shape: tf.TensorShape) -> Any:
   if grad is None:
     return None
   grad = tf.convert_to_tensor(grad)
-  if not grad.shape.is_fully_defined():
-    grad = tf.ensure_shape(grad, shape)
-  return grad
+  return (grad if grad.shape.is_fully_defined() else
+          tf.ensure_shape(grad, shape))
 
 
 def _Specs(tensors: Sequence[Any]) -> list:
@@ -295,79 +277,62 @@ class CellProgram:
     self.head = head
     self.jit_compile = jit_compile
     self.split = split
-    self.tensors = Tensors()
     self._pieces: dict[tuple, Piece] = {}
-    in_specs = list(in_specs)
-    skip_specs = list(skip_specs)
-    dy_specs, dskip_specs = [], []
+    # Per output and per stashed skip, the spec of the gradient fed to it
+    # (None where none is).
+    dy_specs = dskip_specs = ()
     if training:
       _, out_specs, skip_out = OutputsOf(cell, in_struct, in_specs, seed_spec,
                                          training, skip_specs)
       if dskip_present is None:
         dskip_present = [cell_lib.IsFloat(o) for o in skip_out]
-      dskip_specs = [o for o, p in zip(skip_out, dskip_present) if p]
+      dskip_specs = [o if p else None for o, p in zip(skip_out, dskip_present)]
       if head is None:
         if dy_present is None:
           dy_present = [cell_lib.IsFloat(o) for o in out_specs]
-        dy_specs = [o for o, p in zip(out_specs, dy_present) if p]
-    self._dy_present = dy_present
-    self._dskip_present = dskip_present
-    signature = ([seed_spec] + leaves.Present(in_specs) +
-                 leaves.Present(skip_specs) +
-                 leaves.Present(head.label_specs if head else ()) + dy_specs +
-                 dskip_specs)
+        dy_specs = [o if p else None for o, p in zip(out_specs, dy_present)]
+    # The traced function's arguments: the seed, then these in turn.
+    templates = [in_specs, skip_specs, head.label_specs if head else (),
+                 dy_specs, dskip_specs]
     self._wrapped = tf_internals.WrapFunction(
-        lambda *args: self._Trace(args, in_specs, skip_specs, input_grads),
-        signature)
+        lambda seed, *args: self._Trace(
+            seed, *leaves.FillEach(templates, args), input_grads),
+        [seed_spec] + [x for t in templates for x in leaves.Present(t)])
     if training:
       self._Cut()
-    self._splittable: bool | None = None
 
-  @property
+  @functools.cached_property
   def splittable(self) -> bool:
     """Whether W can run apart from B. Where the weight-gradient ops read
     something the cut cannot feed (a control edge into the input-gradient
     ops, say), B computes the whole backward and W nothing: still exact,
     without zero-bubble's overlap. Found on first use (only schedules with
     W ask)."""
-    if self._splittable is None:
-      self._splittable = self.training and self.split
-      if self._splittable:
-        try:
-          self._pieces[(ticks_lib.W, False, False)] = self._Prune(
-              ('wcut',), ('dws',))
-        except tf_internals.PRUNE_ERRORS:
-          self._splittable = False
-    return self._splittable
+    if not (self.training and self.split):
+      return False
+    try:
+      self._pieces[(ticks_lib.W, False, False)] = self._Prune(
+          ('wcut',), ('dws',))
+    except tf_internals.PRUNE_ERRORS:
+      return False
+    return True
 
   # ---- Tracing -------------------------------------------------------------
-  def _Forward(self, seed: tf.Tensor, xs: list, skips: list
-               ) -> tuple[tuple, tuple]:
-    return _RunCell(self.cell, self.in_struct, seed, xs, skips,
-                    self.training)
 
-  def _Trace(self, args: Sequence[tf.Tensor], in_specs: list,
-             skip_specs: list, input_grads: bool) -> list:
-    args = list(args)
+  def _Trace(self, seed: tf.Tensor, xs: list, skips: list, labels_flat: list,
+             dys: list, dskips: list, input_grads: bool) -> list:
     graph = tf.compat.v1.get_default_graph()
-    seed = args.pop(0)
-    num_x = len(leaves.Present(in_specs))
-    xs, args = leaves.Fill(in_specs, args[:num_x]), args[num_x:]
-    num_skips = len(leaves.Present(skip_specs))
-    skips, args = leaves.Fill(skip_specs, args[:num_skips]), args[num_skips:]
     wanted = [self.training and input_grads and cell_lib.IsFloat(x)
               for x in xs]
     wanted_skips = [self.training and cell_lib.IsFloat(x) for x in skips]
-    labels_flat, sums_flat = [], []
+    sums_flat = []
     with tf.GradientTape() as tape:
       tape.watch([x for x, w in zip(xs + skips, wanted + wanted_skips) if w])
       with normalization.DeferMovingStats() as stats:
-        y, skip_out = self._Forward(seed, xs, skips)
+        y, skip_out = _RunCell(self.cell, self.in_struct, seed, xs, skips,
+                               self.training)
       flat_y = tf.nest.flatten(y)
       if self.head is not None:
-        n_labels = len(leaves.Present(self.head.label_specs))
-        labels_flat = leaves.Fill(self.head.label_specs, args[:n_labels])
-        args = args[n_labels:]
         labels = tf.nest.pack_sequence_as(self.head.label_struct,
                                           labels_flat)
         if self.head.scaled:
@@ -395,12 +360,8 @@ class CellProgram:
         [v for v in tape.watched_variables() if v.trainable])
     sources = ([x for x, w in zip(xs, wanted) if w] +
                [x for x, w in zip(skips, wanted_skips) if w] + self.variables)
-    it = iter(args)
-    dys = () if self.head else tuple(next(it) if p else None
-                                     for p in self._dy_present)
     # A stashed tensor's gradient from the cell that popped it adds into
     # this cell's backward like an output's (the tape sums both uses).
-    dskips = tuple(next(it) if p else None for p in self._dskip_present)
     pairs = [(o, g) for o, g in
              ([(target, tf.ones_like(target))] if self.head else
               list(zip(flat_y, dys))) + list(zip(skip_out, dskips))
@@ -413,7 +374,7 @@ class CellProgram:
         graph_edit.TrainableReads(graph, self.variables))
     grads = iter(grads)
     self.tensors = dataclasses.replace(
-        self.tensors, dy=dys, dskip_out=dskips,
+        self.tensors, dy=tuple(dys), dskip_out=tuple(dskips),
         dx=tuple(next(grads) if w else None for w in wanted),
         dskip_in=tuple(next(grads) if w else None for w in wanted_skips),
         dws=tuple(_Dense(g, v.shape) for g, v in zip(grads, self.variables)))
@@ -425,25 +386,20 @@ class CellProgram:
     t = self.tensors
     graph = self._wrapped.graph
     ops = graph.get_operations()
-    inputs = {id(x.op) for x in t.Present('seed', 'x', 'skip_in', 'labels',
-                                          'dy', 'dskip_out')}
-    forward = set(op for op in ops[:self._mark]
-                  if op.type != 'Placeholder' or id(op) in inputs)
     backward = set(ops[self._mark:])
     _ReadsTrainable = graph_edit.TrainableReads(graph, self.variables)
 
-    def _Stashable(x):
-      return (x.dtype != tf.resource and x.op.type != 'Const' and
-              not _ReadsTrainable(x))
-
-    def _Crossing(consumers, producers_excluded):
+    def _Crossing(consumers):
+      """What `consumers` read from outside them that can be stashed (no
+      resource, constant or read of a trainable variable)."""
       out, seen = [], set()
       for op in sorted(consumers, key=lambda o: o.name):
         # Every output of a producer: a prune fed one output of an op drops
         # the op, so its others (tf.custom_gradient's IdentityN) must be fed.
         for x in [y for x in op.inputs for y in x.op.outputs]:
-          if (x.op not in producers_excluded and id(x) not in seen and
-              _Stashable(x)):
+          if (x.op not in consumers and id(x) not in seen and
+              x.dtype != tf.resource and x.op.type != 'Const' and
+              not _ReadsTrainable(x)):
             seen.add(id(x))
             out.append(x)
       return tuple(out)
@@ -453,13 +409,13 @@ class CellProgram:
     w_ops = graph_edit.Ancestors(t.dws, backward) - need_dx
     self.tensors = dataclasses.replace(
         t,
-        saved=tuple(x for x in _Crossing(backward, backward)
-                    if id(x) not in dys),
-        pinned=tuple(op.outputs[0] for op in sorted(forward,
+        saved=tuple(x for x in _Crossing(backward) if id(x) not in dys),
+        # The forward's reads of non-trainable variables.
+        pinned=tuple(op.outputs[0] for op in sorted(ops[:self._mark],
                                                     key=lambda o: o.name)
                      if op.type == 'ReadVariableOp' and
                      not _ReadsTrainable(op.outputs[0])),
-        wcut=_Crossing(w_ops, w_ops))
+        wcut=_Crossing(w_ops))
 
   # ---- Pieces --------------------------------------------------------------
   def Piece(self, step: ticks_lib.Step) -> Piece:
@@ -475,29 +431,28 @@ class CellProgram:
   def _Signature(self, step: ticks_lib.Step
                  ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the roles the step's piece reads, the roles it makes)."""
-    head = ('labels',) if self.head is not None else ()
-    out = ('sums',) if self.head is not None else ('y',)
-    x = ('seed', 'x', 'skip_in')
+    loss = self.training and self.head is not None  # Labels: training only.
+    x = ('seed', 'x', 'skip_in') + (('labels',) if loss else ())
     if not self.training:
       return x, ('y', 'skip_out')
+    if step.kind == ticks_lib.W:
+      return ('wcut',), ('dws',)
     if step.kind == ticks_lib.F:
-      return x + head, out + ('skip_out', 'bn') + (
+      return x, (('sums',) if loss else ('y',)) + ('skip_out', 'bn') + (
           ('saved',) if step.keep else ('pinned',))
     split = step.kind == ticks_lib.B or (step.kind == ticks_lib.FB and
                                          step.split)
-    grads = ('wcut',) if split and self.splittable else ('dws',)
-    if step.kind == ticks_lib.W:
-      return ('wcut',), ('dws',)
-    dx = ('dx', 'dskip_in')
+    grads = ('dx', 'dskip_in') + (
+        ('wcut',) if split and self.splittable else ('dws',))
     if step.kind == ticks_lib.FB:
-      return x + head, ('bn', 'sums') + dx + grads
-    dy = (('dskip_out',) if self.head is not None else
-          ('dy', 'dskip_out'))
+      return x, ('bn', 'sums') + grads
+    dy = ('dskip_out',) if loss else ('dy', 'dskip_out')
     if step.keep:
-      return ('saved',) + dy, dx + grads
-    return x + head + dy + ('pinned',), dx + grads
+      return ('saved',) + dy, grads
+    return x + dy + ('pinned',), grads
 
   def _Prune(self, reads: tuple[str, ...], makes: tuple[str, ...]) -> Piece:
+    assert set(reads) | set(makes) <= _ROLES, (reads, makes)
     # A tensor of two roles read (an input also saved, say) is fed once,
     # from the first.
     fed, seen = [], set()
@@ -509,8 +464,11 @@ class CellProgram:
              for x, ok in zip(getattr(self.tensors, role), f) if ok]
     function = self._wrapped.prune(feeds=feeds,
                                    fetches=self.tensors.Present(*makes))
-    return Piece(function, reads, makes, self.tensors, tuple(fed),
-                 self.jit_compile)
+    num_ops = len(function.graph.get_operations())
+    if self.jit_compile:
+      function = tf.function(lambda *args, f=function: f(*args),
+                             jit_compile=True, autograph=False)
+    return Piece(function, reads, makes, num_ops, self.tensors, tuple(fed))
 
   def Specs(self, role: str) -> list:
     """The specs of a role's tensors (None where absent)."""

@@ -25,16 +25,15 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 from gpipe_tf.layers import core
-from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import tensor_loop as tl
-from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = ['ScheduleNeedsLossError']  # The rest is PipeliningLayer's.
@@ -46,28 +45,38 @@ class ScheduleNeedsLossError(errors.Error, ValueError):
   """A schedule that interleaves forwards and backwards asked for outputs only."""
 
 
-def _StepSeed() -> tf.Tensor:
-  seed = random_seeds.CurrentStepSeed()
-  return random_seeds.NewStepSeed() if seed is None else seed
+def _Inputs(cells: Sequence[Any], schedule: schedule_lib.Schedule,
+            inputs: Any) -> tuple[list, tf.Tensor, list, int | None]:
+  """(the flat leaves of `inputs`, the step seed, one micro-batch's spec of
+  each leaf, the examples per micro-batch).
 
+  The leaves are tensors (None stays None), cast as the first layer will
+  cast them under the precision policy (so that the micro-batches the first
+  stage holds are 16-bit); the seed is the one in scope, else a new one.
+  The specs' batch dimension (None stays None) is the micro-batch's size
+  when all are equal, else None, as is the examples per micro-batch.
 
-def _Leaves(cells: Sequence[Any], inputs: Any) -> list:
-  """The flat leaves of `inputs` (tensors, None stays None), cast as the
-  first layer will cast them under the precision policy (so that the
-  micro-batches the first stage holds are 16-bit)."""
+  Raises:
+    microbatch.MicroBatchError: fewer examples than micro-batches.
+  """
   flat = [None if x is None else tf.convert_to_tensor(x)
           for x in tf.nest.flatten(inputs)]
   with tf.device(cells[0].device):
-    return precision.AsLayerInputs(cells[0].layers[0], flat)
+    flat = precision.AsLayerInputs(cells[0].layers[0], flat)
+  seed = random_seeds.CurrentStepSeed()
+  seed = random_seeds.NewStepSeed() if seed is None else seed
+  n = microbatch.BatchSize(flat)
+  batch = None
+  if isinstance(n, int):
+    sizes = microbatch.MicroBatchSizes(n, schedule.num_micro_batches)
+    batch = sizes[0] if len(set(sizes)) == 1 else None  # Static: faster.
+  # SpecOf gives `batch` only to a leaf with a batch dimension.
+  return flat, seed, [tl.SpecOf(x, batch) for x in flat], batch
 
 
 def _Packed(compiled: interpreter.Compiled, flat: Sequence[Any]) -> Any:
   return core.FromTuple(tf.nest.pack_sequence_as(
       compiled.programs[-1].out_struct, list(flat)))
-
-
-def _SeedSpec(seed: tf.Tensor) -> tf.TensorSpec:
-  return tf.TensorSpec(seed.shape, seed.dtype)
 
 
 # The engine builds its ops explicitly and branches only on Python values, so
@@ -78,9 +87,8 @@ _NotConverted = tf.autograph.experimental.do_not_convert
 
 @_NotConverted
 def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
-                keep: Keep, inputs: tuple, training: bool, trace: Any = None,
-                execution: str = 'loop', jit_compile: bool = False,
-                budget: float = periods.DEFAULT_BUDGET) -> Any:
+                keep: Keep, inputs: tuple, training: bool, trace: Any,
+                execution: str, jit_compile: bool, budget: float) -> Any:
   """Runs `inputs` through the cells in micro-batches; returns merged outputs.
 
   Args:
@@ -105,71 +113,57 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
         'forward, so the loss must be computed inside the pipeline: train with '
         'PipeliningLayer.ComputeLossAndGradients(inputs, labels, loss_fn) (the '
         "tasks do this for you), or use schedule='gpipe'.")
-  flat = _Leaves(cells, inputs)
-  seed = _StepSeed()
-  specs = interpreter.MicroBatchSpecs(flat, schedule.num_micro_batches)
-  skips = interpreter.SkipPairs(cells)
-  forward = ticks_lib.Lower(schedule, phase='forward',
-                            keep=keep if training else lambda s, m: True,
-                            skips=skips)
+  flat, seed, specs, _ = _Inputs(cells, schedule, inputs)
+  programs = tuple(  # (forward,) or (forward, backward)
+      ticks_lib.Lower(schedule, phase=phase,
+                      keep=keep if training else lambda s, m: True,
+                      skips=interpreter.SkipPairs(cells))
+      for phase in (('forward', 'backward') if training else ('forward',)))
+  # Inference compiles its pieces without XLA.
+  compiled = interpreter.Compile(cells, schedule, inputs, specs, training,
+                                 programs, seed, training and jit_compile,
+                                 execution, budget)
   if not training:
-    compiled = interpreter.Compile(cells, schedule, inputs, specs, False,
-                                   (forward,), _SeedSpec(seed),
-                                   execution=execution, budget=budget)
     feeds, state = interpreter.Start(compiled, flat, (), seed)
-    state = interpreter.Run(compiled, feeds, forward, state, trace)
-    outputs = interpreter.Outputs(compiled, state)
+    state = interpreter.Run(compiled, feeds, programs[0], state, trace)
+    outputs = interpreter.Merged(compiled, state, -1, 'out')
     interpreter.Done(state)
     return _Packed(compiled, outputs)
-
-  backward = ticks_lib.Lower(schedule, phase='backward', keep=keep,
-                             skips=skips)
-  compiled = interpreter.Compile(
-      cells, schedule, inputs, specs, True, (forward, backward),
-      _SeedSpec(seed), jit_compile=jit_compile, execution=execution,
-      budget=budget)
 
   @tf.custom_gradient
   def _Pipeline(*ts):
     feeds, state = interpreter.Start(
         compiled, leaves.Fill(flat, ts), (), seed)
-    state = interpreter.Run(compiled, feeds, forward, state, trace)
-    bn_stats = normalization.DeferredMovingStats()
-    interpreter.BatchNormStats(compiled, state, bn_stats.Add)
-    bn_stats.Apply()
-    outputs = interpreter.Outputs(compiled, state)
+    state = interpreter.Run(compiled, feeds, programs[0], state, trace)
+    interpreter.MoveBatchNormStats(compiled, state)
+    outputs = interpreter.Merged(compiled, state, -1, 'out')
 
     def _Grad(*dys, variables=None):
       after = interpreter.FeedOutputGradients(
           compiled, feeds, state, leaves.Fill(outputs, dys))
-      after = interpreter.Run(compiled, feeds, backward, after, trace)
-      dx = interpreter.InputGradients(compiled, after)
+      after = interpreter.Run(compiled, feeds, programs[1], after, trace)
+      dx = interpreter.Merged(compiled, after, 0, 'dx0')
       grads = interpreter.Gradients(compiled, after)
       interpreter.Done(after)
       return ([g for g, x in zip(dx, flat) if x is not None],
-              [grads[v.ref()][1] if v.ref() in grads else None
-               for v in variables or []])
+              [grads.get(v.ref()) for v in variables or []])
 
     return leaves.Present(outputs), _Grad
 
-  merged = _Pipeline(*leaves.Present(flat))
-  if not isinstance(merged, (list, tuple)):
-    merged = [merged]
-  # The outputs that exist (an output may be None) at their places.
+  # The outputs that exist (an output may be None) at their places; one
+  # comes back alone, not in a list.
+  merged = tf.nest.flatten(_Pipeline(*leaves.Present(flat)))
   return _Packed(compiled, leaves.Fill(compiled.programs[-1].out_specs,
                                        merged))
 
 
 @_NotConverted
-def RunLossAndGradients(cells: Sequence[Any],
-                        schedule: schedule_lib.Schedule, keep: Keep,
-                        inputs: tuple, labels: Any,
-                        loss_fn: loss_lib.LossFn,
-                        variables: Sequence[tf.Variable], trace: Any = None,
-                        execution: str = 'loop', jit_compile: bool = False,
-                        loss_scale: tf.Tensor | None = None,
-                        budget: float = periods.DEFAULT_BUDGET
-                        ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
+def RunLossAndGradients(
+    cells: Sequence[Any], schedule: schedule_lib.Schedule, keep: Keep,
+    inputs: tuple, labels: Any, loss_fn: loss_lib.LossFn,
+    variables: Sequence[tf.Variable], trace: Any, execution: str,
+    jit_compile: bool, loss_scale: tf.Tensor | None, budget: float
+) -> tuple[tf.Tensor, dict[str, tf.Tensor], list]:
   """One training step's loss, metrics and gradients, the loss inside the pipeline.
 
   Args:
@@ -189,9 +183,7 @@ def RunLossAndGradients(cells: Sequence[Any],
     micro-batches and over every use of the variable (in any cell or in the
     loss).
   """
-  flat = _Leaves(cells, inputs)
-  seed = _StepSeed()
-  m = schedule.num_micro_batches
+  flat, seed, specs, batch = _Inputs(cells, schedule, inputs)
   # Passes over the schedule, then lowering: a W that directly follows its
   # B runs with it as one BW; the last stage's F and its backward as one FB.
   program = ticks_lib.Lower(
@@ -200,20 +192,15 @@ def RunLossAndGradients(cells: Sequence[Any],
   if loss_scale is not None:
     labels = (labels, tf.cast(loss_scale, tf.float32))
   label_flat = tf.nest.flatten(labels)
-  specs = interpreter.MicroBatchSpecs(flat, m)
-  batch = next((x.shape[0] for x in specs if tl.HasBatch(x)), None)
   head = program_lib.LossHead(
       loss_fn, labels, tuple(tl.SpecOf(x, batch) for x in label_flat),
       loss_scale is not None)
   compiled = interpreter.Compile(
-      cells, schedule, inputs, specs, True, (program,), _SeedSpec(seed),
-      head=head, input_grads=False, jit_compile=jit_compile,
-      execution=execution, budget=budget)
+      cells, schedule, inputs, specs, True, (program,), seed, jit_compile,
+      execution, budget, head=head, input_grads=False)
   feeds, state = interpreter.Start(compiled, flat, label_flat, seed)
   state = interpreter.Run(compiled, feeds, program, state, trace)
-  bn_stats = normalization.DeferredMovingStats()
-  interpreter.BatchNormStats(compiled, state, bn_stats.Add)
-  bn_stats.Apply()
+  interpreter.MoveBatchNormStats(compiled, state)
   grads = interpreter.Gradients(compiled, state)
   with tf.device(cells[-1].device):
     sums = interpreter.LossSums(compiled, state)
@@ -222,10 +209,7 @@ def RunLossAndGradients(cells: Sequence[Any],
   interpreter.Done(state)
   out = []
   for v in variables:
-    if v.ref() not in grads:
-      out.append(None)
-      continue
+    g = grads.get(v.ref())
     with tf.device(v.device):
-      g = grads[v.ref()][1]
-      out.append(g * tf.cast(scale, g.dtype))
+      out.append(None if g is None else g * tf.cast(scale, g.dtype))
   return loss, metrics, out

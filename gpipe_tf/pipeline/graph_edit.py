@@ -25,8 +25,7 @@ def Ancestors(tensors: Sequence[Any], within: set) -> set:
     if op in seen or op not in within:
       continue
     seen.add(op)
-    stack.extend(i.op for i in op.inputs)
-    stack.extend(op.control_inputs)
+    stack.extend([i.op for i in op.inputs] + list(op.control_inputs))
   return seen
 
 
@@ -40,9 +39,8 @@ def TrainableReads(graph: tf.Graph, variables: Sequence[tf.Variable]):
   def _Reads(x: tf.Tensor) -> bool:
     if x.op.type == 'Cast':
       x = x.op.inputs[0]
-    if x.op.type != 'ReadVariableOp':
-      return False
-    return id(captured.get(id(x.op.inputs[0]))) in trainable
+    return (x.op.type == 'ReadVariableOp' and
+            id(captured.get(id(x.op.inputs[0]))) in trainable)
   return _Reads
 
 

@@ -7,10 +7,11 @@ returned (nothing is kept between calls)::
     Start(compiled, inputs, labels, seed)  -> Feeds, State
     Run(compiled, feeds, program, state)   -> State     (once per tick program)
 
-then ``Outputs``, ``InputGradients``, ``Gradients``, ``LossSums`` and
-``BatchNormStats`` read the results out of the final State, and ``Done``
-marks its TensorArrays used. The tape path runs two tick programs (its
-forward, then in the gradient ``FeedOutputGradients`` and its backward).
+then ``Merged`` (the outputs, the input gradients), ``Gradients``,
+``LossSums`` and ``MoveBatchNormStats`` read the results out of the final
+State, and ``Done`` marks its TensorArrays used. The tape path runs two
+tick programs (its forward, then in the gradient ``FeedOutputGradients``
+and its backward).
 
 Every stage keeps, on its own device, one slot per micro-batch for each
 tensor its steps pass on to later steps (slots.Slots). A step of stage s on
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell as cell_lib
@@ -41,8 +43,6 @@ from gpipe_tf.pipeline.schedule import periods
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
-
-EXECUTIONS = periods.EXECUTIONS
 
 State = tuple  # of slots.Slots, one per stage
 
@@ -92,31 +92,12 @@ class Feeds:
   sizes: Any
 
 
-def _Key(structure: Any, specs: Sequence[Any], training: bool,
-         head: program_lib.LossHead | None, input_grads: bool,
-         dy_present: Sequence[bool] | None, jit_compile: bool,
-         split: bool, skip_specs: Sequence[Any],
-         dskip_present: Sequence[bool] | None) -> program_lib.ProgramKey:
-  return program_lib.ProgramKey(
-      in_struct=program_lib.NestKey(structure),
-      in_specs=tuple(map(repr, specs)),
-      skip_specs=tuple(map(repr, skip_specs)), training=training,
-      head=None if head is None else (
-          head.loss_fn, program_lib.NestKey(head.label_struct),
-          tuple(map(repr, head.label_specs)), head.scaled),
-      input_grads=input_grads,
-      dy_present=None if dy_present is None else tuple(dy_present),
-      dskip_present=None if dskip_present is None else tuple(dskip_present),
-      policy=precision.CurrentPolicy(), jit_compile=jit_compile, split=split)
-
-
 def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
             specs: Sequence[Any], training: bool,
-            ticks: Sequence[ticks_lib.TickProgram], seed_spec: tf.TensorSpec,
+            ticks: Sequence[ticks_lib.TickProgram], seed: tf.Tensor,
+            jit_compile: bool, execution: str, budget: float,
             head: program_lib.LossHead | None = None,
-            input_grads: bool = True, jit_compile: bool = False,
-            execution: str = 'loop',
-            budget: float = periods.DEFAULT_BUDGET) -> Compiled:
+            input_grads: bool = True) -> Compiled:
   """Traces every cell's program (or takes it from the cell's cache) and
   plans how each tick program is built.
 
@@ -131,17 +112,18 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
       backward one of them splits into B and a later W
       (ticks.SplitStages) gets a split program; every other, one whose
       backward is never cut into B and W.
-    seed_spec: the step seed's spec.
-    head: with the loss inside, the loss (the last stage's).
-    input_grads: whether stage 0 differentiates its inputs.
+    seed: the step seed (for its spec).
     jit_compile: compile the cells' pieces with XLA.
     execution: how the tick programs are built (periods.Plan).
     budget: the ops a 'loop' execution may build a program whole or
       folded with (periods.Plan).
+    head: with the loss inside, the loss (the last stage's).
+    input_grads: whether stage 0 differentiates its inputs.
   """
   split = frozenset().union(*map(ticks_lib.SplitStages, ticks))
   routes = cell_lib.Routes(cells)
-  if any(t.skips != tuple((r.src, r.dst) for r in routes) for t in ticks):
+  seed_spec = tf.TensorSpec(seed.shape, seed.dtype)
+  if any(t.skips != SkipPairs(cells) for t in ticks):
     raise ValueError('tick programs lowered without the cells\' skips '
                      '(ticks.Lower(skips=SkipPairs(cells)))')
   structs, in_specs = [structure], [list(specs)]
@@ -159,15 +141,19 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
     cell = cells[s]
     dy_present = dskip_present = None
     if training and s < last:
-      dy_present = [g is not None for g in programs[s + 1].tensors.dx]
-      dskip_present = [
+      dy_present = tuple(g is not None for g in programs[s + 1].tensors.dx)
+      dskip_present = tuple(
           programs[r.dst].tensors.dskip_in[r.in_index] is not None
-          for r in routes if r.src == s]
+          for r in routes if r.src == s)
     stage_head = head if s == last else None
     stage_skips = [skip_specs[n] for n in cell.skip_in]
-    key = _Key(structs[s], in_specs[s], training, stage_head,
-               input_grads or s > 0, dy_present, jit_compile, s in split,
-               stage_skips, dskip_present)
+    key = program_lib.ProgramKey(
+        program_lib.NestKey(structs[s]), tuple(map(repr, in_specs[s])),
+        tuple(map(repr, stage_skips)), training, None if stage_head is None
+        else (head.loss_fn, program_lib.NestKey(head.label_struct),
+              tuple(map(repr, head.label_specs)), head.scaled),
+        input_grads or s > 0, dy_present, dskip_present,
+        precision.CurrentPolicy(), jit_compile, s in split)
     if key not in cell.programs:
       cell.programs[key] = program_lib.CellProgram(
           cell, structs[s], in_specs[s], seed_spec, training, stage_head,
@@ -177,11 +163,8 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
   layouts = tuple(
       slots_lib.LayoutOf(p, schedule.num_micro_batches) if training else None
       for p in programs)
-  plans = tuple(_Plan(schedule, programs, t, execution, budget)
-                for t in ticks)
-  batch = None
-  if specs and any(tl.HasBatch(x) for x in specs):
-    batch = next(x.shape[0] for x in specs if tl.HasBatch(x))
+  plans = tuple(_Plan(programs, t, execution, budget) for t in ticks)
+  batch = next((x.shape[0] for x in specs if tl.HasBatch(x)), None)
   return Compiled(tuple(cells), schedule, tuple(programs), layouts,
                   tuple(ticks), plans, head is not None, input_grads, batch,
                   routes)
@@ -193,12 +176,10 @@ def SkipPairs(cells: Sequence[Any]) -> tuple[tuple[int, int], ...]:
   return tuple((r.src, r.dst) for r in cell_lib.Routes(cells))
 
 
-def _Plan(schedule: Any, programs: Sequence[Any],
-          program: ticks_lib.TickProgram, execution: str,
-          budget: float) -> tuple:
+def _Plan(programs: Sequence[Any], program: ticks_lib.TickProgram,
+          execution: str, budget: float) -> tuple:
   """periods.Plan of a tick program, each tick costing the ops of the
   pieces it runs."""
-  del schedule
   ops = [[programs[step.stage].Piece(step).num_ops for step in steps]
          for steps in program.steps]
   costs = [1 + sum(ops[d][row[t] - 1] for d, row in enumerate(program.branch)
@@ -206,30 +187,15 @@ def _Plan(schedule: Any, programs: Sequence[Any],
   return periods.Plan(periods.Columns(program), execution, budget, costs)
 
 
-def MicroBatchSpecs(flat: Sequence[Any], num_micro_batches: int) -> list:
-  """One micro-batch's spec of each flat input (None stays None): the
-  batch dimension is the micro-batch's size when all are equal, else None.
-
-  Raises:
-    microbatch.MicroBatchError: fewer examples than micro-batches.
-  """
-  n = microbatch.BatchSize(flat)
-  batch = None
-  if isinstance(n, int):
-    sizes = microbatch.MicroBatchSizes(n, num_micro_batches)
-    batch = sizes[0] if len(set(sizes)) == 1 else None  # Static: faster.
-  return [tl.SpecOf(x, batch) if tl.HasBatch(x) else tl.SpecOf(x, None)
-          for x in flat]
-
-
-def _Split(flat: Sequence[Any], sizes: Any, m: int, batch: int | None,
-           read_once: bool = False) -> tuple:
-  """Per flat tensor, a TensorArray of its M micro-batches (None stays
-  None; a tensor without batch dimension is shared); `read_once` for
-  slots a step takes (slots.Take)."""
-  return tuple(tl.TensorArrayOf(
-      tl.SpecOf(x, None if read_once else batch), m,
-      read_once).split(x, sizes) if tl.HasBatch(x) else x for x in flat)
+def _Split(c: Compiled, s: int, flat: Sequence[Any], sizes: Any,
+           read_once: bool = False) -> list:
+  """Per flat tensor, on stage s's device, a TensorArray of its M
+  micro-batches (None stays None; a tensor without batch dimension is
+  shared); `read_once` for slots a step takes (slots.Take)."""
+  m, batch = c.schedule.num_micro_batches, None if read_once else c.batch
+  with tf.device(c.cells[s].device):
+    return [tl.TensorArrayOf(tl.SpecOf(x, batch), m, read_once).split(x, sizes)
+            if tl.HasBatch(x) else x for x in flat]
 
 
 def Start(compiled: Compiled, flat: Sequence[Any], labels: Sequence[Any],
@@ -243,22 +209,15 @@ def Start(compiled: Compiled, flat: Sequence[Any], labels: Sequence[Any],
     seed: the step seed.
   """
   c = compiled
-  m = c.schedule.num_micro_batches
-  sizes = microbatch.Sizes(flat, m)
-  with tf.device(c.cells[0].device):
-    inputs = _Split(flat, sizes, m, c.batch, read_once=True)
-  with tf.device(c.cells[-1].device):
-    label_tas = _Split(labels, sizes, m, c.batch)
+  sizes = microbatch.Sizes(flat, c.schedule.num_micro_batches)
   seeds = []
   for cell in c.cells:
     with tf.device(cell.device):
       seeds.append(tf.identity(seed))
-  state = tuple(
-      slots_lib.Make(c.programs, s, c.layouts[s], cell.device, m,
-                     c.loss_inside, c.input_grads, c.batch)
-      for s, cell in enumerate(c.cells))
-  state = (state[0]._replace(x=list(inputs)),) + state[1:]
-  return Feeds(label_tas, tuple(seeds), sizes), state
+  state = [slots_lib.Make(c, s) for s in range(len(c.cells))]
+  state[0] = state[0]._replace(x=_Split(c, 0, flat, sizes, read_once=True))
+  return Feeds(tuple(_Split(c, -1, labels, sizes)), tuple(seeds),
+               sizes), tuple(state)
 
 
 def FeedOutputGradients(compiled: Compiled, feeds: Feeds, state: State,
@@ -270,13 +229,12 @@ def FeedOutputGradients(compiled: Compiled, feeds: Feeds, state: State,
   slots = state[-1]
   with tf.device(c.cells[-1].device):
     if any(g is None for ta, g in zip(slots.dy, dys) if ta is not None):
-      outputs = Outputs(c, state)  # Only for the shape of a zero gradient.
+      outputs = Merged(c, state, -1, 'out')  # For a zero gradient's shape.
       dys = [g if g is not None or ta is None else tf.zeros_like(y)
              for ta, g, y in zip(slots.dy, dys, outputs)]
     dys = [g if ta is not None else None for ta, g in zip(slots.dy, dys)]
-    dy = _Split(dys, feeds.sizes, c.schedule.num_micro_batches, c.batch,
-                read_once=True)
-  return state[:-1] + (slots._replace(dy=list(dy)),)
+    dy = _Split(c, -1, dys, feeds.sizes, read_once=True)
+  return state[:-1] + (slots._replace(dy=dy),)
 
 
 def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
@@ -289,25 +247,23 @@ def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
   if trace is not None:
     if trace.schedule is None:
       trace.schedule = c.schedule
-    stamped = []
+    state = list(state)
     for s, cell in enumerate(c.cells):
       with tf.device(cell.device):
-        stamps = tuple(tf.TensorArray(tf.float64, size=program.num_ticks,
-                                      element_shape=[]) for _ in range(2))
-      stamped.append(state[s]._replace(stamps=stamps))
-    state = tuple(stamped)
-  graph = tick_graph.TickGraph([cell.device for cell in c.cells], c.schedule,
-                               functools.partial(_Step, c, feeds), c.routes)
-  state = tuple(graph.Build(program, plan, state))
+        state[s] = state[s]._replace(stamps=tuple(
+            tf.TensorArray(tf.float64, size=program.num_ticks,
+                           element_shape=[]) for _ in range(2)))
+  state = tick_graph.TickGraph(
+      [cell.device for cell in c.cells], c.schedule,
+      functools.partial(_Step, c, feeds), c.routes).Build(program, plan, state)
   if trace is not None:
     for row in program.grid:
       for t, act in enumerate(row):
-        if act is None:
-          continue
-        starts, ends = state[act.stage].stamps
-        start, end = starts.read(t), ends.read(t)
-        for part in ticks_lib.Unjoined(c.schedule, program, act):
-          trace.Record(part, start, end)
+        if act is not None:
+          starts, ends = state[act.stage].stamps
+          start, end = starts.read(t), ends.read(t)
+          for part in ticks_lib.Unjoined(c.schedule, program, act):
+            trace.Record(part, start, end)
   return state
 
 
@@ -327,8 +283,12 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   new, fed = {}, {}
   # Output gradients are read by one step: taken. Inputs and skips are
   # freed by the last step that reads them: they live until their reader
-  # has run (a recomputing backward reads them again).
-  last = _LastReadOfInputs(step, program.training)
+  # has run (a recomputing backward reads them again). That is an F that
+  # keeps its activations (its backward reads those), an FB, a recomputing
+  # B or BW, or any step in inference.
+  last = (not program.training or step.kind == ticks_lib.FB or
+          (step.kind == ticks_lib.F and step.keep) or
+          (step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep))
   for role in ('x', 'skip_in', 'dy', 'dskip_out'):
     if role in reads and getattr(mine, role) is not None:
       fed[role], new[role] = slots_lib.Take(
@@ -340,20 +300,24 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   if 'seed' in reads:
     fed['seed'] = (random_seeds.FoldIn(feeds.seeds[s], m),)
   if 'labels' in reads:
-    fed['labels'] = slots_lib.Read(feeds.labels, m)
+    fed['labels'] = [ta.read(m) if isinstance(ta, tf.TensorArray) else ta
+                     for ta in feeds.labels]  # A shared label is itself.
   fed = program_lib.Tensors(**{k: tuple(v) for k, v in fed.items()})
   if mine.stamps is not None:
     with tf.control_dependencies(
         [x for x in fed.Present(*reads) if isinstance(x, tf.Tensor)]):
       start = tf.timestamp()
   out = piece(fed)
-  if 'y' in makes:
-    if mine.out is not None:
-      new['out'] = slots_lib.Write(mine.out, m, out.y)
-    else:
-      new['y'] = list(out.y)
-  for role in ('skip_out', 'dskip_in'):
-    if role in makes and getattr(out, role):
+  # The latest y, dx and skips stay for a neighbour to receive; the last
+  # stage's y and the first's dx are merged over micro-batches (out, dx0).
+  for role, merged in (('y', 'out'), ('dx', 'dx0'), ('skip_out', None),
+                       ('dskip_in', None)):
+    if role not in makes:
+      continue
+    if merged and getattr(mine, merged) is not None:
+      new[merged] = slots_lib.Write(getattr(mine, merged), m,
+                                    getattr(out, role))
+    elif getattr(mine, role) is not None:
       new[role] = list(getattr(out, role))
   for role in _PACKED:
     if role in makes:
@@ -364,11 +328,6 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
         a + b for a, b in zip(layout.bn.Read(mine.bn), out.bn)])
   if 'sums' in makes:
     new['sums'] = [a + b for a, b in zip(mine.sums, out.sums)]
-  if 'dx' in makes:
-    if mine.dx0 is not None:
-      new['dx0'] = slots_lib.Write(mine.dx0, m, out.dx)
-    elif s > 0:
-      new['dx'] = list(out.dx)
   made = out.Present(*makes)
   if 'dws' in makes:
     # The sums are taken from their slot before they are added to, so that
@@ -391,27 +350,13 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   return mine._replace(**new), made
 
 
-def _LastReadOfInputs(step: ticks_lib.Step, training: bool) -> bool:
-  """Whether `step` is the last of its stage's steps on a micro-batch to
-  read the stage's inputs: an F that keeps its activations (its backward
-  reads those), an FB, a recomputing B or BW, or any step in inference."""
-  if not training or step.kind == ticks_lib.FB:
-    return True
-  if step.kind == ticks_lib.F:
-    return step.keep
-  return step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep
-
-
-def Outputs(compiled: Compiled, state: State) -> list:
-  """The last stage's outputs, merged over micro-batches (flat)."""
-  with tf.device(compiled.cells[-1].device):
-    return [None if ta is None else ta.concat() for ta in state[-1].out]
-
-
-def InputGradients(compiled: Compiled, state: State) -> list:
-  """The first stage's input gradients, merged (flat; None where none)."""
-  with tf.device(compiled.cells[0].device):
-    return [None if ta is None else ta.concat() for ta in state[0].dx0]
+def Merged(compiled: Compiled, state: State, s: int, role: str) -> list:
+  """Stage s's per-micro-batch slots `role`, merged over micro-batches
+  (flat; None where none): the last stage's outputs ('out'), or the first
+  stage's input gradients ('dx0')."""
+  with tf.device(compiled.cells[s].device):
+    return [None if ta is None else ta.concat()
+            for ta in getattr(state[s], role)]
 
 
 def LossSums(compiled: Compiled, state: State) -> Any:
@@ -421,8 +366,8 @@ def LossSums(compiled: Compiled, state: State) -> Any:
 
 
 def Gradients(compiled: Compiled, state: State) -> dict:
-  """{variable.ref(): (variable, gradient)}, summed over micro-batches and
-  over the stages that read the variable."""
+  """{variable.ref(): gradient}, summed over micro-batches and over the
+  stages that read the variable."""
   grads: dict = {}
   for s, program in enumerate(compiled.programs):
     with tf.device(compiled.cells[s].device):
@@ -432,22 +377,23 @@ def Gradients(compiled: Compiled, state: State) -> dict:
         continue
       if v.ref() in grads:
         with tf.device(v.device):
-          g = grads[v.ref()][1] + g
-      grads[v.ref()] = (v, g)
+          g = grads[v.ref()] + g
+      grads[v.ref()] = g
   return grads
 
 
-def BatchNormStats(compiled: Compiled, state: State,
-                   add: Callable[..., None]) -> None:
-  """Hands every stage's BatchNorm sums to `add(layer, *sums)`
-  (normalization.DeferredMovingStats.Add), to move once per step."""
+def MoveBatchNormStats(compiled: Compiled, state: State) -> None:
+  """Moves every BatchNorm layer's statistics once per step, from every
+  stage's sums (normalization.DeferredMovingStats)."""
+  stats = normalization.DeferredMovingStats()
   for s, (program, slots) in enumerate(zip(compiled.programs, state)):
     if not program.bn_layers:
       continue
     with tf.device(compiled.cells[s].device):
       bn = compiled.layouts[s].bn.Read(slots.bn)
     for i, layer in enumerate(program.bn_layers):
-      add(layer, *bn[3 * i:3 * i + 3])
+      stats.Add(layer, *bn[3 * i:3 * i + 3])
+  stats.Apply()
 
 
 def Done(state: State) -> None:

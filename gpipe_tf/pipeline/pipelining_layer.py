@@ -15,7 +15,6 @@ from gpipe_tf.layers import skips as skips_lib
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
-from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
@@ -24,7 +23,7 @@ from gpipe_tf.pipeline.schedule import periods
 
 __all__ = ['EXECUTIONS', 'PipeliningLayer', 'REMAT_POLICIES']
 
-EXECUTIONS = interpreter.EXECUTIONS
+EXECUTIONS = periods.EXECUTIONS
 REMAT_POLICIES = ('always', 'except_last', 'never')
 
 

@@ -88,11 +88,6 @@ def Gather(row: Sequence[int], t: Any) -> Any:
   return row[t] if isinstance(t, int) else tf.gather(tf.constant(row), t)
 
 
-def Read(slots: Sequence[Any], m: Any) -> list:
-  """Micro-batch m of each slot (a shared tensor is itself)."""
-  return [s.read(m) if isinstance(s, tf.TensorArray) else s for s in slots]
-
-
 def Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
   """`slots` with micro-batch m of each set to its value."""
   return [None if s is None else s.write(m, v)
@@ -102,11 +97,8 @@ def Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
 def _Arrays(specs: Sequence[Any], size: int, read_once: bool = False) -> list:
   """A TensorArray of `size` slots per spec; `read_once` ones take any
   number of examples, so that Take can empty a slot it read."""
-  if read_once:
-    specs = [s if s is None or not s.shape.rank else tf.TensorSpec(
-        [None] + s.shape.as_list()[1:], s.dtype) for s in specs]
-  return [None if s is None else tl.TensorArrayOf(s, size, read_once)
-          for s in specs]
+  return [None if s is None else tl.TensorArrayOf(
+      tl.SpecOf(s, None) if read_once else s, size, read_once) for s in specs]
 
 
 def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
@@ -123,17 +115,15 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
   """
   values, after = [], []
   for ta, spec in zip(slots, specs):
-    if not isinstance(ta, tf.TensorArray):  # None, or a shared tensor.
-      values.append(ta)
-      after.append(ta)
-      continue
-    value = ta.read(m)
-    value.set_shape(spec.shape)
+    value = ta  # None, or a shared tensor: itself.
+    if isinstance(ta, tf.TensorArray):
+      value = ta.read(m)
+      value.set_shape(spec.shape)
+      if empty and spec.shape.rank:
+        ta = ta.write(m, tl.Empty(value))
+      elif not empty and tf.executing_eagerly():
+        ta = ta.write(m, value)
     values.append(value)
-    if empty and spec.shape.rank:
-      ta = ta.write(m, tl.Empty(value))
-    elif not empty and tf.executing_eagerly():
-      ta = ta.write(m, value)
     after.append(ta)
   return values, after
 
@@ -153,46 +143,34 @@ class Layout(NamedTuple):
 def LayoutOf(program: Any, m: int) -> Layout:
   """Where a training stage's packed slots keep each tensor of `program`
   (a cell_program.CellProgram), with `m` micro-batches."""
-  return Layout(acc=tl.Packed(program.Specs('dws')),
-                bn=tl.Packed(program.Specs('bn')),
-                saved=tl.Packed(program.Specs('saved'), m),
-                pinned=tl.Packed(program.Specs('pinned'), m),
-                wcut=tl.Packed(program.Specs('wcut'), m))
+  return Layout(*(tl.Packed(program.Specs(role), size) for role, size in (
+      ('dws', 1), ('bn', 1), ('saved', m), ('pinned', m), ('wcut', m))))
 
 
-def Make(programs: Sequence[Any], s: int, layout: Layout | None,
-         device: str, m: int, loss_inside: bool, input_grads: bool,
-         batch: int | None) -> Slots:
-  """Stage s's empty slots on `device`.
-
-  Args:
-    programs: every stage's cell_program.CellProgram.
-    s: the stage.
-    layout: its Layout (LayoutOf); None in inference.
-    device: its device.
-    m: the micro-batches.
-    loss_inside: whether the last stage computes the loss.
-    input_grads: whether stage 0 returns its input gradients.
-    batch: examples per micro-batch (None: they vary).
-  """
-  program, last = programs[s], len(programs) - 1
+def Make(compiled: Any, s: int) -> Slots:
+  """Stage s's empty slots on its device, for an interpreter.Compiled step
+  (its programs, stage s's Layout, None in inference, the micro-batches,
+  whether the loss is inside and stage 0 returns input gradients, and the
+  examples per micro-batch, None when they vary)."""
+  c, m = compiled, compiled.schedule.num_micro_batches
+  program, layout, last = c.programs[s], c.layouts[s], len(c.programs) - 1
+  loss_here = c.loss_inside and s == last
 
   def _Fillers(role):
     return [tl.Filler(v) if v else None for v in program.Specs(role)]
 
-  with tf.device(device):
+  # Slots a neighbour, or the stage that stashed a skip, writes have a
+  # spare slot M (tick_graph's receipts).
+  with tf.device(c.cells[s].device):
     slots = Slots(
-        # Slots a neighbour writes have a spare slot M (tick_graph's
-        # receipts).
-        x=None if s == 0 else _Arrays(programs[s - 1].out_specs, m + 1,
+        x=None if s == 0 else _Arrays(c.programs[s - 1].out_specs, m + 1,
                                       read_once=True),
         y=None if s == last else _Fillers('y'),
-        # Written by the stage that stashed them.
         skip_in=(_Arrays(program.Specs('skip_in'), m + 1, read_once=True)
                  if program.tensors.skip_in else None),
         skip_out=_Fillers('skip_out') if program.tensors.skip_out else None,
-        out=(_Arrays(program.out_specs, m)
-             if not loss_inside and s == last else None),
+        out=(_Arrays(program.out_specs, m) if s == last and not loss_here
+             else None),
         token=tf.zeros([]))
     if layout is None:
       return slots
@@ -202,7 +180,7 @@ def Make(programs: Sequence[Any], s: int, layout: Layout | None,
                              for d in packed.specs])
 
     return slots._replace(
-        dy=None if loss_inside and s == last else _Arrays(
+        dy=None if loss_here else _Arrays(
             program.Specs('dy'), m + (s < last), read_once=True),
         saved=layout.saved.Initial(),
         pinned=layout.pinned.Initial(),
@@ -211,10 +189,10 @@ def Make(programs: Sequence[Any], s: int, layout: Layout | None,
         acc=_Zeros(layout.acc),
         bn=_Zeros(layout.bn),
         sums=([tf.zeros(v.shape, v.dtype) for v in program.Specs('sums')]
-              if loss_inside and s == last else None),
-        dx0=(_Arrays([None if g is None else tl.SpecOf(g, batch)
+              if loss_here else None),
+        dx0=(_Arrays([None if g is None else tl.SpecOf(g, c.batch)
                       for g in program.tensors.dx], m)
-             if s == 0 and input_grads else None),
+             if s == 0 and c.input_grads else None),
         dskip_out=(_Arrays(program.Specs('dskip_out'), m + 1, read_once=True)
                    if program.tensors.skip_out else None),
         dskip_in=_Fillers('dskip_in') if program.tensors.skip_in else None)

@@ -108,19 +108,15 @@ class Packed:
   def __init__(self, specs: Sequence[Any], size: int = 1) -> None:
     self.specs = list(specs)
     self.size = size
-    self.dtypes: list[tf.DType] = []
+    self.dtypes = list(dict.fromkeys(
+        spec.dtype for spec in self.specs if spec is not None))
+    self.counts = [0] * len(self.dtypes)   # Tensors per list.
     self.where: list[tuple[int, int] | None] = []   # (list, item) per spec
-    self.counts: list[int] = []
     for spec in self.specs:
-      if spec is None:
-        self.where.append(None)
-        continue
-      if spec.dtype not in self.dtypes:
-        self.dtypes.append(spec.dtype)
-        self.counts.append(0)
-      i = self.dtypes.index(spec.dtype)
-      self.where.append((i, self.counts[i]))
-      self.counts[i] += 1
+      i = None if spec is None else self.dtypes.index(spec.dtype)
+      self.where.append(None if i is None else (i, self.counts[i]))
+      if i is not None:
+        self.counts[i] += 1
 
   def Initial(self, values: Sequence[Any] | None = None) -> list[tf.Tensor]:
     """The lists (built where the caller places them), with slot 0 of
@@ -200,12 +196,10 @@ def RunTicks(ticks: int, body: Callable, state: tuple, overlap: int) -> tuple:
 
   graph = tf.compat.v1.get_default_graph()
   with tf_internals.NoAutomaticControlDependencies(graph), graph.device(_BesideInput):
-    result = tf.while_loop(lambda t, *_: t < ticks, _Body,
-                           [tf.constant(0)] + [_Entering(x) for x in
-                                               compact.Values()],
-                           maximum_iterations=ticks,
-                           parallel_iterations=overlap)
-  return compact.Pack(result[1:])
+    return compact.Pack(tf.while_loop(
+        lambda t, *_: t < ticks, _Body,
+        [tf.constant(0)] + [_Entering(x) for x in compact.Values()],
+        maximum_iterations=ticks, parallel_iterations=overlap)[1:])
 
 
 def _Entering(x: Any) -> Any:

@@ -22,6 +22,7 @@ What a step does with its slots is the interpreter's (interpreter.py).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -50,10 +51,11 @@ def _After(done: Sequence[tf.Tensor]) -> Any:
   return tf.control_dependencies(list(done))
 
 
+@dataclasses.dataclass(frozen=True)
 class TickGraph:
   """Builds tick programs over the stages' slots.
 
-  Args:
+  Attributes:
     devices: stage s's device.
     schedule: the validated schedule.
     step: step(ticks.Step, m, t, slots) -> (the stage's new slots, the
@@ -63,18 +65,14 @@ class TickGraph:
       tick programs' skip rows.
   """
 
-  def __init__(self, devices: Sequence[str], schedule: Any,
-               step: Callable[..., tuple[slots_lib.Slots, list]],
-               routes: Sequence[Any] = ()) -> None:
-    self.devices = list(devices)
-    self.routes = tuple(routes)
-    self.schedule = schedule
-    self.step = step
-    self.m = schedule.num_micro_batches
+  devices: Sequence[str]
+  schedule: Any
+  step: Callable[..., tuple[slots_lib.Slots, list]]
+  routes: Sequence[Any] = ()
 
   def Build(self, program: ticks_lib.TickProgram,
             plan: Sequence[periods.Segment],
-            slots: Sequence[slots_lib.Slots]) -> list[slots_lib.Slots]:
+            slots: Sequence[slots_lib.Slots]) -> tuple:
     """Builds `program` as `plan` (periods.Plan) says, over every stage's
     `slots`; returns the slots after its last tick."""
     done: dict[int, list] = {}
@@ -92,7 +90,7 @@ class TickGraph:
                                                   seg.start + i, st)
       slots = tl.RunTicks(seg.repeats, body, slots, self.schedule.num_devices)
       done = self._TokenWaits(slots)
-    return list(slots)
+    return slots
 
   def _Tokens(self, slots: Sequence[slots_lib.Slots], done: dict) -> tuple:
     """`slots` with each device's token (kept by its first stage) made once
@@ -198,40 +196,33 @@ class TickGraph:
     """
     mine = slots[s]
     if s > 0 and mine.x is not None:
-      m = self._Arrival(program.got_y[s], col, t)
-      if m is not None:
-        mine = mine._replace(x=slots_lib.Write(mine.x, m, slots[s - 1].y))
+      mine = self._Put(mine, 'x', None, program.got_y[s], col, t,
+                       slots[s - 1].y)
     if s + 1 < len(slots) and mine.dy is not None:
-      m = self._Arrival(program.got_dx[s], col, t)
-      if m is not None:
-        mine = mine._replace(dy=slots_lib.Write(mine.dy, m,
-                                                slots[s + 1].dx))
+      mine = self._Put(mine, 'dy', None, program.got_dx[s], col, t,
+                       slots[s + 1].dx)
     for i, r in enumerate(self.routes):
       if r.dst == s and mine.skip_in is not None:
-        mine = mine._replace(skip_in=self._Put(
-            mine.skip_in, r.in_index, program.got_skip[i], col, t,
-            slots[r.src].skip_out[r.out_index]))
+        mine = self._Put(mine, 'skip_in', r.in_index, program.got_skip[i],
+                         col, t, slots[r.src].skip_out[r.out_index])
       if r.src == s and mine.dskip_out is not None:
-        mine = mine._replace(dskip_out=self._Put(
-            mine.dskip_out, r.out_index, program.got_dskip[i], col, t,
-            slots[r.dst].dskip_in[r.in_index]))
+        mine = self._Put(mine, 'dskip_out', r.out_index, program.got_dskip[i],
+                         col, t, slots[r.dst].dskip_in[r.in_index])
     return mine
 
-  def _Put(self, arrays: list, j: int, row: Sequence[int], col: int | None,
-           t: Any, value: Any) -> list:
-    """`arrays` with arrays[j] written at the slot `row` says arrives at
-    tick t (a skip, or its gradient, from the stage at the route's other
-    end)."""
-    m = self._Arrival(row, col, t)
-    if m is None or arrays[j] is None:
-      return arrays
-    arrays = list(arrays)
-    arrays[j] = arrays[j].write(m, value)
-    return arrays
-
-  def _Arrival(self, row: Sequence[int], col: int | None, t: Any) -> Any:
-    """The slot a receipt row writes at tick t (the spare slot M for
-    none), None where no write is built."""
+  def _Put(self, mine: slots_lib.Slots, role: str, j: int | None,
+           row: Sequence[int], col: int | None, t: Any,
+           value: Any) -> slots_lib.Slots:
+    """`mine` with its slots `role` (with `j`, only role[j]) written at the
+    slot the receipt row says arrives at tick t: the spare slot M for none,
+    no write where none is built."""
+    arrays = list(getattr(mine, role))
     if (row[col] < 0) if col is not None else all(m < 0 for m in row):
-      return None
-    return slots_lib.Gather(tuple(self.m if m < 0 else m for m in row), t)
+      return mine
+    spare = self.schedule.num_micro_batches
+    m = slots_lib.Gather(tuple(spare if m < 0 else m for m in row), t)
+    if j is None:
+      return mine._replace(**{role: slots_lib.Write(arrays, m, value)})
+    if arrays[j] is not None:
+      arrays[j] = arrays[j].write(m, value)
+    return mine._replace(**{role: arrays})

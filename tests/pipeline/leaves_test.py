@@ -20,6 +20,15 @@ class LeavesTest(unittest.TestCase):
     with self.assertRaisesRegex(ValueError, 'more'):
       leaves.Fill(['a', None], [1, 2])
 
+  def testFillEachFillsTheTemplatesInTurn(self):
+    self.assertEqual(leaves.FillEach([['a', None], [], [None, 'b', 'c']],
+                                     [1, 2, 3]),
+                     [[1, None], [], [None, 2, 3]])
+    with self.assertRaisesRegex(ValueError, 'fewer'):
+      leaves.FillEach([['a'], ['b']], [1])
+    with self.assertRaisesRegex(ValueError, 'more'):
+      leaves.FillEach([['a'], [None]], [1, 2])
+
 
 if __name__ == '__main__':
   unittest.main()

@@ -232,18 +232,7 @@ def Trace(schedule: str | schedule_lib.Schedule, num_partitions: int,
 def DeviceBusy(timeline: trace_lib.Timeline) -> list[float]:
   """Each device's busy share of the makespan: the union of its actions'
   intervals over the makespan (1 - the mean is the bubble fraction)."""
-  sched = timeline.schedule
-  busy = [0.0] * sched.num_devices
-  rows = [[] for _ in range(sched.num_devices)]
-  for a, s, e in zip(timeline.actions, timeline.start, timeline.end):
-    rows[sched.DeviceOf(a.stage)].append((s, e))
-  for d, row in enumerate(rows):
-    reach = None
-    for s, e in sorted(row):
-      s = s if reach is None else max(s, reach)
-      busy[d] += max(e - s, 0.0)
-      reach = e if reach is None else max(reach, e)
-  return [b / timeline.makespan for b in busy]
+  return [b / timeline.makespan for b in timeline.DeviceBusy()]
 
 
 def _First(outputs):

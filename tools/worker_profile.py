@@ -41,6 +41,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from gpipe_tf.pipeline import trace as trace_lib
+
 __all__ = ['Op', 'SendLag', 'WorkerProfile', 'Capture', 'Read',
            'FromSpace', 'SendLags', 'Summarize', 'Report']
 
@@ -185,10 +187,8 @@ def FromSpace(space) -> tuple[list[Op], list[float]]:
         op, sep, kind = name.rpartition(':')
         # Op events are 'name:Type'; the runtime's own ('Executor...',
         # 'ThreadpoolListener::Record', 'MemoryAllocation') are not ops.
-        if (sep and op and kind and ' ' not in kind and
-            not kind.startswith(':') and '::' not in name and
-            not name.startswith(('Executor', 'Memory', 'Eager',
-                                 'ThreadpoolListener'))):
+        if (sep and op and kind and ' ' not in kind and '::' not in name and
+            not name.startswith(('Executor', 'Memory', 'Eager'))):
           ops.append(Op(start, event.duration_ps / 1e9, op, kind, line.name))
   ops.sort(key=lambda o: o.start)
   return ops, sorted(starts)
@@ -254,18 +254,9 @@ def Summarize(name: str, ops: Sequence[Op], starts: Sequence[float]
       continue
     threads.update(o.thread for o in mine if o.action)
     steps.append(max(o.end for o in mine) - mine[0].start)
-    busy.append(_Union(mine))
+    busy.append(trace_lib.UnionLength((o.start, o.end) for o in mine))
     lags.append(SendLags(mine))
   return WorkerProfile(name, steps, busy, lags, len(threads))
-
-
-def _Union(ops: Sequence[Op]) -> float:
-  total, reach = 0.0, None
-  for op in ops:
-    start = op.start if reach is None else max(op.start, reach)
-    total += max(op.end - start, 0.0)
-    reach = op.end if reach is None else max(reach, op.end)
-  return total
 
 
 def Report(profiles: Sequence[WorkerProfile], top: int = 5) -> str:

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline.schedule import ascii as ascii_lib
 
-__all__ = ['ScheduleTrace', 'Timeline', 'TracedStep']
+__all__ = ['ScheduleTrace', 'Timeline', 'TracedStep', 'UnionLength']
 
 
 class ScheduleTrace:
@@ -95,20 +95,14 @@ class Timeline:
                                               self.end)
                 if self.schedule.DeviceOf(a.stage) == d]
 
+  def DeviceBusy(self) -> list[float]:
+    """Each device's busy seconds: the union of its actions' intervals."""
+    return [UnionLength((s, e) for _, s, e in row) for _, row in self._Rows()]
+
   def BubbleFraction(self) -> float:
     """Idle fraction of the devices x makespan area (busy = inside an action)."""
-    busy = 0.0
-    for _, row in self._Rows():
-      cur_s = cur_e = None
-      for s, e in sorted((s, e) for _, s, e in row):  # Union of intervals.
-        if cur_e is None or s > cur_e:
-          busy += 0.0 if cur_e is None else cur_e - cur_s
-          cur_s, cur_e = s, e
-        else:
-          cur_e = max(cur_e, e)
-      if cur_e is not None:
-        busy += cur_e - cur_s
-    return 1.0 - busy / (self.schedule.num_devices * self.makespan)
+    return 1.0 - sum(self.DeviceBusy()) / (self.schedule.num_devices *
+                                           self.makespan)
 
   def SimulatedBubble(self) -> float:
     """The schedule's bubble with unit-time F, B and W (BW = 2)."""
@@ -157,3 +151,15 @@ class Timeline:
   def WriteChromeTrace(self, path: str) -> None:
     with open(path, 'w') as f:
       json.dump(self.ToChromeTrace(), f)
+
+
+def UnionLength(intervals: Iterable[tuple[float, float]]) -> float:
+  """The length of the union of (start, end) intervals (overlaps counted
+  once, an interval that ends before it starts as empty)."""
+  total, reach = 0.0, None
+  for start, end in sorted(intervals):
+    if reach is not None:
+      start = max(start, reach)
+    total += max(end - start, 0.0)
+    reach = end if reach is None else max(reach, end)
+  return total

@@ -38,17 +38,16 @@ STEPS = 3
 def main(out_dir: str) -> None:
   with local_workers.LocalWorkers(local_workers.Options(num_workers=2)) as w:
     devices = w.Connect()
-    losses = []
+    losses, steps = [], []
     for cfg in CONFIGS:
-      step = lib.MakeStep(SPEC, cfg, devices)
-      losses.append([float(step().numpy()) for _ in range(STEPS)])
+      steps.append(lib.MakeStep(SPEC, cfg, devices))
+      losses.append([float(steps[-1]().numpy()) for _ in range(STEPS)])
     with open(os.path.join(out_dir, 'losses.json'), 'w') as f:
       json.dump(losses, f)
-    # The first configuration's steps, profiled on the workers.
-    step = lib.MakeStep(SPEC, CONFIGS[0], devices)
-    step().numpy()
+    # The first configuration's steps (built and run above), profiled on the
+    # workers.
     paths = worker_profile.Capture(
-        w.cluster.workers, lambda: [step().numpy() for _ in range(4)],
+        w.cluster.workers, lambda: [steps[0]().numpy() for _ in range(4)],
         os.path.join(out_dir, 'profile'), duration_ms=4000)
     profiles = [dataclasses.asdict(worker_profile.Summarize(
         path, *worker_profile.Read(path))) for path in paths]

@@ -113,10 +113,12 @@ class Packed:
     self.counts = [0] * len(self.dtypes)   # Tensors per list.
     self.where: list[tuple[int, int] | None] = []   # (list, item) per spec
     for spec in self.specs:
-      i = None if spec is None else self.dtypes.index(spec.dtype)
-      self.where.append(None if i is None else (i, self.counts[i]))
-      if i is not None:
-        self.counts[i] += 1
+      if spec is None:
+        self.where.append(None)
+        continue
+      i = self.dtypes.index(spec.dtype)
+      self.where.append((i, self.counts[i]))
+      self.counts[i] += 1
 
   def Initial(self, values: Sequence[Any] | None = None) -> list[tf.Tensor]:
     """The lists (built where the caller places them), with slot 0 of

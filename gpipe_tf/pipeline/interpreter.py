@@ -272,9 +272,11 @@ _PACKED = ('saved', 'pinned', 'wcut')
 
 
 def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
-          mine: slots_lib.Slots) -> tuple[slots_lib.Slots, list]:
+          mine: slots_lib.Slots, ready: dict) -> tuple[slots_lib.Slots, list]:
   """Runs one step of stage step.stage on micro-batch m at tick t: (the
-  stage's new slots, the tensors the step made)."""
+  stage's new slots, the tensors the step made). `ready`: per slot role,
+  values that arrived for it in the same code (tick_graph._Ready), taken
+  instead of the slot's."""
   s = step.stage
   program = c.programs[s]
   piece = program.Piece(step)
@@ -289,11 +291,19 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   last = (not program.training or step.kind == ticks_lib.FB or
           (step.kind == ticks_lib.F and step.keep) or
           (step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep))
+  # A recomputing backward reads its forward's inputs from the slot, never
+  # as the tensor its forward took (ready): given the same tensor,
+  # TensorFlow's optimiser merges the recompute with the forward, whose
+  # activations then live until the backward (interpreter_test's
+  # testRematSavesMemory).
+  recomputes = step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep
   for role in ('x', 'skip_in', 'dy', 'dskip_out'):
     if role in reads and getattr(mine, role) is not None:
       fed[role], new[role] = slots_lib.Take(
           getattr(mine, role), m, program.Specs(role),
-          empty=last or role in ('dy', 'dskip_out'))
+          empty=last or role in ('dy', 'dskip_out'),
+          known=None if recomputes and role in ('x', 'skip_in')
+          else ready.get(role))
   for role in _PACKED:
     if role in reads:
       fed[role], new[role] = getattr(layout, role).Take(getattr(mine, role), m)

@@ -102,9 +102,12 @@ def _Arrays(specs: Sequence[Any], size: int, read_once: bool = False) -> list:
 
 
 def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
-         empty: bool = True) -> tuple[list, list]:
+         empty: bool = True, known: Sequence[Any] | None = None
+         ) -> tuple[list, list]:
   """(micro-batch m of each read-once slot, the slots with it emptied, or
   with `empty=False` still in place: a read a later step's Take follows).
+  `known` (None where to read) are the slots' values at m, known without
+  a read (taken through an identity made here): the slot is only emptied.
 
   Emptying frees the tensor once its reader is done: a TensorArray in a
   tf.function is a TensorList, which keeps every item, read or not, until
@@ -113,8 +116,17 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
   schedule's memory bound would hold. Left in place, an eager TensorArray's
   read-once read has cleared it, so there it is written back.
   """
+  known = known or [None] * len(slots)
   values, after = [], []
-  for ta, spec in zip(slots, specs):
+  for ta, spec, value in zip(slots, specs, known):
+    if value is not None and isinstance(ta, tf.TensorArray):
+      # An op made here, under the step's control dependencies, as a read
+      # is: the piece's ops that read the value wait for the device's
+      # previous step (the function call itself is inlined away).
+      values.append(tf.identity(value))
+      after.append(ta.write(m, tl.Empty(value)) if empty and spec.shape.rank
+                   else ta)
+      continue
     value = ta  # None, or a shared tensor: itself.
     if isinstance(ta, tf.TensorArray):
       value = ta.read(m)

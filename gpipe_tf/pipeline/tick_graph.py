@@ -51,6 +51,34 @@ def _After(done: Sequence[tf.Tensor]) -> Any:
   return tf.control_dependencies(list(done))
 
 
+def _Ready(arrived: dict | None, s: int, mine: slots_lib.Slots,
+           micro: Sequence[int], col: int | None, offsets: tuple) -> dict:
+  """What arrived for stage s's step at column `col` (on micro-batch
+  micro[col + o] at each of the ticks col + o the code serves) earlier in
+  the same straight-line code: {role: per flat tensor, the value or None}.
+
+  The step takes these values themselves rather than reading its slot. A
+  slot is one TensorArray of every micro-batch, so a read of it waits for
+  every write built before it: in a schedule whose neighbour sends a later
+  micro-batch's tensor before this step in tick order (interleaved 1F1B's
+  gradients), the step would wait for that later micro-batch as well, a
+  wait the schedule does not have. The value is still written, and the
+  step still empties its slot, so a loop, a later reader and memory see
+  the slot as before.
+  """
+  ready: dict = {}
+  for (stage, role, j), got in (arrived or {}).items():
+    if stage != s:
+      continue
+    for row, c, value in got:
+      if all(row[c + o] == micro[col + o] for o in offsets):
+        if j is None:
+          ready[role] = list(value)
+        else:
+          ready.setdefault(role, [None] * len(getattr(mine, role)))[j] = value
+  return ready
+
+
 @dataclasses.dataclass(frozen=True)
 class TickGraph:
   """Builds tick programs over the stages' slots.
@@ -58,9 +86,11 @@ class TickGraph:
   Attributes:
     devices: stage s's device.
     schedule: the validated schedule.
-    step: step(ticks.Step, m, t, slots) -> (the stage's new slots, the
-      tensors the step made): runs one step of a stage on micro-batch m
-      (an int, or a tensor in a loop) at tick t.
+    step: step(ticks.Step, m, t, slots, ready) -> (the stage's new slots,
+      the tensors the step made): runs one step of a stage on micro-batch m
+      (an int, or a tensor in a loop) at tick t; `ready` maps a slot role to
+      what arrived for this step earlier in the same straight-line code
+      (per flat tensor, None where it is to be read from the slot).
     routes: the skips that cross stages (cell.Routes), in the order of the
       tick programs' skip rows.
   """
@@ -79,8 +109,9 @@ class TickGraph:
     slots = tuple(slots)
     for seg in plan:
       if seg.kind == periods.STATIC:
+        arrived: dict = {}
         for t in range(seg.start, seg.end):
-          slots = self._Tick(program, t, t, slots, done)
+          slots = self._Tick(program, t, t, slots, done, arrived)
         continue
       slots = self._Tokens(slots, done)
       if seg.kind == periods.REPEAT:
@@ -114,23 +145,28 @@ class TickGraph:
     each device's steps after its token and its token after them."""
     done = self._TokenWaits(slots)
     first = seg.start + i * seg.period
+    arrived: dict = {}
+    offsets = tuple(range(0, seg.period * seg.repeats, seg.period))
     for j in range(seg.period):
-      slots = self._Tick(program, seg.start + j, first + j, slots, done)
+      slots = self._Tick(program, seg.start + j, first + j, slots, done,
+                         arrived, offsets)
     return self._Tokens(slots, done)
 
   def _Tick(self, program: ticks_lib.TickProgram, col: int | None, t: Any,
-            slots: Sequence[slots_lib.Slots], done: dict | None = None
-            ) -> tuple:
+            slots: Sequence[slots_lib.Slots], done: dict | None = None,
+            arrived: dict | None = None, offsets: tuple = (0,)) -> tuple:
     """Builds tick t (an int, or a loop's tensor).
 
     With `col` (a tick whose column, periods.Columns, tick t shares) each
-    device's step is picked now and ordered after its steps in `done`;
+    device's step is picked now and ordered after its steps in `done`, and
+    is handed what `arrived` for it in the same straight-line code (the
+    ticks col + each of `offsets` share the code: a loop's iterations);
     without, by a tf.switch_case per stage, ordered on the device's token.
     """
     slots = list(slots)
     for s, device in enumerate(self.devices):
       with tf.device(device):
-        slots[s] = self._Receive(program, s, col, t, slots)
+        slots[s] = self._Receive(program, s, col, t, slots, arrived)
     for d in range(self.schedule.num_devices):
       on_d = self.schedule.StagesOn(d)
       steps = program.steps[d]
@@ -144,10 +180,12 @@ class TickGraph:
             continue
           step = steps[index - 1]
           at = f'mb{m}' if isinstance(m, int) else f't{col}'
+          ready = _Ready(arrived, step.stage, slots[step.stage],
+                         program.micro[d], col, offsets)
           with _After(done.get(d, [])), tf.name_scope(
               f'stage{step.stage}_{step.kind}_{at}'):
             slots[step.stage], made = self.step(step, m, t,
-                                                 slots[step.stage])
+                                                slots[step.stage], ready)
           done[d] = Finished(made) or done.get(d, [])
           continue
         # One switch per stage over that stage's steps (branch 0 idles),
@@ -170,7 +208,7 @@ class TickGraph:
             # next one waits for this one's: ticks overlap across devices,
             # never on one.
             with _After([state.token]):
-              new, made = self.step(step, m, t, state)
+              new, made = self.step(step, m, t, state, {})
             with _After(Finished(made)):
               new = new._replace(token=tf.identity(new.token))
             return compact.Values(new)
@@ -185,7 +223,8 @@ class TickGraph:
     return tuple(slots)
 
   def _Receive(self, program: ticks_lib.TickProgram, s: int,
-               col: int | None, t: Any, slots: list) -> slots_lib.Slots:
+               col: int | None, t: Any, slots: list,
+               arrived: dict | None) -> slots_lib.Slots:
     """Stage s takes in what its neighbours made at tick t-1.
 
     With `col`, only where something arrives. In a SWITCH loop every tick
@@ -197,28 +236,37 @@ class TickGraph:
     mine = slots[s]
     if s > 0 and mine.x is not None:
       mine = self._Put(mine, 'x', None, program.got_y[s], col, t,
-                       slots[s - 1].y)
+                       slots[s - 1].y, arrived, s)
     if s + 1 < len(slots) and mine.dy is not None:
       mine = self._Put(mine, 'dy', None, program.got_dx[s], col, t,
-                       slots[s + 1].dx)
+                       slots[s + 1].dx, arrived, s)
     for i, r in enumerate(self.routes):
       if r.dst == s and mine.skip_in is not None:
         mine = self._Put(mine, 'skip_in', r.in_index, program.got_skip[i],
-                         col, t, slots[r.src].skip_out[r.out_index])
+                         col, t, slots[r.src].skip_out[r.out_index],
+                         arrived, s)
       if r.src == s and mine.dskip_out is not None:
         mine = self._Put(mine, 'dskip_out', r.out_index, program.got_dskip[i],
-                         col, t, slots[r.dst].dskip_in[r.in_index])
+                         col, t, slots[r.dst].dskip_in[r.in_index],
+                         arrived, s)
     return mine
 
   def _Put(self, mine: slots_lib.Slots, role: str, j: int | None,
-           row: Sequence[int], col: int | None, t: Any,
-           value: Any) -> slots_lib.Slots:
+           row: Sequence[int], col: int | None, t: Any, value: Any,
+           arrived: dict | None, s: int) -> slots_lib.Slots:
     """`mine` with its slots `role` (with `j`, only role[j]) written at the
     slot the receipt row says arrives at tick t: the spare slot M for none,
-    no write where none is built."""
+    no write where none is built. A receipt built at a column is also
+    noted in `arrived` (_Ready)."""
     arrays = list(getattr(mine, role))
     if (row[col] < 0) if col is not None else all(m < 0 for m in row):
       return mine
+    if arrived is not None and col is not None:
+      # One copy onto this device for the slot and the step: one transfer.
+      value = [None if v is None else tf.identity(v)
+               for v in (value if j is None else [value])]
+      value = value if j is None else value[0]
+      arrived.setdefault((s, role, j), []).append((row, col, value))
     spare = self.schedule.num_micro_batches
     m = slots_lib.Gather(tuple(spare if m < 0 else m for m in row), t)
     if j is None:

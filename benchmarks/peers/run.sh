@@ -6,7 +6,7 @@
 set -e
 TORCH_PYTHON=${TORCH_PYTHON:-python}
 M=${M:-8}
-STEPS=${STEPS:-3}
+STEPS=${STEPS:-7}  # 3 let one slow round of a shared machine decide a median
 SCHEDULES=gpipe,1f1b,interleaved_1f1b,zbv,dualpipe_v
 DAY=$(date -u +%Y-%m-%d)
 LOGS=benchmarks/peers/logs

@@ -283,20 +283,19 @@ def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
   layout = c.layouts[s]
   reads, makes = piece.reads, piece.makes
   new, fed = {}, {}
+  recomputes = step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep
   # Output gradients are read by one step: taken. Inputs and skips are
   # freed by the last step that reads them: they live until their reader
   # has run (a recomputing backward reads them again). That is an F that
   # keeps its activations (its backward reads those), an FB, a recomputing
   # B or BW, or any step in inference.
   last = (not program.training or step.kind == ticks_lib.FB or
-          (step.kind == ticks_lib.F and step.keep) or
-          (step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep))
+          (step.kind == ticks_lib.F and step.keep) or recomputes)
   # A recomputing backward reads its forward's inputs from the slot, never
   # as the tensor its forward took (ready): given the same tensor,
   # TensorFlow's optimiser merges the recompute with the forward, whose
   # activations then live until the backward (interpreter_test's
   # testRematSavesMemory).
-  recomputes = step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep
   for role in ('x', 'skip_in', 'dy', 'dskip_out'):
     if role in reads and getattr(mine, role) is not None:
       fed[role], new[role] = slots_lib.Take(

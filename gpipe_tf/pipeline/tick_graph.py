@@ -263,9 +263,8 @@ class TickGraph:
       return mine
     if arrived is not None and col is not None:
       # One copy onto this device for the slot and the step: one transfer.
-      value = [None if v is None else tf.identity(v)
-               for v in (value if j is None else [value])]
-      value = value if j is None else value[0]
+      copy = lambda v: None if v is None else tf.identity(v)
+      value = [copy(v) for v in value] if j is None else copy(value)
       arrived.setdefault((s, role, j), []).append((row, col, value))
     spare = self.schedule.num_micro_batches
     m = slots_lib.Gather(tuple(spare if m < 0 else m for m in row), t)

@@ -225,7 +225,9 @@ class TickGraph:
   def _Receive(self, program: ticks_lib.TickProgram, s: int,
                col: int | None, t: Any, slots: list,
                arrived: dict | None) -> slots_lib.Slots:
-    """Stage s takes in what its neighbours made at tick t-1.
+    """Stage s takes in what its neighbours made at tick t-1: each receipt
+    is written at the slot its row (TickProgram.got_*) says arrives at tick
+    t, and one built at a column is also noted in `arrived` (_Ready).
 
     With `col`, only where something arrives. In a SWITCH loop every tick
     writes: a tick without a receipt writes into the spare slot M, which
@@ -234,42 +236,35 @@ class TickGraph:
     every tick whether or not anything arrives.
     """
     mine = slots[s]
-    if s > 0 and mine.x is not None:
-      mine = self._Put(mine, 'x', None, program.got_y[s], col, t,
-                       slots[s - 1].y, arrived, s)
-    if s + 1 < len(slots) and mine.dy is not None:
-      mine = self._Put(mine, 'dy', None, program.got_dx[s], col, t,
-                       slots[s + 1].dx, arrived, s)
+    # (slot role, its flat index or None for all, receipt row, value)
+    receipts = []
+    if s > 0:
+      receipts.append(('x', None, program.got_y[s], slots[s - 1].y))
+    if s + 1 < len(slots):
+      receipts.append(('dy', None, program.got_dx[s], slots[s + 1].dx))
     for i, r in enumerate(self.routes):
-      if r.dst == s and mine.skip_in is not None:
-        mine = self._Put(mine, 'skip_in', r.in_index, program.got_skip[i],
-                         col, t, slots[r.src].skip_out[r.out_index],
-                         arrived, s)
-      if r.src == s and mine.dskip_out is not None:
-        mine = self._Put(mine, 'dskip_out', r.out_index, program.got_dskip[i],
-                         col, t, slots[r.dst].dskip_in[r.in_index],
-                         arrived, s)
-    return mine
-
-  def _Put(self, mine: slots_lib.Slots, role: str, j: int | None,
-           row: Sequence[int], col: int | None, t: Any, value: Any,
-           arrived: dict | None, s: int) -> slots_lib.Slots:
-    """`mine` with its slots `role` (with `j`, only role[j]) written at the
-    slot the receipt row says arrives at tick t: the spare slot M for none,
-    no write where none is built. A receipt built at a column is also
-    noted in `arrived` (_Ready)."""
-    arrays = list(getattr(mine, role))
-    if (row[col] < 0) if col is not None else all(m < 0 for m in row):
-      return mine
-    if arrived is not None and col is not None:
-      # One copy onto this device for the slot and the step: one transfer.
-      copy = lambda v: None if v is None else tf.identity(v)
-      value = [copy(v) for v in value] if j is None else copy(value)
-      arrived.setdefault((s, role, j), []).append((row, col, value))
+      if r.dst == s:
+        receipts.append(('skip_in', r.in_index, program.got_skip[i],
+                         slots[r.src].skip_out[r.out_index]))
+      if r.src == s and mine.dskip_out is not None:  # Training only.
+        receipts.append(('dskip_out', r.out_index, program.got_dskip[i],
+                         slots[r.dst].dskip_in[r.in_index]))
     spare = self.schedule.num_micro_batches
-    m = slots_lib.Gather(tuple(spare if m < 0 else m for m in row), t)
-    if j is None:
-      return mine._replace(**{role: slots_lib.Write(arrays, m, value)})
-    if arrays[j] is not None:
-      arrays[j] = arrays[j].write(m, value)
-    return mine._replace(**{role: arrays})
+    for role, j, row, value in receipts:
+      arrays = getattr(mine, role)
+      if arrays is None or (row[col] < 0 if col is not None else
+                            all(m < 0 for m in row)):
+        continue
+      if arrived is not None and col is not None:
+        # One copy onto this device for the slot and the step: one transfer.
+        copy = lambda v: None if v is None else tf.identity(v)
+        value = [copy(v) for v in value] if j is None else copy(value)
+        arrived.setdefault((s, role, j), []).append((row, col, value))
+      m = slots_lib.Gather(tuple(spare if m < 0 else m for m in row), t)
+      arrays = list(arrays)
+      if j is None:
+        arrays = slots_lib.Write(arrays, m, value)
+      elif arrays[j] is not None:
+        arrays[j] = arrays[j].write(m, value)
+      mine = mine._replace(**{role: arrays})
+    return mine

@@ -222,16 +222,14 @@ def Start(compiled: Compiled, flat: Sequence[Any], labels: Sequence[Any],
 
 def FeedOutputGradients(compiled: Compiled, feeds: Feeds, state: State,
                         dys: Sequence[Any]) -> State:
-  """`state` with the gradients of the merged outputs (one per flat output,
-  None where none flows) split into the last stage's dy slots (a
-  tape-driven backward)."""
+  """`state` with the gradients of the merged outputs (one per flat output)
+  split into the last stage's dy slots (a tape-driven backward). Only the
+  float outputs have slots; TensorFlow hands the pipeline's custom gradient
+  zeros, not None, for a float output the loss does not read
+  (transparency_test's testAnOutputTheLossIgnores)."""
   c = compiled
   slots = state[-1]
   with tf.device(c.cells[-1].device):
-    if any(g is None for ta, g in zip(slots.dy, dys) if ta is not None):
-      outputs = Merged(c, state, -1, 'out')  # For a zero gradient's shape.
-      dys = [g if g is not None or ta is None else tf.zeros_like(y)
-             for ta, g, y in zip(slots.dy, dys, outputs)]
     dys = [g if ta is not None else None for ta, g in zip(slots.dy, dys)]
     dy = _Split(c, -1, dys, feeds.sizes, read_once=True)
   return state[:-1] + (slots._replace(dy=dy),)

@@ -126,6 +126,33 @@ class TransparencyTest(tf.test.TestCase):
             layers, (x, gate, ids), 3, 4, remat,
             input_shapes=[(None, 4), (None, 1), (None,)])
 
+  def testAnOutputTheLossIgnores(self):
+    # The loss reads only x of (x, gate, ids): the tape hands the pipeline's
+    # gradient no gradient for gate, and the last stage's backward gets
+    # zeros there (interpreter.FeedOutputGradients).
+    layers = [_PairLayer.Params().Set(name=f'pair{i}', dim=4)
+              for i in range(4)]
+    x = tf.random.stateless_normal([8, 4], seed=[5, 6])
+    gate = tf.random.stateless_uniform([8, 1], seed=[7, 8])
+    ids = tf.range(8, dtype=tf.int32) % 3
+
+    def _Grads(model):
+      with tf.GradientTape() as tape:
+        tape.watch([x, gate])
+        y, _, _ = model.FProp(x, gate, ids, training=True)
+        loss = tf.reduce_sum(tf.sin(y))
+      return tape.gradient(loss, list(model.trainable_variables) + [x, gate])
+
+    want = _Grads(_Build(core.SequentialLayer.Params(), layers))
+    pipe = _Build(PipeliningLayer.Params(), layers, num_partitions=2,
+                  num_micro_batches=4, balance=[2, 2])
+    for name, fn in (('eager', _Grads), ('function', tf.function(_Grads))):
+      with self.subTest(name):
+        got = fn(pipe)
+        self.assertLen(got, len(want))
+        for a, b in zip(want, got):
+          self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
   def testUnknownBatchSize(self):
     seq = _Build(core.SequentialLayer.Params(), _MlpLayers())
     pipe = _Build(PipeliningLayer.Params(), _MlpLayers(), num_partitions=2,

@@ -41,10 +41,15 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from gpipe_tf import errors as errors_lib
 from gpipe_tf.pipeline import trace as trace_lib
 
-__all__ = ['Op', 'SendLag', 'WorkerProfile', 'Capture', 'Read',
+__all__ = ['NoProfileError', 'Op', 'SendLag', 'WorkerProfile', 'Capture', 'Read',
            'FromSpace', 'SendLags', 'Summarize', 'Report']
+
+class NoProfileError(errors_lib.Error, RuntimeError):
+  """The profiler wrote no profile file for a worker it was asked to trace."""
+
 
 # The engine's name scope of one action's ops (tick_graph.TickGraph._Tick).
 _ACTION = re.compile(r'(?:^|/)(stage\d+_[A-Z]+_(?:mb|t)\d+)/')
@@ -124,7 +129,7 @@ def Capture(addresses: Sequence[str], run: Callable[[], None],
     `addresses`.
 
   Raises:
-    RuntimeError: the profiler wrote no file for some worker.
+    NoProfileError: the profiler wrote no file for some worker.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   errors = []
@@ -152,7 +157,7 @@ def Capture(addresses: Sequence[str], run: Callable[[], None],
     mine = [p for p in written if os.path.basename(p).startswith(
         address.replace(':', '_') + '.')]
     if not mine:
-      raise RuntimeError(
+      raise NoProfileError(
           f'The profiler wrote no profile for worker {address} under '
           f'{logdir} (wrote: {written}); is its server running?')
     paths.append(mine[-1])

@@ -1,5 +1,7 @@
 """tools/worker_profile.py: a worker's ops from its profile, and how long its sends waited."""
 
+from unittest import mock
+
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -30,6 +32,17 @@ def _Op(action, op, start, ms, kind='MatMul', loop=False):
 
 
 class WorkerProfileTest(tf.test.TestCase):
+
+  def testAWorkerWithoutAProfileIsANamedError(self):
+    ran = []
+    # The profiler "ran" and wrote nothing (its server was not there).
+    with mock.patch.object(tf.profiler.experimental.client, 'trace',
+                           lambda *args: None):
+      with self.assertRaisesRegex(wp.NoProfileError,
+                                  'no profile for worker localhost:1234'):
+        wp.Capture(['localhost:1234'], lambda: ran.append(1),
+                   self.get_temp_dir(), duration_ms=10, delay_seconds=0)
+    self.assertEqual(ran, [1])
 
   def testOpsAndStepCallsAreReadAndRuntimeEventsAreNot(self):
     ops, starts = wp.FromSpace(_Space([

@@ -47,8 +47,10 @@ read the 'gpipe' rows. --json PATH writes one row per configuration (the
 baseline's rows have ``single_core`` true; every row has
 ``speedup_vs_single_core``, ``speedup_rounds``, ``seconds_per_step_rounds``,
 ``schedule``, ``num_virtual_stages``, ``loss_inside``, and the memory model's
-``model_peak_bytes`` (over the traced step's sizes) and ``plan_peak_bytes``
-(over tools.plan's estimate of them)).
+``model_peak_bytes`` (over the traced step's sizes), each device's own
+modelled peak ``device_model_peak_bytes`` (printed beside each worker's
+measured peak with --devices=processes) and ``plan_peak_bytes`` (over
+tools.plan's estimate of the sizes)).
 
 Threads: by default each of the D logical devices gets cores // D intra-op
 threads and there are D inter-op threads (gpipe_tf.runtime.devices.SplitCpu),

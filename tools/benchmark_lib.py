@@ -26,8 +26,10 @@ module turns a ModelSpec and a list of configurations into result rows:
     over the median step time), ``peak_memory_bytes``,
     ``model_peak_bytes`` (ModelPeakBytes over the sizes the traced step's
     stages hold, tools/benchmark_memory.py: the memory model's figure to
-    compare with the measured peak; None where it has none) and
-    ``plan_peak_bytes`` (the same model over tools.plan's estimated sizes).
+    compare with the measured peak; None where it has none),
+    ``device_model_peak_bytes`` (each device's own modelled peak, the same
+    sizes) and ``plan_peak_bytes`` (the same model over tools.plan's
+    estimated sizes).
 
 Logical CPU devices must exist before this module runs any op
 (gpipe_tf.runtime.devices.SplitCpu). It does NOT define flags or print tables.
@@ -287,24 +289,27 @@ def Rows(spec: ModelSpec, configs: Sequence[dict],
   """The result rows: each configuration with its median throughput, peak,
   the memory model's peaks (ModelPeakBytes; ``model_peak_bytes`` over the
   traced sizes ``stage_bytes`` (Build's) where given, ``plan_peak_bytes``
-  over the layers' FPropMeta sizes) and the seconds per step of every round
-  (in the order they ran)."""
+  over the layers' FPropMeta sizes; ``device_model_peak_bytes``, each
+  device's own peak over the same sizes as ``model_peak_bytes``) and the
+  seconds per step of every round (in the order they ran)."""
   stage_bytes = stage_bytes or [None] * len(configs)
   rows = []
   for cfg, ts, peak, sizes in zip(configs, times, peaks, stage_bytes):
     plan = ModelPeakBytes(spec, cfg)
+    model = ModelPeakBytes(spec, cfg, sizes, per_device=True)
     rows.append(dict(
         cfg, examples_per_sec=spec.batch_size / statistics.median(ts),
         peak_memory_bytes=int(peak),
-        model_peak_bytes=(plan if sizes is None or plan is None else
-                          ModelPeakBytes(spec, cfg, sizes)),
+        model_peak_bytes=None if model is None else model[0],
+        device_model_peak_bytes=None if model is None else model[1],
         plan_peak_bytes=plan,
         seconds_per_step_rounds=[float(t) for t in ts]))
   return rows
 
 
 def ModelPeakBytes(spec: ModelSpec, cfg: dict,
-                   stage_bytes: Sequence[object] | None = None) -> int | None:
+                   stage_bytes: Sequence[object] | None = None,
+                   per_device: bool = False) -> Any:
   """The memory model's peak of a pipelined training row, to set beside the measured one.
 
   tools.plan_lib.Evaluate's total_step_bytes (schedule.memory.Profile over
@@ -313,8 +318,10 @@ def ModelPeakBytes(spec: ModelSpec, cfg: dict,
   allocator. The sizes are ``stage_bytes`` (one schedule.memory.StageBytes
   per stage: tools.benchmark_memory.TracedStageBytes) when given, else
   those tools.plan estimates from the layers' FPropMeta (4 bytes a value).
-  None for rows it does not model: not pipelined, inference, R > 1 or a
-  dtype other than float32. Runs no TensorFlow op.
+  With `per_device`, (that peak, [each device's own peak]): what each
+  worker's allocator holds at its worst moment (--devices=processes). None
+  for rows it does not model: not pipelined, inference, R > 1 or a dtype
+  other than float32. Runs no TensorFlow op.
   """
   if (not cfg['pipeline'] or cfg['mode'] != 'train' or
       cfg['num_replicas'] > 1 or cfg.get('dtype', 'float32') != 'float32'):
@@ -325,8 +332,10 @@ def ModelPeakBytes(spec: ModelSpec, cfg: dict,
   layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
                            cfg['schedule'], cfg['num_virtual_stages'],
                            cfg['remat'])
-  return int(plan_lib.Evaluate(model, layout, spec.batch_size,
-                               stage_bytes=stage_bytes).total_step_bytes)
+  plan = plan_lib.Evaluate(model, layout, spec.batch_size,
+                           stage_bytes=stage_bytes)
+  total = int(plan.total_step_bytes)
+  return (total, [int(b) for b in plan.step_bytes]) if per_device else total
 
 
 def MakeStep(spec: ModelSpec, cfg: dict,

@@ -297,27 +297,32 @@ def DeviceTable(rows: Sequence[dict]) -> str:
 
   One line per row that has them: step time, each device's busy time (its
   worker's CPU time per step) and its share of the step, each device's peak
-  step memory, the MiB each sent per step (measured on its sockets) and what
-  the schedule's boundary tensors alone make (all devices together).
+  step memory beside the memory model's peak of that device (its own
+  allocator's worst moment; '-' for rows the model leaves out), the MiB
+  each sent per step (measured on its sockets) and what the schedule's
+  boundary tensors alone make (all devices together).
   """
   lines = ['\nPer device (worker processes; lists are device 0 / device 1 / '
-           '...; busy = worker CPU time per step; sent = bytes on its '
-           'sockets; boundary = what the schedule must send, all devices)',
+           '...; busy = worker CPU time per step; model = the memory model\'s '
+           'peak of each device; sent = bytes on its sockets; boundary = what '
+           'the schedule must send, all devices)',
            '| configuration | schedule | step ms | busy ms | busy % of step | '
-           'peak MiB | sent MiB | boundary MiB |',
-           '|---|---|---|---|---|---|---|---|']
+           'peak MiB | model MiB | sent MiB | boundary MiB |',
+           '|---|---|---|---|---|---|---|---|---|']
   for r in rows:
     busy = r.get('device_busy_seconds_per_step')
     if busy is None:
       continue
     step = statistics.median(r['seconds_per_step_rounds'])
     boundary = r.get('boundary_bytes_per_step')
+    model = r.get('device_model_peak_bytes')
     lines.append(
         f"| {lib.Label(r, with_schedule=False)} | "
         f"{lib.ScheduleLabel(r) if r['pipeline'] else '-'} | "
         f'{1000 * step:.0f} | ' + _Each(busy, 1000, '.0f') + ' | ' +
         _Each([b / step for b in busy], 100, '.0f') + ' | ' +
         _Each(r['device_peak_memory_bytes'], 1 / 2**20, '.1f') + ' | ' +
+        (_Each(model, 1 / 2**20, '.1f') if model else '-') + ' | ' +
         _Each(r['device_bytes_sent_per_step'], 1 / 2**20, '.2f') + ' | ' +
         ('-' if boundary is None else f'{boundary / 2**20:.2f}') + ' |')
   return '\n'.join(lines)

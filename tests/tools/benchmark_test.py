@@ -26,8 +26,8 @@ _ROW_KEYS = ('pipeline', 'num_partitions', 'num_micro_batches', 'remat',
              'mode', 'num_replicas', 'single_core', 'schedule',
              'num_virtual_stages', 'loss_inside', 'dtype', 'jit_compile',
              'execution', 'examples_per_sec', 'peak_memory_bytes',
-             'model_peak_bytes', 'plan_peak_bytes',
-             'seconds_per_step_rounds')
+             'model_peak_bytes', 'device_model_peak_bytes',
+             'plan_peak_bytes', 'seconds_per_step_rounds')
 _SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 
 
@@ -189,6 +189,14 @@ class ModelPeakTest(tf.test.TestCase):
     grads, unit = 2 * 2 * 72 * 4, 4 * 24 * 4
     self.assertEqual(peaks['gpipe'], 2 * grads + 7 * unit)
     self.assertEqual(peaks['1f1b'], 2 * grads + 3 * unit)
+    # Each device's own worst moment: its last backward's gradients beside
+    # its sums (one stage's: grads / 2 each) and the micro-batches it holds
+    # then: 4 each in gpipe, K - d in 1f1b.
+    for name, held in (('gpipe', (4, 4)), ('1f1b', (2, 1))):
+      self.assertEqual(lib.ModelPeakBytes(_TINY, lib.Config(
+          True, 2, 4, 'never', schedule=name, loss_inside=True),
+                                          per_device=True),
+                       (peaks[name], [grads + h * unit for h in held]))
     self.assertIsNone(lib.ModelPeakBytes(_TINY, lib.Config(False)))
     self.assertIsNone(lib.ModelPeakBytes(
         _TINY, lib.Config(True, 2, 4, 'never', mode='inference')))
@@ -380,6 +388,13 @@ class ProcessesTest(tf.test.TestCase):
     self.assertIn('| K=2 M=4 remat=never | 1f1b | ', prediction_table)
     table = tables.DeviceTable(measured['rows'])
     self.assertIn('| K=2 M=4 remat=never | 1f1b | ', table)
+    for row in measured['rows']:
+      # Each device's modelled peak beside its measured one; the devices'
+      # worst moments need not coincide, so their sum bounds the total.
+      model = row['device_model_peak_bytes']
+      self.assertLen(model, 2)
+      self.assertBetween(row['model_peak_bytes'], max(model), sum(model))
+      self.assertIn(' / '.join([f'{x / 2**20:.1f}' for x in model]), table)
     self.assertLen(table.strip().splitlines(), 3 + len(client.CONFIGS))
 
 

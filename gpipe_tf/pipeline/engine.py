@@ -119,10 +119,9 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
                       keep=keep if training else lambda s, m: True,
                       skips=interpreter.SkipPairs(cells))
       for phase in (('forward', 'backward') if training else ('forward',)))
-  # Inference compiles its pieces without XLA.
   compiled = interpreter.Compile(cells, schedule, inputs, specs, training,
-                                 programs, seed, training and jit_compile,
-                                 execution, budget)
+                                 programs, seed, jit_compile, execution,
+                                 budget)
   if not training:
     feeds, state = interpreter.Start(compiled, flat, (), seed)
     state = interpreter.Run(compiled, feeds, programs[0], state, trace)

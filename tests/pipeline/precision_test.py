@@ -142,6 +142,19 @@ class PrecisionTest(tf.test.TestCase):
     piece = program.Piece(ticks.Step(ticks.F, 0, False))
     self.assertTrue(piece.function._jit_compile)  # pylint: disable=protected-access
 
+  def testJitCompiledInference(self):
+    # jit_compile applies to inference's pieces too, not only training's.
+    pipe = self._Pipe('float32', num_micro_batches=2, jit_compile=True)
+    got = tf.function(lambda: pipe.FProp(self.x, training=False))()
+    want = self._Pipe('float32', num_micro_batches=2).FProp(self.x,
+                                                            training=False)
+    self.assertAllClose(want, got, rtol=1e-5, atol=1e-6)
+    for cell in pipe.cells:
+      (program,) = cell.programs.values()
+      self.assertFalse(program.training)
+      piece = program.Piece(ticks.Step(ticks.F, 0, True))
+      self.assertTrue(piece.function._jit_compile)  # pylint: disable=protected-access
+
 
 class TrainerPrecisionTest(tf.test.TestCase):
 

@@ -295,8 +295,9 @@ def Targets(rows: Sequence[dict], partitions: Sequence[int],
 def DeviceTable(rows: Sequence[dict]) -> str:
   """Per-device figures of rows timed on worker processes (--devices=processes).
 
-  One line per row that has them: step time, each device's busy time (its
-  worker's CPU time per step) and its share of the step, each device's peak
+  One line per row that has them: step time (the median round's), each
+  device's busy time (its worker's CPU time per step, a mean over every
+  round) and its share of the mean step, each device's peak
   step memory beside the memory model's peak of that device (its own
   allocator's worst moment; '-' for rows the model leaves out), the MiB
   each sent per step (measured on its sockets) and what the schedule's
@@ -314,13 +315,16 @@ def DeviceTable(rows: Sequence[dict]) -> str:
     if busy is None:
       continue
     step = statistics.median(r['seconds_per_step_rounds'])
+    # The busy times are means over every round: their share is of the mean
+    # step (of the median, one slow round put a worker at 115% busy).
+    mean = statistics.mean(r['seconds_per_step_rounds'])
     boundary = r.get('boundary_bytes_per_step')
     model = r.get('device_model_peak_bytes')
     lines.append(
         f"| {lib.Label(r, with_schedule=False)} | "
         f"{lib.ScheduleLabel(r) if r['pipeline'] else '-'} | "
         f'{1000 * step:.0f} | ' + _Each(busy, 1000, '.0f') + ' | ' +
-        _Each([b / step for b in busy], 100, '.0f') + ' | ' +
+        _Each([b / mean for b in busy], 100, '.0f') + ' | ' +
         _Each(r['device_peak_memory_bytes'], 1 / 2**20, '.1f') + ' | ' +
         (_Each(model, 1 / 2**20, '.1f') if model else '-') + ' | ' +
         _Each(r['device_bytes_sent_per_step'], 1 / 2**20, '.2f') + ' | ' +

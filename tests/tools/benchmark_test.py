@@ -211,6 +211,19 @@ class ModelPeakTest(tf.test.TestCase):
     self.assertNotIn('model MiB', tables.Table1([_Row(100.0)]))
 
 
+  def testDeviceTableSharesAreOfTheMeanStep(self):
+    # One slow round of three: a worker busy all the time it ran is busy
+    # 100% of the mean step (1.2 s), not 120% of the median (1.0 s).
+    row = dict(_Row(100.0), seconds_per_step_rounds=[1.6, 1.0, 1.0],
+               device_busy_seconds_per_step=[1.2, 0.6],
+               device_peak_memory_bytes=[2**20, 2**21],
+               device_model_peak_bytes=[2**20, 3 * 2**20],
+               device_bytes_sent_per_step=[2**20, 2**20],
+               boundary_bytes_per_step=2**21)
+    self.assertIn('| 1000 | 1200 / 600 | 100 / 50 | 1.0 / 2.0 | 1.0 / 3.0 | '
+                  '1.00 / 1.00 | 2.00 |', tables.DeviceTable([row]))
+
+
 class SingleCoreTablesTest(tf.test.TestCase):
   """Pure functions of made-up rows: no TensorFlow op runs."""
 

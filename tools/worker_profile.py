@@ -44,8 +44,9 @@ from typing import Callable, Sequence
 from gpipe_tf import errors as errors_lib
 from gpipe_tf.pipeline import trace as trace_lib
 
-__all__ = ['NoProfileError', 'Op', 'SendLag', 'WorkerProfile', 'Capture', 'Read',
-           'FromSpace', 'SendLags', 'Summarize', 'Report']
+__all__ = ['NoProfileError', 'Op', 'SendLag', 'WorkerProfile', 'Capture',
+           'Read', 'FromSpace', 'SendLags', 'Summarize', 'Report']
+
 
 class NoProfileError(errors_lib.Error, RuntimeError):
   """The profiler wrote no profile file for a worker it was asked to trace."""

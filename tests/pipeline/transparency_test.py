@@ -127,9 +127,9 @@ class TransparencyTest(tf.test.TestCase):
             input_shapes=[(None, 4), (None, 1), (None,)])
 
   def testAnOutputTheLossIgnores(self):
-    # The loss reads only x of (x, gate, ids): the tape hands the pipeline's
-    # gradient no gradient for gate, and the last stage's backward gets
-    # zeros there (interpreter.FeedOutputGradients).
+    # The loss reads only y of (y, gate, ids): TensorFlow hands the
+    # pipeline's custom gradient zeros for gate, not None, and
+    # interpreter.FeedOutputGradients relies on it.
     layers = [_PairLayer.Params().Set(name=f'pair{i}', dim=4)
               for i in range(4)]
     x = tf.random.stateless_normal([8, 4], seed=[5, 6])

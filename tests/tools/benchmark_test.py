@@ -210,7 +210,6 @@ class ModelPeakTest(tf.test.TestCase):
     self.assertIn('| 5.0 | 3.0 | 100 |', tables.Table1(rows))
     self.assertNotIn('model MiB', tables.Table1([_Row(100.0)]))
 
-
   def testDeviceTableSharesAreOfTheMeanStep(self):
     # One slow round of three: a worker busy all the time it ran is busy
     # 100% of the mean step (1.2 s), not 120% of the median (1.0 s).

@@ -24,7 +24,7 @@ module turns a ModelSpec and a list of configurations into result rows:
     in its own one-thread process, tools/benchmark_baseline.py);
   * a row is the configuration plus ``examples_per_sec`` (global examples
     over the median step time), ``peak_memory_bytes``,
-    ``model_peak_bytes`` (ModelPeakBytes over the sizes the traced step's
+    ``model_peak_bytes`` (ModelPlan over the sizes the traced step's
     stages hold, tools/benchmark_memory.py: the memory model's figure to
     compare with the measured peak; None where it has none),
     ``device_model_peak_bytes`` (each device's own modelled peak, the same
@@ -55,9 +55,9 @@ from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 
 __all__ = ['Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
-           'Measure', 'Merge', 'ModelPeakBytes', 'ModelSpec', 'PipelineConfigs',
-           'ReplicaConfigs', 'Rows', 'ScheduleLabel', 'StepAndModel',
-           'StageBalance', 'StageInputs', 'TimeRound']
+           'Measure', 'Merge', 'ModelPeakBytes', 'ModelPlan', 'ModelSpec',
+           'PipelineConfigs', 'ReplicaConfigs', 'Rows', 'ScheduleLabel',
+           'StepAndModel', 'StageBalance', 'StageInputs', 'TimeRound']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +287,7 @@ def Rows(spec: ModelSpec, configs: Sequence[dict],
          times: Sequence[Sequence[float]], peaks: Sequence[int],
          stage_bytes: Sequence[list | None] | None = None) -> list[dict]:
   """The result rows: each configuration with its median throughput, peak,
-  the memory model's peaks (ModelPeakBytes; ``model_peak_bytes`` over the
+  the memory model's peaks (ModelPlan; ``model_peak_bytes`` over the
   traced sizes ``stage_bytes`` (Build's) where given, ``plan_peak_bytes``
   over the layers' FPropMeta sizes; ``device_model_peak_bytes``, each
   device's own peak over the same sizes as ``model_peak_bytes``) and the
@@ -295,33 +295,34 @@ def Rows(spec: ModelSpec, configs: Sequence[dict],
   stage_bytes = stage_bytes or [None] * len(configs)
   rows = []
   for cfg, ts, peak, sizes in zip(configs, times, peaks, stage_bytes):
-    plan = ModelPeakBytes(spec, cfg)
-    model = ModelPeakBytes(spec, cfg, sizes, per_device=True)
+    estimated = ModelPlan(spec, cfg)
+    traced = (estimated if sizes is None or estimated is None else
+              ModelPlan(spec, cfg, sizes))
     rows.append(dict(
         cfg, examples_per_sec=spec.batch_size / statistics.median(ts),
         peak_memory_bytes=int(peak),
-        model_peak_bytes=None if model is None else model[0],
-        device_model_peak_bytes=None if model is None else model[1],
-        plan_peak_bytes=plan,
+        model_peak_bytes=_Total(traced),
+        device_model_peak_bytes=(None if traced is None else
+                                 [int(b) for b in traced.step_bytes]),
+        plan_peak_bytes=_Total(estimated),
         seconds_per_step_rounds=[float(t) for t in ts]))
   return rows
 
 
-def ModelPeakBytes(spec: ModelSpec, cfg: dict,
-                   stage_bytes: Sequence[object] | None = None,
-                   per_device: bool = False) -> Any:
-  """The memory model's peak of a pipelined training row, to set beside the measured one.
+def ModelPlan(spec: ModelSpec, cfg: dict,
+              stage_bytes: Sequence[object] | None = None) -> Any:
+  """The memory model of a pipelined training row, to set beside the measured peaks.
 
-  tools.plan_lib.Evaluate's total_step_bytes (schedule.memory.Profile over
-  the simulated step): the gradient sums and activations all devices hold
-  at the worst moment, as the measured peak counts them on one shared
-  allocator. The sizes are ``stage_bytes`` (one schedule.memory.StageBytes
-  per stage: tools.benchmark_memory.TracedStageBytes) when given, else
-  those tools.plan estimates from the layers' FPropMeta (4 bytes a value).
-  With `per_device`, (that peak, [each device's own peak]): what each
-  worker's allocator holds at its worst moment (--devices=processes). None
-  for rows it does not model: not pipelined, inference, R > 1 or a dtype
-  other than float32. Runs no TensorFlow op.
+  tools.plan_lib.Evaluate's Plan (schedule.memory.Profile over the
+  simulated step): its ``total_step_bytes`` are the gradient sums and
+  activations all devices hold at the worst moment, as the measured peak
+  counts them on one shared allocator; its ``step_bytes`` each device's own
+  worst moment, as each worker's allocator holds it (--devices=processes).
+  The sizes are ``stage_bytes`` (one schedule.memory.StageBytes per stage:
+  tools.benchmark_memory.TracedStageBytes) when given, else those tools.plan
+  estimates from the layers' FPropMeta (4 bytes a value). None for rows it
+  does not model: not pipelined, inference, R > 1 or a dtype other than
+  float32. Runs no TensorFlow op.
   """
   if (not cfg['pipeline'] or cfg['mode'] != 'train' or
       cfg['num_replicas'] > 1 or cfg.get('dtype', 'float32') != 'float32'):
@@ -332,10 +333,18 @@ def ModelPeakBytes(spec: ModelSpec, cfg: dict,
   layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
                            cfg['schedule'], cfg['num_virtual_stages'],
                            cfg['remat'])
-  plan = plan_lib.Evaluate(model, layout, spec.batch_size,
+  return plan_lib.Evaluate(model, layout, spec.batch_size,
                            stage_bytes=stage_bytes)
-  total = int(plan.total_step_bytes)
-  return (total, [int(b) for b in plan.step_bytes]) if per_device else total
+
+
+def ModelPeakBytes(spec: ModelSpec, cfg: dict,
+                   stage_bytes: Sequence[object] | None = None) -> int | None:
+  """ModelPlan's peak over all devices (its total_step_bytes), or None."""
+  return _Total(ModelPlan(spec, cfg, stage_bytes))
+
+
+def _Total(plan: Any) -> int | None:
+  return None if plan is None else int(plan.total_step_bytes)
 
 
 def MakeStep(spec: ModelSpec, cfg: dict,

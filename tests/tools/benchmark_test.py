@@ -193,10 +193,11 @@ class ModelPeakTest(tf.test.TestCase):
     # its sums (one stage's: grads / 2 each) and the micro-batches it holds
     # then: 4 each in gpipe, K - d in 1f1b.
     for name, held in (('gpipe', (4, 4)), ('1f1b', (2, 1))):
-      self.assertEqual(lib.ModelPeakBytes(_TINY, lib.Config(
-          True, 2, 4, 'never', schedule=name, loss_inside=True),
-                                          per_device=True),
-                       (peaks[name], [grads + h * unit for h in held]))
+      plan = lib.ModelPlan(_TINY, lib.Config(True, 2, 4, 'never',
+                                             schedule=name, loss_inside=True))
+      self.assertEqual(
+          (int(plan.total_step_bytes), [int(b) for b in plan.step_bytes]),
+          (peaks[name], [grads + h * unit for h in held]))
     self.assertIsNone(lib.ModelPeakBytes(_TINY, lib.Config(False)))
     self.assertIsNone(lib.ModelPeakBytes(
         _TINY, lib.Config(True, 2, 4, 'never', mode='inference')))

@@ -40,18 +40,16 @@ def CodeLines(source: str) -> int:
   """The lines of `source` (Python) that hold a token of code."""
   tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
   lines = set()
+  before = None  # The latest token that is code or ends a statement.
   for i, tok in enumerate(tokens):
-    if tok.type in _SKIPPED:
-      continue
-    if tok.type == tokenize.STRING:
-      before = next((t for t in reversed(tokens[:i]) if t.type not in (
-          tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)),
-                    None)
-      statement_start = before is None or before.type == tokenize.NEWLINE or (
-          before.string == ':')
-      if statement_start and tokens[i + 1].type == tokenize.NEWLINE:
-        continue  # A docstring (or any string standing alone).
-    lines.update(range(tok.start[0], tok.end[0] + 1))
+    if tok.type == tokenize.STRING and (
+        before is None or before.type == tokenize.NEWLINE or
+        before.string == ':') and tokens[i + 1].type == tokenize.NEWLINE:
+      continue  # A docstring (or any string standing alone).
+    if tok.type == tokenize.NEWLINE or tok.type not in _SKIPPED:
+      before = tok
+    if tok.type not in _SKIPPED:
+      lines.update(range(tok.start[0], tok.end[0] + 1))
   return len(lines)
 
 

@@ -60,10 +60,10 @@ def DocFiles(root=_ROOT):
 
 
 def CheckedFiles(root=_ROOT):
-  """DocFiles, the changelog and every benchmarks/<tool>/README.md."""
+  """DocFiles, the changelog and every Markdown file under benchmarks/ (READMEs, histories)."""
   changelog = os.path.join(root, 'CHANGELOG.md')
   return DocFiles(root) + ([changelog] if os.path.exists(changelog) else []) + sorted(
-      glob.glob(os.path.join(root, 'benchmarks', '**', 'README.md'),
+      glob.glob(os.path.join(root, 'benchmarks', '**', '*.md'),
                 recursive=True))
 
 

@@ -61,6 +61,8 @@ class MultiHeadAttention(base_layer.BaseLayer):
   position encodings, or carry paddings through as an output.
   """
 
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
+
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
     p = super().Params()

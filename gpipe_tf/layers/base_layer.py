@@ -101,6 +101,12 @@ class BaseLayer(tf.Module):
   computed for models too large to build.
   """
 
+  # Whether layers of this class with equal Params (apart from the name)
+  # share one trace (layers/shared_trace.py): set it on a class whose FProp
+  # reads nothing but its Params, its inputs, its variables and its
+  # sub-layers' (no Python state set after __init__).
+  SHARE_TRACE = False
+
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
     p = hyperparams.InstantiableParams(cls)
@@ -154,8 +160,12 @@ class BaseLayer(tf.Module):
 
   @property
   def layer_seed(self) -> int:
-    """Integer seed for this layer's stateless randomness."""
+    """Integer seed for this layer's stateless randomness (a tensor argument
+    while a trace shared by layers of its kind is made: shared_trace.py)."""
     from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
+    traced = random_seeds.TracedLayerSeed(self)
+    if traced is not None:
+      return traced
     base = random_seeds.NameSeed(self._path)
     if self._params.random_seed is None:
       return base

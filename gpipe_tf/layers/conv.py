@@ -83,6 +83,8 @@ class _ConvBase(base_layer.BaseLayer):
   implement ``_Convolve``, ``_OutChannels`` and ``_MacsPerPosition``.
   """
 
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
+
   _FILTER_DOC = ''
 
   @classmethod
@@ -305,6 +307,8 @@ class PoolingLayer(base_layer.BaseLayer):
   inside the image (padding is not counted). No variables.
   """
 
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
+
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
     p = super().Params()
@@ -351,6 +355,8 @@ class GlobalPoolingLayer(base_layer.BaseLayer):
 
   No variables.
   """
+
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:

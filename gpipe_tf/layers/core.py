@@ -9,6 +9,7 @@ import tensorflow as tf
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.layers import shared_trace
 from gpipe_tf.layers import skips as skips_lib
 
 __all__ = ['Activation', 'ActivationLayer', 'AsTuple', 'BranchLayer',
@@ -58,6 +59,8 @@ def _Unpack(shapes: tuple) -> tuple:
 class ActivationLayer(base_layer.BaseLayer):
   """Applies an elementwise activation."""
 
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
+
   @classmethod
   def Params(cls):
     p = super().Params()
@@ -81,6 +84,8 @@ class ActivationLayer(base_layer.BaseLayer):
 
 class FCLayer(base_layer.BaseLayer):
   """Fully connected layer: activation(x @ w + b) on the last dimension."""
+
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
 
   @classmethod
   def Params(cls):
@@ -134,6 +139,8 @@ class DropoutLayer(base_layer.BaseLayer):
   trainer's and the pipeline's) it is a pure function of that scope's seed and
   this layer's seed, so a recomputed forward reproduces it exactly.
   """
+
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
 
   @classmethod
   def Params(cls):
@@ -301,8 +308,10 @@ def RunWithSkips(layers, inputs: tuple, popped: dict, training: bool
   for i, layer in enumerate(layers):
     xs = skips_lib.Pop(layer.params, xs, stashed)
     try:
-      ys = AsTuple(precision.RunLayer(
-          layer, lambda *a, l=layer: l.FProp(*a, training=training), xs))
+      ys = AsTuple(shared_trace.SharedCall(
+          layer, lambda *a, l=layer: precision.RunLayer(
+              l, lambda *b: l.FProp(*b, training=training), a),
+          xs, training))
     except base_layer.LayerInputError as e:
       if i == 0:
         raise

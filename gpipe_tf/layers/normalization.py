@@ -223,6 +223,8 @@ class LayerNorm(base_layer.BaseLayer):
   (x, paddings, ...) tuples.
   """
 
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
+
   KEEP_FLOAT32 = True  # Statistics in float32 under mixed precision.
 
   @classmethod

@@ -20,11 +20,13 @@ from typing import Iterator
 
 import tensorflow as tf
 
-__all__ = ['CurrentStepSeed', 'FoldIn', 'LayerSeed', 'NameSeed', 'NewStepSeed',
-           'StepSeedScope']
+__all__ = ['CurrentStepSeed', 'FoldIn', 'LayerSeed', 'LayerSeedsScope',
+           'NameSeed', 'NewStepSeed', 'StepSeedScope', 'TracedLayerSeed']
 
 _STEP_SEED: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_step_seed', default=None)
+_LAYER_SEEDS: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_layer_seeds', default=None)
 
 
 @contextlib.contextmanager
@@ -36,6 +38,25 @@ def StepSeedScope(seed: tf.Tensor) -> Iterator[tf.Tensor]:
     yield seed
   finally:
     _STEP_SEED.reset(token)
+
+
+@contextlib.contextmanager
+def LayerSeedsScope(seeds: dict) -> Iterator[None]:
+  """In here, the layer with id i takes the tensor `seeds[i]` as its
+  layer_seed: a trace shared by several layers (layers/shared_trace.py)
+  takes each layer's seed as an argument instead of a constant."""
+  token = _LAYER_SEEDS.set(seeds)
+  try:
+    yield
+  finally:
+    _LAYER_SEEDS.reset(token)
+
+
+def TracedLayerSeed(layer) -> tf.Tensor | None:
+  """The tensor standing in for `layer`'s layer_seed (LayerSeedsScope), or
+  None."""
+  seeds = _LAYER_SEEDS.get()
+  return None if seeds is None else seeds.get(id(layer))
 
 
 def CurrentStepSeed() -> tf.Tensor | None:

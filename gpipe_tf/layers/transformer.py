@@ -95,6 +95,8 @@ class TransformerFeedForwardLayer(base_layer.BaseLayer):
   unchanged after y.
   """
 
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
+
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
     p = super().Params()
@@ -179,6 +181,8 @@ class TransformerFeedForwardLayer(base_layer.BaseLayer):
 
 class _TransformerBlock(base_layer.BaseLayer):
   """Shared Params and sub-blocks of the encoder and decoder layers."""
+
+  SHARE_TRACE = True  # One trace per kind (layers/shared_trace.py).
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:

@@ -56,6 +56,7 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import graph_edit
 from gpipe_tf.pipeline import leaves
@@ -464,7 +465,7 @@ class CellProgram:
              for x, ok in zip(getattr(self.tensors, role), f) if ok]
     function = self._wrapped.prune(feeds=feeds,
                                    fetches=self.tensors.Present(*makes))
-    num_ops = len(function.graph.get_operations())
+    num_ops = shared_trace.InlinedSize(function.graph)
     if self.jit_compile:
       function = tf.function(lambda *args, f=function: f(*args),
                              jit_compile=True, autograph=False)

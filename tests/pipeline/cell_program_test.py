@@ -11,6 +11,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
+from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline import graph_edit
@@ -41,10 +42,17 @@ def _Program(cell, input_grads=True, split=True):
 
 def _MatMuls(piece):
   """The MatMuls the piece's outputs depend on (prune may copy dead ops in,
-  which TensorFlow drops when it instantiates the function)."""
-  graph = piece.function.graph
+  which TensorFlow drops when it instantiates the function), those of the
+  shared layer traces it calls included."""
+  return _LiveMatMuls(piece.function.graph)
+
+
+def _LiveMatMuls(graph):
   live = graph_edit.Ancestors(graph.outputs, set(graph.get_operations()))
-  return len([op for op in live if op.type == 'MatMul'])
+  return sum(1 if op.type == 'MatMul' else
+             _LiveMatMuls(shared_trace.CalledGraph(op))
+             if shared_trace.CalledGraph(op) is not None else 0
+             for op in live)
 
 
 def _T(**roles):

@@ -1,0 +1,385 @@
+"""One trace per distinct layer: identical layers call one traced function with their own variables.
+
+A deep model repeats one block L times. Traced as written, each block is a
+fresh Python trace of its forward and of its gradient, so building a step
+costs L traces. Here a layer whose class sets ``SHARE_TRACE = True`` is
+traced once per *kind* (class, Params apart from the name, input specs,
+training) into three functions, and every layer of that kind calls them with
+its own variables::
+
+    forward   F(step seed, layer seeds, x)      -> y, saved
+    backward  B(saved, dy)                      -> dx, wcut
+    weights   W(wcut)                           -> dws
+
+The three are pruned from one graph of the layer's forward and gradient, so
+together they compute exactly the ops a traced layer computes (the cut is
+cell_program's: ``saved`` are the forward tensors the backward reads,
+``wcut`` what the weight-gradient ops read from the input-gradient ones).
+A call records itself on the gradient tape as one operation whose gradient
+calls B then W, so a pipeline's pieces, which prune a cell's graph between
+its roles, find each layer's B and W as separate calls: a zero-bubble W
+still runs only the weight gradients, and a recomputing backward reruns F.
+
+The functions keep the variables the kind was traced with as captured
+inputs; a call passes the calling layer's variables in their place (the
+same attribute paths, in tf.Module's order). Variable names, checkpoints
+and values are untouched: each layer still owns its variables.
+
+Randomness: the step seed in scope (random_seeds.StepSeedScope) and the
+``layer_seed`` of the layer and each of its sub-layers are arguments of F,
+so a layer's dropout masks are those it draws traced on its own.
+
+What is not shared (traced as written, as before): a layer whose class does
+not opt in; one with non-trainable variables (BatchNorm's moving
+statistics); one whose trace captures anything but its own variables; any
+layer outside a tf.function, under a distribution strategy, under a
+mixed-precision policy, or with no step seed in scope; and everything
+inside ``Off()``. A class opts in when its FProp is a function of its
+Params, its inputs and its variables only (no Python state that differs
+between two layers of the same Params), see docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Any, Callable, Iterator, Sequence
+
+import tensorflow as tf
+
+from gpipe_tf.layers import precision
+from gpipe_tf.layers import random_seeds
+
+# Private TensorFlow APIs, all used here and pinned by
+# tests/layers/shared_trace_test.py: a call records itself on the tape
+# (record.record_operation) instead of letting TensorFlow differentiate the
+# function call, with recording stopped while the call is made; the caller's
+# variables are marked as read (resource_variable_ops.variable_accessed) so that a tape
+# watches them; and a function is called with other captured inputs
+# (ConcreteFunction._call_flat).
+from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
+
+__all__ = ['CalledGraph', 'InlinedSize', 'Off', 'SharedCall', 'Stats']
+
+_OFF: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_shared_trace_off', default=False)
+
+
+@contextlib.contextmanager
+def Off() -> Iterator[None]:
+  """Every layer called in here is traced on its own."""
+  token = _OFF.set(True)
+  try:
+    yield
+  finally:
+    _OFF.reset(token)
+
+
+@dataclasses.dataclass
+class Stats:
+  """How many kinds were traced and how many calls used them (process-wide;
+  `Stats.Reset()` clears both counters and the traced kinds)."""
+  traces: int = 0
+  calls: int = 0
+
+  @classmethod
+  def Reset(cls) -> None:
+    _STATS.traces = _STATS.calls = 0
+    _KINDS.clear()
+
+  @classmethod
+  def Get(cls) -> 'Stats':
+    return dataclasses.replace(_STATS)
+
+
+_STATS = Stats()
+
+
+class _Unshareable(Exception):
+  """This layer's trace cannot be called with another layer's variables."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+  """One kind's traced functions (module docstring)."""
+  forward: Any
+  backward: Any | None  # None: no input gradient; W does all.
+  weights: Any | None  # None: B computes dws too (W reads what B cannot cut).
+  num_y: int
+  dx_present: tuple[bool, ...]
+  variables: tuple  # The template layer's, in order.
+  names: tuple  # Their paths below the layer, shapes and dtypes.
+  out_struct: Any  # The nest FProp returned.
+  random: bool  # Whether the forward reads the seeds (draws random numbers).
+
+
+# Kind key -> _Kind, or None for a kind found unshareable.
+_KINDS: dict = {}
+# A traced function's name -> its graph.
+_GRAPHS: dict = {}
+_CALLS = ('PartitionedCall', 'StatefulPartitionedCall')
+
+
+def CalledGraph(op: tf.Operation) -> tf.Graph | None:
+  """The graph of the shared trace `op` calls, or None."""
+  return (_GRAPHS.get(op.get_attr('f').name) if op.type in _CALLS else None)
+
+
+def InlinedSize(graph: tf.Graph) -> int:
+  """The ops of `graph` once the calls of shared traces in it are inlined
+  (what a piece of a cell's program adds to a step)."""
+  return sum(1 if CalledGraph(op) is None else
+             len(CalledGraph(op).get_operations())
+             for op in graph.get_operations())
+
+
+def _SubLayers(layer: Any) -> list:
+  """`layer` and its sub-layers that have a layer_seed, in tf.Module order."""
+  return [layer] + [m for m in layer.submodules if hasattr(m, 'layer_seed')]
+
+
+def _Key(layer: Any, xs: Sequence[Any], training: bool) -> tuple | None:
+  if not getattr(type(layer), 'SHARE_TRACE', False):
+    return None
+  if any(not v.trainable for v in layer.variables):
+    return None
+  # Per input, its spec and whether a tape wants its gradient (a layer whose
+  # input gradient nobody reads, the first of a model, is traced without).
+  specs = tuple((tuple(x.shape.as_list()), x.dtype.name,
+                 x.dtype.is_floating and record.should_record_backprop([x]))
+                for x in xs)
+  params = layer.params.Copy()
+  params.name = ''
+  return (type(layer), params.ToText(), specs, training)
+
+
+def _Relative(layer: Any, variables: Sequence[tf.Variable]) -> tuple:
+  prefix = layer.path + '/'
+  return tuple((v.name[len(prefix):] if v.name.startswith(prefix) else None,
+                tuple(v.shape.as_list()), v.dtype.name) for v in variables)
+
+
+def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
+           wanted: Sequence[bool]) -> _Kind:
+  """Traces `layer`'s forward and gradient once and cuts F, B and W."""
+  variables = list(layer.trainable_variables)
+  subs = _SubLayers(layer)
+  got: dict = {}
+
+  def _Body(step_seed, layer_seeds, *args):
+    args = list(args)
+    with tf.GradientTape() as tape:
+      tape.watch(args)
+      with random_seeds.LayerSeedsScope(
+          {id(m): layer_seeds[i] for i, m in enumerate(subs)}):
+        with random_seeds.StepSeedScope(step_seed):
+          out = fprop(*args)
+      got['struct'] = out
+      ys = tf.nest.flatten(out)
+    graph = tf.compat.v1.get_default_graph()
+    got['mark'] = len(graph.get_operations())
+    dys = [tf.compat.v1.placeholder(y.dtype, y.shape) if y.dtype.is_floating
+           else None for y in ys]
+    pairs = [(y, g) for y, g in zip(ys, dys) if g is not None]
+    floats = [x for x, w in zip(args, wanted) if w]
+    grads = tape.gradient([y for y, _ in pairs], floats + variables,
+                          output_gradients=[g for _, g in pairs])
+    dx = iter(grads[:len(floats)])
+    got.update(xs=args, ys=ys, dys=[g for g in dys if g is not None],
+               dxs=[next(dx) if w else None for w in wanted],
+               dws=[_Dense(g, v) for g, v in zip(grads[len(floats):],
+                                                 variables)])
+    return ys
+
+  with tf.device(None):
+    wrapped = tf.compat.v1.wrap_function(
+        _Body, [tf.TensorSpec([2], tf.int64),
+                tf.TensorSpec([len(subs)], tf.int32)] +
+        [tf.TensorSpec(x.shape, x.dtype) for x in xs])
+  graph = wrapped.graph
+  handles = {id(v.handle) for v in variables}
+  captured = {id(internal): external for external, internal in graph.captures}
+  if any(id(external) not in handles for external, _ in graph.captures):
+    raise _Unshareable()
+  ops = graph.get_operations()
+  backward = set(ops[got['mark']:])
+
+  def _Reads(x):
+    return (x.op.type == 'ReadVariableOp' and
+            id(captured.get(id(x.op.inputs[0]))) in handles)
+
+  def _Crossing(consumers):
+    out, seen = [], set()
+    for op in sorted(consumers, key=lambda o: o.name):
+      for x in [y for x in op.inputs for y in x.op.outputs]:
+        if (x.op not in consumers and id(x) not in seen and
+            x.dtype != tf.resource and x.op.type != 'Const' and
+            not _Reads(x)):
+          seen.add(id(x))
+          out.append(x)
+    return out
+
+  dxs = [x for x in got['dxs'] if x is not None]
+  dys = {id(g) for g in got['dys']}
+  saved = [x for x in _Crossing(backward) if id(x) not in dys]
+  need_dx = _Ancestors(dxs, backward)
+  wcut = _Crossing(_Ancestors([d for d in got['dws'] if d is not None],
+                              backward) - need_dx)
+  seeds = graph.inputs[:2]
+  forward = wrapped.prune(feeds=list(seeds) + got['xs'],
+                          fetches=got['ys'] + saved)
+  dws = [d for d in got['dws'] if d is not None]
+  if len(dws) != len(variables):
+    raise _Unshareable()  # A variable the layer does not differentiate.
+  if not dxs:  # No input gradient: W differentiates the whole layer.
+    backward_fn = None
+    weights = wrapped.prune(feeds=saved + got['dys'], fetches=dws)
+  else:
+    try:
+      weights = wrapped.prune(feeds=wcut, fetches=dws)
+      backward_fn = wrapped.prune(feeds=saved + got['dys'],
+                                  fetches=dxs + wcut)
+    except (op_selector.UnliftableError, KeyError, ValueError):
+      # W reads what the cut cannot feed: B computes the weight gradients.
+      weights = None
+      backward_fn = wrapped.prune(feeds=saved + got['dys'],
+                                  fetches=dxs + dws)
+  for fn in (forward, backward_fn, weights):
+    if fn is not None:
+      _GRAPHS[tf.compat.as_str(fn.name)] = fn.graph
+      # A call marks its graph's variables read: the template's, which the
+      # call replaces. The caller marks its own instead (SharedCall).
+      fn.graph.variables = []
+  _BY_NAME[tf.compat.as_str(forward.name)] = kind = _Kind(
+      forward, backward_fn, weights, len(got['ys']),
+      tuple(x is not None for x in got['dxs']), tuple(variables),
+      _Relative(layer, variables), got['struct'],
+      any(x.consumers() for x in forward.inputs[:2]))
+  return kind
+
+
+def _Ancestors(tensors: Sequence[tf.Tensor], within: set) -> set:
+  seen, stack = set(), [t.op for t in tensors]
+  while stack:
+    op = stack.pop()
+    if op in seen or op not in within:
+      continue
+    seen.add(op)
+    stack.extend([i.op for i in op.inputs] + list(op.control_inputs))
+  return seen
+
+
+def _Dense(grad: Any, v: tf.Variable) -> Any:
+  if grad is None:
+    return None
+  grad = tf.convert_to_tensor(grad)
+  return grad if grad.shape.is_fully_defined() else tf.ensure_shape(
+      grad, v.shape)
+
+
+def _Call(function: Any, args: Sequence[tf.Tensor], kind: _Kind,
+          handles: Sequence[tf.Tensor]) -> list:
+  """`function` called on `args` with `handles` (the caller's variables, in
+  the order of the kind's) in place of the kind's variables."""
+  index = {id(v.handle): i for i, v in enumerate(kind.variables)}
+  captures = [handles[index[id(c)]] for c in function.captured_inputs]
+  gradient = (_FORWARD_GRADIENT if function is kind.forward else
+              _NO_GRADIENT)
+  with tf.compat.v1.get_default_graph().gradient_override_map(
+      {'StatefulPartitionedCall': gradient, 'PartitionedCall': gradient}):
+    return function._call_flat(list(args), captures)  # pylint: disable=protected-access
+
+
+def _Backward(kind: _Kind, ys: Sequence[tf.Tensor], saved: Sequence[Any],
+              dys: Sequence[Any], handles: Sequence[tf.Tensor]
+              ) -> tuple[list, list]:
+  """(per input its gradient or None, the variables' gradients in the
+  kind's order): B, then W, on one call's saved tensors."""
+  dys = [tf.zeros_like(y) if g is None else g
+         for g, y in zip(dys, ys) if y.dtype.is_floating]
+  got = (list(saved) + dys if kind.backward is None else
+         _Call(kind.backward, list(saved) + dys, kind, handles))
+  num_dx = sum(kind.dx_present)
+  dx, rest = iter(got[:num_dx]), got[num_dx:]
+  dws = (rest if kind.weights is None else
+         _Call(kind.weights, rest, kind, handles))
+  return [next(dx) if p else None for p in kind.dx_present], list(dws)
+
+
+# Symbolic gradients (tf.gradients, and TensorFlow differentiating a
+# function that contains shared calls, as it does for a function called
+# eagerly under a tape) find these by the calls' gradient override. A
+# forward call's gradient is its layer's B and W; B and W themselves are
+# not differentiated again (gradients of gradients through a shared trace
+# are not supported: use Off()).
+_FORWARD_GRADIENT = 'GpipeSharedTraceForward'
+_NO_GRADIENT = 'GpipeSharedTraceBackward'
+_BY_NAME: dict = {}  # A forward function's name -> its _Kind.
+
+
+@tf.RegisterGradient(_FORWARD_GRADIENT)
+def _ForwardGradient(op: tf.Operation, *grads: Any) -> list:
+  kind = _BY_NAME[op.get_attr('f').name]
+  num_args = len(op.inputs) - len(kind.forward.captured_inputs)
+  index = {id(v.handle): i for i, v in enumerate(kind.variables)}
+  handles = [None] * len(kind.variables)
+  order = [index[id(c)] for c in kind.forward.captured_inputs]
+  for i, h in zip(order, op.inputs[num_args:]):
+    handles[i] = h
+  dx, dws = _Backward(kind, op.outputs[:kind.num_y], op.outputs[kind.num_y:],
+                      grads[:kind.num_y], handles)
+  return [None, None] + dx + [dws[i] for i in order]
+
+
+@tf.RegisterGradient(_NO_GRADIENT)
+def _NoGradient(op: tf.Operation, *grads: Any) -> list:
+  del grads
+  return [None] * len(op.inputs)
+
+
+def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
+               training: bool) -> Any:
+  """`fprop(*xs)` (the layer's forward under the precision policy), made
+  from its kind's shared trace where it can be (module docstring)."""
+  step_seed = random_seeds.CurrentStepSeed()
+  if (_OFF.get() or not tf.inside_function() or
+      tf.distribute.has_strategy() or
+      precision.CurrentPolicy() != 'float32' or
+      not all(isinstance(x, tf.Tensor) for x in xs)):
+    return fprop(*xs)
+  key = _Key(layer, xs, training)
+  if key is None:
+    return fprop(*xs)
+  if key not in _KINDS:
+    try:
+      _KINDS[key] = _Trace(layer, fprop, xs, [w for _, _, w in key[2]])
+      _STATS.traces += 1
+    except _Unshareable:
+      _KINDS[key] = None
+  kind = _KINDS[key]
+  variables = list(layer.trainable_variables)
+  if (kind is None or _Relative(layer, variables) != kind.names or
+      (kind.random and step_seed is None)):
+    return fprop(*xs)  # Outside a seed scope each draw is fresh: not shared.
+  if step_seed is None:
+    step_seed = tf.zeros([2], tf.int64)  # Read by nothing.
+  _STATS.calls += 1
+  seeds = tf.constant([m.layer_seed for m in _SubLayers(layer)], tf.int32)
+  for v in variables:  # Watched by tapes and by the graph, as a read is.
+    resource_variable_ops.variable_accessed(v)
+  handles = [v.handle for v in variables]
+  with record.stop_recording():
+    out = _Call(kind.forward, [step_seed, seeds] + list(xs), kind, handles)
+  ys, saved = out[:kind.num_y], out[kind.num_y:]
+
+  def _Grad(*dys):
+    dx, dws = _Backward(kind, ys, saved, dys, handles)
+    return dx + [None, None] + dws
+
+  record.record_operation('SharedLayer', list(ys),
+                          list(xs) + [step_seed, seeds] +
+                          [v.handle for v in variables], _Grad)
+  return tf.nest.pack_sequence_as(kind.out_struct, ys)

@@ -1,0 +1,38 @@
+"""Tests of tools/first_step.py: the Grappler sum and one real configuration."""
+
+import unittest
+
+import test_utils
+
+from tools import first_step
+
+_LOG = """\
+I0000 00:00:1.0 1 meta_optimizer.cc:1059] Starting optimization for grappler item: __inference_step_1
+I0000 00:00:1.1 1 meta_optimizer.cc:973] model_pruner: Graph size after: 10 nodes (0), 9 edges (0), time = 47.5ms.
+I0000 00:00:1.2 1 meta_optimizer.cc:973] constant_folding: Graph size after: 9 nodes (-1), 8 edges (-1), time = 2.5ms.
+I0000 00:00:1.3 1 some_other.cc:12] not a pass, time = 1000ms.
+"""
+
+
+class FirstStepTest(unittest.TestCase):
+
+  def testGrapplerSumsEveryPassAndNothingElse(self):
+    self.assertAlmostEqual(first_step.GrapplerSeconds(_LOG), 0.05)
+
+  def testAPipelinedConfigurationRunsInItsOwnProcess(self):
+    row = first_step._Run(  # pylint: disable=protected-access
+        dict(dim=16, seq_len=4, batch_size=4, v=1, layers=4,
+             schedule='1f1b', k=2, m=2, share='on'), test_utils.REPO_ROOT)
+    for key in ('imports_s', 'trace_s', 'first_call_s', 'next_step_s'):
+      self.assertGreater(row[key], 0, key)
+    # The graph optimizer ran in the first call and its passes were read.
+    self.assertGreater(row['grappler_s'], 0)
+    self.assertLess(row['grappler_s'], row['first_call_s'])
+    # Four identical blocks over two cells: each cell's first block is a
+    # kind of its own (its inputs' gradients differ), the others share.
+    self.assertLessEqual(row['traces'], 3)
+    self.assertGreaterEqual(row['calls'], 4)
+
+
+if __name__ == '__main__':
+  unittest.main()

@@ -1,0 +1,195 @@
+"""Where the time to a deep model's first training step goes: imports, Python tracing, Grappler and the rest of the first call.
+
+Each configuration runs in a fresh process (so nothing is cached between
+them), builds L identical Transformer blocks (width --dim, 4 heads, hidden
+4 x width, --seq_len tokens, batch --batch_size) either as a plain
+`SequentialLayer` under a `tf.GradientTape` or as a `PipeliningLayer` with
+only `num_partitions`, `num_micro_batches` and `schedule` set (and the
+input shapes its cost estimate needs), takes one SGD step in a
+`tf.function`, and reports:
+
+  * imports: importing TensorFlow and gpipe_tf;
+  * build: instantiating the layers (variables);
+  * tracing: building the step's graph in Python (get_concrete_function);
+  * grappler: the graph optimizer's passes during the first call, summed
+    from TensorFlow's meta_optimizer log of that process;
+  * rest of first call: the first call less Grappler (function
+    instantiation, placement, partitioning, executors, and running it);
+  * first step: tracing plus the first call;
+  * next step: the second call;
+  * traces: the layer kinds traced by layers/shared_trace.py, and calls.
+
+    python -m tools.first_step                          # L=16,64 plain and 1f1b
+    python -m tools.first_step --layers=16,64,128 --schedules=gpipe,1f1b,zb_h1
+    python -m tools.first_step --share=on,off           # shared traces A/B
+    python -m tools.first_step --repos=.,/tmp/main      # this tree beside another
+
+Ratios within one run are what count on a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+__all__ = ['GrapplerSeconds', 'main']
+
+_L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
+_SCHEDULES = flags.DEFINE_list(
+    'schedules', ['plain', '1f1b'],
+    "'plain' (SequentialLayer) and pipeline schedules.")
+_K = flags.DEFINE_list('partitions', ['4'], 'Values of K.')
+_M = flags.DEFINE_list('micro_batches', ['8'], 'Values of M.')
+_V = flags.DEFINE_integer('virtual_stages', 2,
+                          'V for interleaved_1f1b (other schedules: 1).')
+_SHARE = flags.DEFINE_list(
+    'share', ['on'], "'on': shared layer traces (the default); 'off': every "
+    'layer traced on its own (shared_trace.Off).')
+_REPOS = flags.DEFINE_list(
+    'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
+    'main beside this one).')
+_DIM = flags.DEFINE_integer('dim', 64, 'Model width.')
+_SEQ = flags.DEFINE_integer('seq_len', 16, 'Tokens per sequence.')
+_BATCH = flags.DEFINE_integer('batch_size', 64, 'Mini-batch (sequences).')
+_CHILD = flags.DEFINE_string('child', None, 'Internal: one configuration as '
+                             'JSON, run in this process.')
+
+_GRAPPLER = re.compile(r'meta_optimizer\.cc:\d+\] .*time = ([0-9.]+)ms')
+
+
+def GrapplerSeconds(log: str) -> float:
+  """The seconds of every Grappler pass in a meta_optimizer log."""
+  return sum(float(t) for t in _GRAPPLER.findall(log)) / 1000
+
+
+def _Child(config: dict) -> dict:
+  """Runs one configuration in this process; returns its timings."""
+  start = time.perf_counter()
+  from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
+  pipelined = config['schedule'] != 'plain'
+  v = config['v'] if config['schedule'] == 'interleaved_1f1b' else 1
+  devices.SplitCpu(config['k'] if pipelined else 1)
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
+  try:
+    from gpipe_tf.layers import shared_trace  # pylint: disable=g-import-not-at-top
+  except ImportError:  # A tree from before shared traces.
+    shared_trace = None
+  imports = time.perf_counter() - start
+
+  d, t, n = config['dim'], config['seq_len'], config['batch_size']
+  blocks = [layers.TransformerEncoderLayer.Params().Set(
+      name=f'block{i}', model_dim=d, hidden_dim=4 * d, num_heads=4)
+            for i in range(config['layers'])]
+  start = time.perf_counter()
+  if pipelined:
+    net = PipeliningLayer.Params().Set(
+        name='net', layers=blocks, num_partitions=config['k'],
+        num_micro_batches=config['m'], schedule=config['schedule'],
+        num_virtual_stages=v, input_shapes=[(None, t, d), (None, t)]
+    ).Instantiate()
+  else:
+    net = layers.SequentialLayer.Params().Set(
+        name='net', layers=blocks).Instantiate()
+  build = time.perf_counter() - start
+  x = tf.random.stateless_normal([n, t, d], [1, 2])
+  paddings = tf.zeros([n, t])
+  opt = tf.keras.optimizers.SGD(1e-4)
+
+  def _LossFn(outputs, _):
+    y = outputs[0] if isinstance(outputs, tuple) else outputs
+    return loss_lib.LossTerms(tf.reduce_mean(tf.square(y), axis=[1, 2]))
+
+  @tf.function
+  def _Step():
+    with random_seeds.StepSeedScope(tf.constant([1, 2], tf.int64)):
+      if pipelined:
+        loss, _, grads = net.ComputeLossAndGradients(
+            (x, paddings), tf.zeros([n]), _LossFn)
+      else:
+        with tf.GradientTape() as tape:
+          loss = tf.reduce_mean(_LossFn(net.FProp(x, paddings,
+                                                  training=True), None).loss)
+        grads = tape.gradient(loss, net.trainable_variables)
+    opt.apply_gradients(zip(grads, net.trainable_variables))
+    return loss
+
+  off = config['share'] == 'off' and shared_trace is not None
+  with shared_trace.Off() if off else contextlib.nullcontext():
+    start = time.perf_counter()
+    _Step.get_concrete_function()
+    tracing = time.perf_counter() - start
+    start = time.perf_counter()
+    _Step().numpy()
+    first_call = time.perf_counter() - start
+    start = time.perf_counter()
+    _Step().numpy()
+    next_step = time.perf_counter() - start
+  stats = shared_trace.Stats.Get() if shared_trace else None
+  return dict(imports_s=imports, build_s=build, trace_s=tracing,
+              first_call_s=first_call, next_step_s=next_step,
+              traces=stats.traces if stats else None,
+              calls=stats.calls if stats else None)
+
+
+def _Run(config: dict, repo: str) -> dict:
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0',
+             TF_CPP_VMODULE='meta_optimizer=1', PYTHONPATH=os.path.abspath(repo))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'tools.first_step', '--child', json.dumps(config)],
+      cwd=repo, env=env, capture_output=True, text=True, check=False)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('{')]
+  if proc.returncode or not lines:
+    raise RuntimeError(f'configuration {config} failed in {repo}:\n'
+                       f'{proc.stderr[-3000:]}')
+  row = json.loads(lines[-1])
+  row['grappler_s'] = GrapplerSeconds(proc.stderr)
+  return row
+
+
+def main(argv):
+  del argv
+  if _CHILD.value:
+    print(json.dumps(_Child(json.loads(_CHILD.value))))
+    return
+  base = dict(dim=_DIM.value, seq_len=_SEQ.value, batch_size=_BATCH.value,
+              v=_V.value)
+  print(f'{_DIM.value}-wide Transformer blocks, {_SEQ.value} tokens, batch '
+        f'{_BATCH.value}; seconds; one fresh process per row')
+  print('| tree | L | schedule | K | M | share | imports | build | tracing | '
+        'grappler | rest of first call | first step | next step | kinds / '
+        'calls |')
+  print('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+  for layers_ in _L.value:
+    for schedule in _SCHEDULES.value:
+      ks = ['1'] if schedule == 'plain' else _K.value
+      ms = ['1'] if schedule == 'plain' else _M.value
+      for k in ks:
+        for m in ms:
+          for share in _SHARE.value:
+            for repo in _REPOS.value:
+              config = dict(base, layers=int(layers_), schedule=schedule,
+                            k=int(k), m=int(m), share=share)
+              r = _Run(config, repo)
+              first = r['trace_s'] + r['first_call_s']
+              print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
+                    f"{share} | {r['imports_s']:.1f} | {r['build_s']:.1f} | "
+                    f"{r['trace_s']:.1f} | {r['grappler_s']:.1f} | "
+                    f"{r['first_call_s'] - r['grappler_s']:.1f} | "
+                    f"{first:.1f} | {r['next_step_s']:.2f} | "
+                    f"{r['traces']} / {r['calls']} |", flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -308,10 +308,10 @@ def RunWithSkips(layers, inputs: tuple, popped: dict, training: bool
   for i, layer in enumerate(layers):
     xs = skips_lib.Pop(layer.params, xs, stashed)
     try:
-      ys = AsTuple(shared_trace.SharedCall(
-          layer, lambda *a, l=layer: precision.RunLayer(
-              l, lambda *b: l.FProp(*b, training=training), a),
-          xs, training))
+      fprop = lambda *a, l=layer: precision.RunLayer(
+          l, lambda *b: l.FProp(*b, training=training), a)
+      ys = shared_trace.SharedCall(layer, fprop, xs, training)
+      ys = AsTuple(fprop(*xs) if ys is shared_trace.NOT_SHARED else ys)
     except base_layer.LayerInputError as e:
       if i == 0:
         raise

@@ -62,7 +62,8 @@ from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflo
 from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['CalledGraph', 'InlinedSize', 'Off', 'SharedCall', 'Stats']
+__all__ = ['CalledGraph', 'InlinedSize', 'NOT_SHARED', 'Off', 'SharedCall',
+           'Stats']
 
 _OFF: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_shared_trace_off', default=False)
@@ -340,19 +341,27 @@ def _NoGradient(op: tf.Operation, *grads: Any) -> list:
   return [None] * len(op.inputs)
 
 
+# What SharedCall returns for a layer it does not share: the caller runs
+# the layer as written (AutoGraph converting it, in a tf.function).
+NOT_SHARED = object()
+
+
+@tf.autograph.experimental.do_not_convert
 def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
                training: bool) -> Any:
-  """`fprop(*xs)` (the layer's forward under the precision policy), made
-  from its kind's shared trace where it can be (module docstring)."""
+  """`fprop(*xs)` (the layer's forward under the precision policy) made
+  from its kind's shared trace, or NOT_SHARED where the layer is traced on
+  its own (module docstring). Not converted by AutoGraph: what it runs is
+  library code and layers that opted in."""
   step_seed = random_seeds.CurrentStepSeed()
   if (_OFF.get() or not tf.inside_function() or
       tf.distribute.has_strategy() or
       precision.CurrentPolicy() != 'float32' or
       not all(isinstance(x, tf.Tensor) for x in xs)):
-    return fprop(*xs)
+    return NOT_SHARED
   key = _Key(layer, xs, training)
   if key is None:
-    return fprop(*xs)
+    return NOT_SHARED
   if key not in _KINDS:
     try:
       _KINDS[key] = _Trace(layer, fprop, xs, [w for _, _, w in key[2]])
@@ -363,7 +372,7 @@ def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
   variables = list(layer.trainable_variables)
   if (kind is None or _Relative(layer, variables) != kind.names or
       (kind.random and step_seed is None)):
-    return fprop(*xs)  # Outside a seed scope each draw is fresh: not shared.
+    return NOT_SHARED  # Outside a seed scope each draw is fresh.
   if step_seed is None:
     step_seed = tf.zeros([2], tf.int64)  # Read by nothing.
   _STATS.calls += 1

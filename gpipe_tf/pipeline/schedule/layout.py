@@ -1,0 +1,189 @@
+"""Layout: the balance, the stages per device and the schedule chosen together, on the simulated step.
+
+A balance that evens out every stage's cost is not the fastest when the
+schedule is not even itself: the first stage also pays for the embedding,
+the last for the loss, a 1F1B pipeline's first device holds K micro-batches
+and its last one, and a V-shaped placement puts the first and the last
+stage on one device. Choose() therefore tries, for each V (1, and 2 when
+there are layers enough):
+
+    balances    PartitionBalanced on every layer's F + B + W (the first and
+                the last stage's extras added to their layer), then the same
+                with the first and/or the last stage weighed 1.5x, which
+                moves layers off them
+    schedule    synthesize.Synthesize for each balance: the stage costs and
+                bytes are sums over the stage's layers
+
+and keeps the shortest simulated step that fits the memory budget; ties go
+to V = 1, then to the plain balance. A stage's bytes are its layers' sums
+but its input, which is its first layer's input (memory.StageBytes).
+
+Pure Python; importing it does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import dataclasses
+
+from gpipe_tf.pipeline import partition
+from gpipe_tf.pipeline.schedule import memory
+from gpipe_tf.pipeline.schedule import synthesize
+from gpipe_tf.pipeline.schedule import table
+
+__all__ = ['Choice', 'Choose', 'LayerCost', 'StageBytesOf']
+
+MemoryBudgetError = synthesize.MemoryBudgetError
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+  """One layer's durations per micro-batch and sizes (a one-layer stage's).
+
+  Attributes:
+    forward, backward, weight: the durations of its F, B and W.
+    bytes: its memory.StageBytes, `input` being its own input.
+  """
+  forward: float
+  backward: float
+  weight: float
+  bytes: memory.StageBytes = memory.StageBytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """What Choose() picked.
+
+  Attributes:
+    balance: layers per stage (K x V stages).
+    num_virtual_stages: V.
+    problem: the stage costs it was synthesized for.
+    synthesized: synthesize.Synthesize's answer for that balance.
+    considered: (V, balance, simulated step or None when nothing fit) of
+      every candidate, in the order tried.
+  """
+  balance: tuple[int, ...]
+  num_virtual_stages: int
+  problem: synthesize.Problem
+  synthesized: synthesize.Synthesized
+  considered: tuple[tuple[int, tuple[int, ...], float | None], ...]
+
+  @property
+  def schedule(self) -> table.Schedule:
+    """The schedule to run."""
+    return self.synthesized.schedule
+
+  @property
+  def makespan(self) -> float:
+    """Its simulated step."""
+    return self.synthesized.best.makespan
+
+  @property
+  def peaks(self) -> tuple[float, ...]:
+    """Per device, its modelled peak bytes (weights included)."""
+    return self.synthesized.best.peaks
+
+
+def StageBytesOf(layers: Sequence[memory.StageBytes]) -> memory.StageBytes:
+  """A stage's bytes from its layers': the first one's input, the rest summed."""
+  return memory.StageBytes(
+      input=layers[0].input,
+      **{f: sum(getattr(x, f) for x in layers)
+         for f in ('activations', 'wcut', 'pinned', 'weights', 'gradients')})
+
+
+def _Balances(costs: list[float], num_stages: int) -> list[tuple[int, ...]]:
+  """The plain balance, then with the first and/or last stage weighed 1.5x."""
+  out = []
+  heavy = 1.5
+  for first, last in ((1.0, 1.0), (heavy, 1.0), (1.0, heavy), (heavy, heavy)):
+    weights = [1.0] * num_stages
+    weights[0] *= first
+    weights[-1] *= last
+    balance = tuple(partition.PartitionBalanced(
+        costs, num_stages, None if num_stages == 1 or (first, last) == (
+            1.0, 1.0) else weights))
+    if balance not in out:
+      out.append(balance)
+  return out
+
+
+def _Problem(layers: Sequence[LayerCost], balance: Sequence[int],
+             num_devices: int, num_micro_batches: int, v: int,
+             first_extra: LayerCost, last_extra: LayerCost, comm_time: float,
+             remat: str) -> synthesize.Problem:
+  stages = partition.SplitByBalance(list(layers), balance)
+  stages[0] = stages[0] + [first_extra]
+  stages[-1] = stages[-1] + [last_extra]
+  return synthesize.Problem.Make(
+      num_devices, num_micro_batches,
+      [sum(x.forward for x in st) for st in stages],
+      [sum(x.backward for x in st) for st in stages],
+      [sum(x.weight for x in st) for st in stages],
+      [StageBytesOf([x.bytes for x in st]) for st in stages],
+      num_virtual_stages=v, comm_time=comm_time, remat=remat)
+
+
+def Choose(layers: Sequence[LayerCost], num_devices: int,
+           num_micro_batches: int,
+           memory_budget: float | Sequence[float] | None = None,
+           virtual_stages: Sequence[int] = (1, 2),
+           first_extra: LayerCost | None = None,
+           last_extra: LayerCost | None = None, comm_time: float = 0.0,
+           remat: str = 'never', search: bool = True) -> Choice:
+  """Picks the balance, V and schedule with the shortest simulated step that fits.
+
+  Args:
+    layers: every layer's LayerCost, in order (at least K of them).
+    num_devices: K.
+    num_micro_batches: M.
+    memory_budget: bytes per device (one number, or one per device) in the
+      units of the layers' bytes; None: no limit.
+    virtual_stages: the V to try; a V is skipped when there are fewer than
+      K x V layers.
+    first_extra: what the first stage does beside its layers (an embedding
+      outside the layer list), on the stage holding the first layer.
+    last_extra: the same for the last stage (the loss and its gradient).
+    comm_time: transfer time between devices (synthesize.Problem).
+    remat: the remat policy (memory.REMATS).
+    search: run the greedy search too (synthesize.Synthesize).
+
+  Returns:
+    The Choice.
+
+  Raises:
+    MemoryBudgetError: nothing fits; the message gives the smallest budget
+      found for any V and balance.
+    partition.PartitionError: fewer layers than K.
+    ScheduleError: bad sizes, costs or budget.
+  """
+  nothing = LayerCost(0.0, 0.0, 0.0)
+  first_extra, last_extra = first_extra or nothing, last_extra or nothing
+  costs = [x.forward + x.backward + x.weight for x in layers]
+  costs[0] += first_extra.forward + first_extra.backward + first_extra.weight
+  costs[-1] += last_extra.forward + last_extra.backward + last_extra.weight
+  vs = [v for v in virtual_stages if num_devices * v <= len(layers)] or [1]
+  best, considered, refused = None, [], []
+  for v in vs:
+    for balance in _Balances(costs, num_devices * v):
+      problem = _Problem(layers, balance, num_devices, num_micro_batches, v,
+                         first_extra, last_extra, comm_time, remat)
+      try:
+        found = synthesize.Synthesize(problem, memory_budget, search)
+      except MemoryBudgetError as e:
+        refused.append(e)
+        considered.append((v, balance, None))
+        continue
+      considered.append((v, balance, found.best.makespan))
+      step = float(f'{found.best.makespan:.9g}')
+      if best is None or step < float(f'{best.synthesized.best.makespan:.9g}'):
+        best = Choice(balance, v, problem, found, ())
+  if best is None:
+    least = min(refused, key=lambda e: e.smallest)
+    raise MemoryBudgetError(
+        f'no balance, V in {vs} or schedule of K={num_devices}, '
+        f'M={num_micro_batches} fits the memory budget; the leanest needs '
+        f'{least.smallest:.6g} on its fullest device (raise the budget to '
+        f'at least that, or use remat, more devices or smaller '
+        f'micro-batches). For its V and balance: {least}', least.smallest)
+  return dataclasses.replace(best, considered=tuple(considered))

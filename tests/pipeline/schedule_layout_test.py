@@ -23,6 +23,29 @@ class StageBytesOfTest(unittest.TestCase):
                      memory.StageBytes(1, 22, 33, 44, 55, 66))
 
 
+class StageProblemTest(unittest.TestCase):
+
+  def testSumsTheStagesAndAddsTheExtras(self):
+    loss = layout.LayerCost(5.0, 6.0, 0.0)
+    problem = layout.StageProblem([_LAYER] * 6, (1, 2, 2, 1), 2, 4,
+                                  last_extra=loss, remat='always')
+    self.assertEqual(problem.num_virtual_stages, 2)
+    self.assertEqual(problem.forward, (1, 2, 2, 6))
+    self.assertEqual(problem.backward, (1, 2, 2, 7))
+    self.assertEqual(problem.stage_bytes[1].activations, 8)
+    self.assertEqual(problem.stage_bytes[1].input, 1)
+    self.assertEqual(problem.remat, 'always')
+    with self.assertRaisesRegex(synthesize.ScheduleError, 'not a multiple'):
+      layout.StageProblem([_LAYER] * 6, (3, 2, 1), 2, 4)
+
+  def testOneFOneBPeakIsItsFirstDevicesK(self):
+    # K = 2, stages of 2 layers: device 0 holds 2 micro-batches of its
+    # input 1 and 2 x 4 of activations while a BW adds its 2 x 2 gradients,
+    # beside weights 2 x 2 and gradient sums 2 x 2.
+    self.assertEqual(layout.OneFOneBPeak([_LAYER] * 4, 2, 4),
+                     4 + 4 + 2 * (1 + 8) + 4)
+
+
 class ChooseTest(unittest.TestCase):
 
   def testALossOnTheLastStageMovesLayersOffIt(self):
@@ -33,9 +56,8 @@ class ChooseTest(unittest.TestCase):
     choice = layout.Choose([_LAYER] * 8, 2, 8, virtual_stages=(1,),
                            last_extra=loss)
     self.assertLess(choice.balance[-1], 4)
-    even = synthesize.Synthesize(layout._Problem(  # pylint: disable=protected-access
-        [_LAYER] * 8, (4, 4), 2, 8, 1, layout.LayerCost(0, 0, 0), loss, 0.0,
-        'never'))
+    even = synthesize.Synthesize(layout.StageProblem(
+        [_LAYER] * 8, (4, 4), 2, 8, last_extra=loss))
     self.assertLess(choice.makespan, even.best.makespan)
 
   def testNeverSlowerThanThePlainBalance(self):
@@ -47,9 +69,8 @@ class ChooseTest(unittest.TestCase):
       plain = partition.PartitionBalanced(
           [3 * 1.0 + 3.0 * 3] + [c.forward * 3 for c in costs[1:]], 2)
       self.assertEqual(plain, [3, 5])
-      alone = synthesize.Synthesize(layout._Problem(  # pylint: disable=protected-access
-          costs, plain, 2, 6, 1, embedding, layout.LayerCost(0, 0, 0), 0.0,
-          'never'), budget)
+      alone = synthesize.Synthesize(layout.StageProblem(
+          costs, plain, 2, 6, first_extra=embedding), budget)
       with self.subTest(budget=budget):
         self.assertLessEqual(choice.makespan, alone.best.makespan)
         if budget:

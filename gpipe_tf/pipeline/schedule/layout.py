@@ -27,11 +27,13 @@ from collections.abc import Sequence
 import dataclasses
 
 from gpipe_tf.pipeline import partition
+from gpipe_tf.pipeline.schedule import library
 from gpipe_tf.pipeline.schedule import memory
 from gpipe_tf.pipeline.schedule import synthesize
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['Choice', 'Choose', 'LayerCost', 'StageBytesOf']
+__all__ = ['Choice', 'Choose', 'LayerCost', 'OneFOneBPeak', 'StageBytesOf',
+           'StageProblem']
 
 MemoryBudgetError = synthesize.MemoryBudgetError
 
@@ -48,6 +50,9 @@ class LayerCost:
   backward: float
   weight: float
   bytes: memory.StageBytes = memory.StageBytes()
+
+
+_NOTHING = LayerCost(0.0, 0.0, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,20 +113,61 @@ def _Balances(costs: list[float], num_stages: int) -> list[tuple[int, ...]]:
   return out
 
 
-def _Problem(layers: Sequence[LayerCost], balance: Sequence[int],
-             num_devices: int, num_micro_batches: int, v: int,
-             first_extra: LayerCost, last_extra: LayerCost, comm_time: float,
-             remat: str) -> synthesize.Problem:
+def _Costs(layers: Sequence[LayerCost], first_extra: LayerCost,
+           last_extra: LayerCost) -> list[float]:
+  """F + B + W of every layer, the extras on the first and the last."""
+  costs = [x.forward + x.backward + x.weight for x in layers]
+  costs[0] += first_extra.forward + first_extra.backward + first_extra.weight
+  costs[-1] += last_extra.forward + last_extra.backward + last_extra.weight
+  return costs
+
+
+def StageProblem(layers: Sequence[LayerCost], balance: Sequence[int],
+                 num_devices: int, num_micro_batches: int,
+                 first_extra: LayerCost | None = None,
+                 last_extra: LayerCost | None = None, comm_time: float = 0.0,
+                 remat: str = 'never') -> synthesize.Problem:
+  """The synthesize.Problem of a balance: its stages' summed costs and bytes.
+
+  V = len(balance) / K.
+
+  Raises:
+    partition.PartitionError: a balance that does not fit the layers.
+    ScheduleError: a balance not a multiple of K long, bad costs.
+  """
+  if len(balance) % num_devices:
+    raise synthesize.ScheduleError(
+        f'balance {list(balance)} has {len(balance)} stages, not a multiple '
+        f'of K = {num_devices}')
   stages = partition.SplitByBalance(list(layers), balance)
-  stages[0] = stages[0] + [first_extra]
-  stages[-1] = stages[-1] + [last_extra]
+  stages[0] = stages[0] + [first_extra or _NOTHING]
+  stages[-1] = stages[-1] + [last_extra or _NOTHING]
   return synthesize.Problem.Make(
       num_devices, num_micro_batches,
       [sum(x.forward for x in st) for st in stages],
       [sum(x.backward for x in st) for st in stages],
       [sum(x.weight for x in st) for st in stages],
       [StageBytesOf([x.bytes for x in st]) for st in stages],
-      num_virtual_stages=v, comm_time=comm_time, remat=remat)
+      num_virtual_stages=len(balance) // num_devices, comm_time=comm_time,
+      remat=remat)
+
+
+def OneFOneBPeak(layers: Sequence[LayerCost], num_devices: int,
+                 num_micro_batches: int, first_extra: LayerCost | None = None,
+                 last_extra: LayerCost | None = None,
+                 remat: str = 'never') -> float:
+  """1F1B's modelled peak bytes on its fullest device, on the plain balance.
+
+  The reference budget: what the one-stage-per-device schedule every
+  library has holds.
+  """
+  balance = partition.PartitionBalanced(
+      _Costs(layers, first_extra or _NOTHING, last_extra or _NOTHING),
+      num_devices)
+  problem = StageProblem(layers, balance, num_devices, num_micro_batches,
+                         first_extra, last_extra, remat=remat)
+  return max(synthesize.Evaluate(problem, library.Make(
+      '1f1b', num_devices, num_micro_batches)).peaks)
 
 
 def Choose(layers: Sequence[LayerCost], num_devices: int,
@@ -157,17 +203,14 @@ def Choose(layers: Sequence[LayerCost], num_devices: int,
     partition.PartitionError: fewer layers than K.
     ScheduleError: bad sizes, costs or budget.
   """
-  nothing = LayerCost(0.0, 0.0, 0.0)
-  first_extra, last_extra = first_extra or nothing, last_extra or nothing
-  costs = [x.forward + x.backward + x.weight for x in layers]
-  costs[0] += first_extra.forward + first_extra.backward + first_extra.weight
-  costs[-1] += last_extra.forward + last_extra.backward + last_extra.weight
+  first_extra, last_extra = first_extra or _NOTHING, last_extra or _NOTHING
+  costs = _Costs(layers, first_extra, last_extra)
   vs = [v for v in virtual_stages if num_devices * v <= len(layers)] or [1]
   best, considered, refused = None, [], []
   for v in vs:
     for balance in _Balances(costs, num_devices * v):
-      problem = _Problem(layers, balance, num_devices, num_micro_batches, v,
-                         first_extra, last_extra, comm_time, remat)
+      problem = StageProblem(layers, balance, num_devices, num_micro_batches,
+                             first_extra, last_extra, comm_time, remat)
       try:
         found = synthesize.Synthesize(problem, memory_budget, search)
       except MemoryBudgetError as e:

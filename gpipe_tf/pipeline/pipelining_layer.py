@@ -168,7 +168,8 @@ class PipeliningLayer(base_layer.BaseLayer):
              'with XLA (tf.function jit_compile).')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
-             'into K x V cells, cell s on device s % K.')
+             "into K x V cells, cell s on device s % K. schedule='auto' "
+             'chooses V itself (1 or 2) and ignores this.')
     return p
 
   def __init__(self, params, parent_path=None):

@@ -81,10 +81,18 @@ class ChooseTest(unittest.TestCase):
   def testTriesBothVsAndKeepsTheFaster(self):
     choice = layout.Choose([_LAYER] * 8, 2, 8)
     self.assertEqual({v for v, _, _ in choice.considered}, {1, 2})
-    fastest = min(step for _, _, step in choice.considered)
+    fastest = min(step for _, _, step in choice.considered if step)
     self.assertAlmostEqual(choice.makespan, fastest)
     self.assertIn((choice.num_virtual_stages, choice.balance, choice.makespan),
                   choice.considered)
+
+  def testSkipsLayoutsWhoseBusiestDeviceAloneIsSlower(self):
+    # 8 equal layers on K = 2: the plain balance's step (V = 1 or 2) is
+    # shorter than M x the work of the (5, 3) split's first device, 8 x 15.
+    choice = layout.Choose([_LAYER] * 8, 2, 8)
+    skipped = [b for _, b, step in choice.considered if step is None]
+    self.assertIn((5, 3), skipped)
+    self.assertLess(choice.makespan, 8 * 15)
 
   def testTooFewLayersForTwoStagesPerDeviceTriesOne(self):
     choice = layout.Choose([_LAYER] * 3, 2, 4)

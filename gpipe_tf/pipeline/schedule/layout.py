@@ -15,7 +15,9 @@ there are layers enough):
                 bytes are sums over the stage's layers
 
 and keeps the shortest simulated step that fits the memory budget; ties go
-to V = 1, then to the plain balance. A stage's bytes are its layers' sums
+to the layout tried first. Layouts are tried in the order of a lower bound
+of their step (their busiest device's work), and one whose bound is no
+shorter than the best step found is skipped. A stage's bytes are its layers' sums
 but its input, which is its first layer's input (memory.StageBytes).
 
 Pure Python; importing it does not import TensorFlow.
@@ -31,6 +33,7 @@ from gpipe_tf.pipeline.schedule import library
 from gpipe_tf.pipeline.schedule import memory
 from gpipe_tf.pipeline.schedule import synthesize
 from gpipe_tf.pipeline.schedule import table
+from gpipe_tf.pipeline.schedule import vshape
 
 __all__ = ['Choice', 'Choose', 'LayerCost', 'OneFOneBPeak', 'StageBytesOf',
            'StageProblem']
@@ -64,8 +67,9 @@ class Choice:
     num_virtual_stages: V.
     problem: the stage costs it was synthesized for.
     synthesized: synthesize.Synthesize's answer for that balance.
-    considered: (V, balance, simulated step or None when nothing fit) of
-      every candidate, in the order tried.
+    considered: (V, balance, simulated step, or None when nothing fit or
+      the layout's busiest device alone needs longer than the best step
+      found) of every candidate, in the order tried (most promising first).
   """
   balance: tuple[int, ...]
   num_virtual_stages: int
@@ -170,6 +174,20 @@ def OneFOneBPeak(layers: Sequence[LayerCost], num_devices: int,
       '1f1b', num_devices, num_micro_batches)).peaks)
 
 
+def _LowerBound(problem: synthesize.Problem) -> float:
+  """No schedule's step is shorter than its busiest device's work; the
+  least of that over the placements Synthesize tries."""
+  work = [f + b + w for f, b, w in zip(problem.forward, problem.backward,
+                                       problem.weight)]
+  k = problem.num_devices
+  placements = [[s % k for s in range(problem.num_stages)]]
+  if problem.num_virtual_stages == 2:
+    placements.append(vshape.VStageDevices(k))
+  return problem.num_micro_batches * min(
+      max(sum(x for x, d in zip(work, placed) if d == dev)
+          for dev in range(k)) for placed in placements)
+
+
 def Choose(layers: Sequence[LayerCost], num_devices: int,
            num_micro_batches: int,
            memory_budget: float | Sequence[float] | None = None,
@@ -207,20 +225,29 @@ def Choose(layers: Sequence[LayerCost], num_devices: int,
   costs = _Costs(layers, first_extra, last_extra)
   vs = [v for v in virtual_stages if num_devices * v <= len(layers)] or [1]
   best, considered, refused = None, [], []
+  candidates = []
   for v in vs:
     for balance in _Balances(costs, num_devices * v):
       problem = StageProblem(layers, balance, num_devices, num_micro_batches,
                              first_extra, last_extra, comm_time, remat)
-      try:
-        found = synthesize.Synthesize(problem, memory_budget, search)
-      except MemoryBudgetError as e:
-        refused.append(e)
-        considered.append((v, balance, None))
-        continue
-      considered.append((v, balance, found.best.makespan))
-      step = float(f'{found.best.makespan:.9g}')
-      if best is None or step < float(f'{best.synthesized.best.makespan:.9g}'):
-        best = Choice(balance, v, problem, found, ())
+      candidates.append((_LowerBound(problem), len(candidates), v, balance,
+                         problem))
+  # Most promising first; a layout whose busiest device's work alone takes
+  # longer than the best step found cannot win and is not synthesized.
+  for bound, _, v, balance, problem in sorted(candidates):
+    if best is not None and bound >= best.synthesized.best.makespan:
+      considered.append((v, balance, None))
+      continue
+    try:
+      found = synthesize.Synthesize(problem, memory_budget, search)
+    except MemoryBudgetError as e:
+      refused.append(e)
+      considered.append((v, balance, None))
+      continue
+    considered.append((v, balance, found.best.makespan))
+    step = float(f'{found.best.makespan:.9g}')
+    if best is None or step < float(f'{best.synthesized.best.makespan:.9g}'):
+      best = Choice(balance, v, problem, found, ())
   if best is None:
     least = min(refused, key=lambda e: e.smallest)
     raise MemoryBudgetError(

@@ -65,7 +65,7 @@ class SynthesizeTest(unittest.TestCase):
   def testRandomProblemsValidFitAndNoSlowerThanTheLibrary(self):
     rng = random.Random(42)
     fitted = refused = 0
-    for case in range(30):
+    for case in range(20):
       problem = _RandomProblem(rng)
       one_f = schedule.Make('gpipe', problem.num_devices,
                             problem.num_micro_batches,
@@ -91,7 +91,7 @@ class SynthesizeTest(unittest.TestCase):
         if best_library is not None:
           self.assertLessEqual(step, best_library * (1 + 1e-9))
           self.assertAlmostEqual(result.best_library.makespan, best_library)
-    self.assertGreater(fitted, 10)  # Both branches ran.
+    self.assertGreater(fitted, 8)  # Both branches ran.
     self.assertGreater(refused, 0)
 
   def testAtOneFOneBsPeakBeatsOneFOneBWithinIt(self):

@@ -18,7 +18,9 @@ is compared with), drops those over the budget and returns the fastest:
                  uniform, or memory alone), W filling gaps or held for
                  the cool-down, depth- or breadth-first forwards
     keep         the shortest simulated step that fits; ties to the lower
-                 peak, then to a library schedule
+                 peak, then to a library schedule (the greedy schedules
+                 are timed in the order of the greedy pass's own makespan,
+                 until 4 fit or 24 were timed)
 
 The library schedules are candidates, so the result is never slower in the
 simulator than the best of them that fits. With a budget of 1F1B's peak the
@@ -356,13 +358,14 @@ def Synthesize(problem: Problem,
       built.setdefault(key, (result.makespan, choices))
   # Timing and modelling a schedule costs more than building it: the
   # simulator and memory model see the greedy ones in the order of the
-  # greedy pass's own makespan, until _KEEP of them fit (all, if none does).
-  fits = 0
+  # greedy pass's own makespan, until _KEEP of them fit or _TIMED ran.
+  fits = timed = 0
   for key, (_, choices) in sorted(built.items(), key=lambda kv: kv[1][0]):
     if key in found:
       continue
-    if fits >= _KEEP:
+    if fits >= _KEEP or timed >= _TIMED:
       break
+    timed += 1
     sched = Schedule(key[0], problem.num_micro_batches, key[1],
                      name='synthesized')
     found[key] = Evaluate(problem, sched, _Label(choices))
@@ -388,8 +391,10 @@ def Synthesize(problem: Problem,
   return Synthesized(fitting[0], best_library, budget, len(found))
 
 
-# Greedy schedules that fit, timed by the simulator before the search stops.
+# Greedy schedules that fit, and greedy schedules timed, before the search
+# stops.
 _KEEP = 4
+_TIMED = 24
 
 
 def _Bytes(value: float) -> str:

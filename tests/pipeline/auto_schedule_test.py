@@ -23,10 +23,10 @@ def _LossFn(logits, labels):
                             1.0 + tf.cast(labels, tf.float32), {})
 
 
-def _Auto(k=2, m=4, **kw):
+def _Auto(k=2, m=4, remat='never', **kw):
   return PipeliningLayer.Params().Set(
       name='net', layers=test_utils.MlpLayers(), num_partitions=k,
-      num_micro_batches=m, schedule='auto', remat='never',
+      num_micro_batches=m, schedule='auto', remat=remat,
       **kw).Instantiate()
 
 
@@ -49,10 +49,10 @@ class AutoScheduleTest(tf.test.TestCase):
     with tf.GradientTape() as tape:
       want_loss, _ = loss_lib.ReduceTerms(_LossFn(seq.FProp(x), y))
     want = tape.gradient(want_loss, seq.trainable_variables)
-    for k, m in ((2, 4), (4, 8)):
-      pipe = _Auto(k, m)  # The same variable paths: the same weights.
+    for k, m, remat in ((2, 4, 'never'), (4, 8, 'never'), (2, 4, 'always')):
+      pipe = _Auto(k, m, remat)  # The same variable paths: the same weights.
       loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
-      with self.subTest(k=k, m=m):
+      with self.subTest(k=k, m=m, remat=remat):
         self.assertEqual(pipe.schedule.num_devices, k)
         self.assertEqual(len(pipe.cells), len(pipe.schedule_choice.balance))
         self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)

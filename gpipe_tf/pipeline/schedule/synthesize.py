@@ -125,7 +125,7 @@ class Problem:
     if len(stage_bytes) != num_s:
       raise ScheduleError(f'give one StageBytes per stage: K x V = {num_s} '
                           f'stages, got {len(stage_bytes)}')
-    per = simulate._PerStage  # pylint: disable=protected-access
+    per = simulate.PerStage
     return cls(num_devices, num_micro_batches, num_virtual_stages,
                tuple(per(forward, num_s, 'forward')),
                tuple(per(backward, num_s, 'backward')),

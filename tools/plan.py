@@ -10,6 +10,9 @@ budget and prints the fastest as a table, with the reason for the winner::
   python -m tools.plan --model=lm.synthetic.TransformerL_103 --devices=8 \\
       --memory_budget_mib=16384
   python -m tools.plan --model=synthetic.mlp.Tiny --devices=2 --json
+  python -m tools.plan --model=synthetic.mlp.Tiny --devices=2 \\
+      --synthesize=tiny.csv     # a schedule made for the model, and tiny.png
+  python -m tools.plan --synthesize_table   # synthesized vs library, on paper
 
 Bytes per parameter: weight + optimizer slots in the model's dtype (Adam 4 +
 8 in float32; tools.model_stats.BytesPerParam) + the gradient (4). The batch
@@ -37,6 +40,7 @@ from absl import flags
 
 from tools import plan_check
 from tools import plan_lib
+from tools import plan_synthesize
 
 __all__ = ['BenchmarkModel', 'DefineFlags', 'ExperimentModel', 'Run', 'main']
 
@@ -74,6 +78,27 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
       'on a small batch (tools/plan_trace.py; builds one of each, seconds '
       "per kind of layer). 'outputs': its FPropMeta outputs (nothing is "
       'built; far under for a Transformer block).', **fv)
+  flags.DEFINE_string(
+      'synthesize', None, 'Write the schedule synthesized for --model on '
+      '--devices (one pipeline, K = D) with --micro_batches within '
+      "--memory_budget_mib (0: 1F1B's modelled peak) to this CSV, in "
+      "PyTorch's format (schedule.DumpTorch), and draw it to the same path "
+      'with .png; print the choice and its unit-time grid.', **fv)
+  flags.DEFINE_integer('micro_batches', 0, 'M for --synthesize; 0: 4 x D.',
+                       **fv)
+  flags.DEFINE_enum('remat', 'never', ['never', 'always', 'except_last'],
+                    'The remat policy --synthesize plans for.', **fv)
+  flags.DEFINE_bool(
+      'synthesize_table', False, 'Print synthesized against library '
+      'schedules for 32 Transformer benchmark blocks (measured costs, '
+      'tools/plan_synthesize.TRANSFORMER) at --table_devices x '
+      '--table_micro_batches x --table_budgets; no --model needed.', **fv)
+  flags.DEFINE_list('table_devices', ['4', '8', '16'], 'K of the table.',
+                    **fv)
+  flags.DEFINE_list('table_micro_batches', ['8', '16', '32', '64'],
+                    'M of the table.', **fv)
+  flags.DEFINE_list('table_budgets', ['0.5', '1', '1.5'],
+                    "Budgets of the table, as fractions of 1F1B's peak.", **fv)
   flags.DEFINE_enum(
       'precision', None, list(_POLICIES),
       "The trainer's --precision: activations in its compute dtype (2 bytes "
@@ -172,6 +197,14 @@ def Run(fv: flags.FlagValues) -> str:
     model_stats.ModelStatsError, plan_lib.PlanError; with --compare,
     OSError and json.JSONDecodeError.
   """
+  if fv.synthesize_table:
+    rows = plan_synthesize.Table(
+        plan_synthesize.TRANSFORMER, 32, plan_synthesize.TRANSFORMER_COMM,
+        [int(k) for k in fv.table_devices],
+        [int(m) for m in fv.table_micro_batches],
+        [float(b) for b in fv.table_budgets])
+    return '\n'.join([plan_synthesize.FormatTable(rows), ''] +
+                      plan_synthesize.Targets(rows))
   measured = None
   if fv.compare:
     with open(fv.compare) as f:
@@ -193,6 +226,8 @@ def Run(fv: flags.FlagValues) -> str:
     raise plan_lib.PlanError('--model (or --compare) is required.')
   d, n = fv.devices or own_k, fv.batch_size or own_n
   budget = fv.memory_budget_mib * plan_lib.MIB or None
+  if fv.synthesize:
+    return _Synthesize(fv, model, d, n, budget, name)
   plans = plan_lib.Rank(model, d, n, budget, fv.flops_per_second,
                         schedules=fv.schedules or None,
                         max_micro_batches=fv.max_micro_batches)
@@ -230,6 +265,27 @@ def Run(fv: flags.FlagValues) -> str:
     text += (f'\n\nThe estimates beside the measured rows of '
              f'{fv.compare} (--devices={mode}: {what}):\n\n{table}')
   return text
+
+
+def _Synthesize(fv: flags.FlagValues, model: plan_lib.Model, d: int, n: int,
+                budget: float | None, name: str) -> str:
+  """--synthesize: choose, write the CSV and the PNG, report."""
+  from gpipe_tf.pipeline import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline.schedule import layout  # pylint: disable=g-import-not-at-top
+  m = fv.micro_batches or 4 * d
+  layers = plan_synthesize.LayerCosts(model, -(-n // m), fv.flops_per_second)
+  if budget is None:
+    budget = layout.OneFOneBPeak(layers, d, m, remat=fv.remat)
+  try:
+    choice = layout.Choose(layers, d, m, budget, remat=fv.remat)
+  except schedule_lib.MemoryBudgetError as e:
+    raise plan_lib.PlanError(str(e)) from e
+  schedule_lib.DumpTorch(choice.schedule, fv.synthesize)
+  png = fv.synthesize.removesuffix('.csv') + '.png'
+  plan_synthesize.Draw(choice, png)
+  return (f'{name}: K={d} devices, M={m} micro-batches of {-(-n // m)}, '
+          f'remat {fv.remat}; wrote {fv.synthesize} (PyTorch schedule CSV) '
+          f'and {png}.\n\n{plan_synthesize.Report(choice, budget)}')
 
 
 def main(argv: Sequence[str],

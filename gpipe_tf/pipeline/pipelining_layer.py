@@ -12,6 +12,7 @@ from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import skips as skips_lib
+from gpipe_tf.pipeline import auto_schedule
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
@@ -134,7 +135,13 @@ class PipeliningLayer(base_layer.BaseLayer):
              "'interleaved_1f1b', 'zb_h1'; schedule.Names()), the path of a "
              "CSV file (ending in '.csv', schedule.Dump's format) or a "
              'schedule.Schedule, for K devices, M micro-batches and K x V '
-             'cells.')
+             "cells; or 'auto': the balance, V (1 or 2) and the schedule "
+             'chosen together on the simulated step from the layer costs '
+             "(``cost``) within ``memory_budget`` (auto_schedule.py).")
+    p.Define('memory_budget', None,
+             "schedule='auto' only: bytes per device the chosen schedule may "
+             "hold in the memory model (schedule.memory, weights included); "
+             "None: what 1F1B holds on its fullest device.")
     p.Define('execution', 'loop',
              "How the step's graph is built (schedule.periods.Plan): 'loop' "
              "(every tick while the steps cost at most loop_budget ops, else "
@@ -161,7 +168,8 @@ class PipeliningLayer(base_layer.BaseLayer):
              'with XLA (tf.function jit_compile).')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
-             'into K x V cells, cell s on device s % K.')
+             "into K x V cells, cell s on device s % K. schedule='auto' "
+             'chooses V itself (1 or 2) and ignores this.')
     return p
 
   def __init__(self, params, parent_path=None):
@@ -186,10 +194,16 @@ class PipeliningLayer(base_layer.BaseLayer):
     skips = skips_lib.Check(p.layers)
     all_devices = list(p.devices) if p.devices else (
         devices_lib.DefaultDevices())
-    self._balance = self._Balance(len(all_devices))
-    num_stages = len(self._balance)
-    num_devices = num_stages // p.num_virtual_stages
-    self._schedule = self._MakeSchedule(num_devices)
+    self._choice = None  # schedule='auto': the layout.Choice.
+    if p.schedule == 'auto':
+      self._choice = self._Auto(len(all_devices))
+      self._balance = list(self._choice.balance)
+      self._schedule = self._choice.schedule
+    else:
+      self._balance = self._Balance(len(all_devices))
+      self._schedule = self._MakeSchedule(
+          len(self._balance) // p.num_virtual_stages)
+    num_devices = self._schedule.num_devices
     self._kept = self._KeptForwards(self._schedule)
     self._devices = [all_devices[k] for k in range(num_devices)]
     per_layer = [self._devices[self._schedule.DeviceOf(s)]
@@ -225,6 +239,22 @@ class PipeliningLayer(base_layer.BaseLayer):
       return sched
     return _Registered(p.schedule, num_devices, p.num_micro_batches,
                        p.num_virtual_stages)
+
+  def _Auto(self, num_devices: int):
+    """schedule='auto': the balance and schedule auto_schedule picks."""
+    p = self.p
+    if p.balance is not None:
+      raise partition.PartitionError(
+          f"PipeliningLayer '{self.path}': schedule='auto' chooses the "
+          'balance; drop balance, or name a schedule.')
+    partition.CheckDevices(p.num_partitions, num_devices)
+    shapes = _InputShapes(p) or cost_lib.InferInputShapes(p.layers)
+    value_bytes = 2 if p.precision in ('mixed_bfloat16', 'mixed_float16') else 4
+    layers = auto_schedule.LayerCosts(p.layers, p.cost, shapes,
+                                      p.profile_batch_size,
+                                      p.num_micro_batches, value_bytes)
+    return auto_schedule.Choose(layers, p.num_partitions, p.num_micro_batches,
+                                p.remat, p.memory_budget, self.path)
 
   def _Balance(self, num_devices: int) -> list[int]:
     """Layers per cell: K x V cells (V = num_virtual_stages)."""
@@ -286,6 +316,12 @@ class PipeliningLayer(base_layer.BaseLayer):
   @property
   def schedule(self) -> schedule_lib.Schedule:
     return self._schedule
+
+  @property
+  def schedule_choice(self):
+    """With schedule='auto', the schedule.layout.Choice made (predicted step,
+    peaks, the layouts considered); else None."""
+    return self._choice
 
   @property
   def cells(self) -> list[cell_lib.Cell]:

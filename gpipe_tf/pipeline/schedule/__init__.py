@@ -23,10 +23,13 @@ from gpipe_tf.pipeline.schedule.library import Names
 from gpipe_tf.pipeline.schedule.library import Register
 from gpipe_tf.pipeline.schedule.simulate import SimResult
 from gpipe_tf.pipeline.schedule.simulate import Simulate
+from gpipe_tf.pipeline.schedule.synthesize import MemoryBudgetError
+from gpipe_tf.pipeline.schedule.synthesize import Synthesize
 from gpipe_tf.pipeline.schedule.table import Schedule
 from gpipe_tf.pipeline.schedule.vshape import V_SHAPED
 from gpipe_tf.pipeline.schedule.vshape import VStageDevices  # Registers zbv, dualpipe_v.
 
 __all__ = ['Action', 'B', 'BW', 'Dump', 'DumpTorch', 'F', 'FB', 'Load', 'Make',
-           'Names', 'Register', 'Schedule', 'ScheduleError', 'SimResult',
-           'Simulate', 'V_SHAPED', 'VStageDevices', 'W']
+           'MemoryBudgetError', 'Names', 'Register', 'Schedule',
+           'ScheduleError', 'SimResult', 'Simulate', 'Synthesize', 'V_SHAPED',
+           'VStageDevices', 'W']

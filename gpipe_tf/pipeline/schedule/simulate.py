@@ -22,7 +22,7 @@ from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import replay as replay_lib
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['SimResult', 'Simulate']
+__all__ = ['PerStage', 'SimResult', 'Simulate']
 
 Action = action_lib.Action
 ScheduleError = action_lib.ScheduleError
@@ -52,8 +52,10 @@ class SimResult:
   end: dict[Action, float]
 
 
-def _PerStage(value: float | Sequence[float], num_stages: int, name: str,
-              allow_zero: bool = False) -> list[float]:
+def PerStage(value: float | Sequence[float], num_stages: int, name: str,
+             allow_zero: bool = False) -> list[float]:
+  """A duration per stage from a number or a list; ScheduleError naming
+  `name` unless every one is finite and > 0 (>= 0 with allow_zero)."""
   values = (list(value) if isinstance(value, Sequence) and not isinstance(value, str)
             else [value] * num_stages)
   ok = len(values) == num_stages and all(
@@ -91,11 +93,11 @@ def Simulate(schedule: table.Schedule,
   """
   schedule.Validate()
   num_s = schedule.num_stages
-  times = {F: _PerStage(forward_time, num_s, 'forward_time'),
-           B: _PerStage(backward_time, num_s, 'backward_time'),
-           W: _PerStage(weight_time, num_s, 'weight_time', allow_zero=True)}
+  times = {F: PerStage(forward_time, num_s, 'forward_time'),
+           B: PerStage(backward_time, num_s, 'backward_time'),
+           W: PerStage(weight_time, num_s, 'weight_time', allow_zero=True)}
   times[BW] = [b + w for b, w in zip(times[B], times[W])]
-  comm = _PerStage(comm_time, 1, 'comm_time', allow_zero=True)[0]
+  comm = PerStage(comm_time, 1, 'comm_time', allow_zero=True)[0]
 
   def _Time(act):
     if act.kind != FB:

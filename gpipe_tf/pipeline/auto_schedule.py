@@ -1,0 +1,85 @@
+"""schedule='auto': a PipeliningLayer's balance, V and schedule chosen from its layers' costs and sizes.
+
+The layers' costs come from the PipeliningLayer's ``cost`` estimator
+(cost.LayerCosts: FLOPs, parameters, or a short profiling run of each
+layer's forward and backward); a layer's F, B and W are each taken as its
+cost (a backward does about twice a forward's work, half for the input
+gradient and half for the weight gradients). Its sizes come from FPropMeta
+(nothing is built): per micro-batch of ProfileBatchSize examples its input
+and its outputs (4 bytes a value, 2 under a 16-bit precision policy) as
+memory.StageBytesOf counts them, 4 bytes of weights and 4 of gradients per
+parameter (no optimizer slots). schedule.layout.Choose then weighs the
+balances, V in (1, 2) and the schedules on the simulated step within the
+memory budget, and the choice is logged.
+
+This module deliberately builds nothing and runs nothing: PipeliningLayer
+runs the schedule it returns like any other.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from absl import logging
+
+from gpipe_tf.pipeline import cost as cost_lib
+from gpipe_tf.pipeline.schedule import layout
+from gpipe_tf.pipeline.schedule import memory
+
+__all__ = ['Choose', 'LayerCosts']
+
+_PARAM_BYTES = 4  # float32 weights, and as much again for their gradients.
+
+
+def _Bytes(shapes: Sequence, value_bytes: int) -> int:
+  """Bytes per example of batched shapes (the batch dimension dropped)."""
+  return sum(value_bytes * math.prod(int(d or 1) for d in s[1:])
+             for s in shapes if len(s))
+
+
+def LayerCosts(layer_params: Sequence, cost: str, input_shapes: Sequence,
+               profile_batch_size: int | None, num_micro_batches: int,
+               value_bytes: int = 4) -> list[layout.LayerCost]:
+  """Every layer's layout.LayerCost (see the module docstring).
+
+  Raises:
+    cost.CostEstimateError: the costs cannot be estimated.
+  """
+  costs = cost_lib.LayerCosts(layer_params, cost, input_shapes,
+                              profile_batch_size, num_micro_batches)
+  metas = cost_lib.LayerMetas(layer_params, input_shapes)
+  batch = cost_lib.ProfileBatchSize(input_shapes, profile_batch_size,
+                                    num_micro_batches)
+  ins = [_Bytes(input_shapes, value_bytes)] + [
+      _Bytes(m.out_shapes, value_bytes) for m in metas[:-1]]
+  return [layout.LayerCost(c, c, c, memory.StageBytesOf(
+      i, [_Bytes(m.out_shapes, value_bytes)], int(m.num_params), batch,
+      _PARAM_BYTES, _PARAM_BYTES)) for c, i, m in zip(costs, ins, metas)]
+
+
+def Choose(layers: Sequence[layout.LayerCost], num_devices: int,
+           num_micro_batches: int, remat: str,
+           memory_budget: float | None, path: str) -> layout.Choice:
+  """layout.Choose within memory_budget (None: 1F1B's peak), logged.
+
+  Raises:
+    schedule.MemoryBudgetError: nothing fits the budget.
+  """
+  if memory_budget is None:
+    memory_budget = layout.OneFOneBPeak(layers, num_devices,
+                                        num_micro_batches, remat=remat)
+  choice = layout.Choose(layers, num_devices, num_micro_batches,
+                         memory_budget, remat=remat)
+  best = choice.synthesized.best
+  library = choice.synthesized.best_library
+  logging.info(
+      "PipeliningLayer '%s' schedule='auto': %s, V=%d, balance %s; "
+      'predicted step %.4g (best library schedule that fits: %s), peak '
+      'bytes per device %s within the budget of %.6g (remat %r; %d layouts '
+      'considered)', path, best.source, choice.num_virtual_stages,
+      list(choice.balance), best.makespan,
+      f'{library.source} {library.makespan:.4g}' if library else 'none',
+      [f'{p:.6g}' for p in best.peaks], memory_budget, remat,
+      len(choice.considered))
+  return choice

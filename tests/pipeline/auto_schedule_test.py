@@ -1,0 +1,99 @@
+"""schedule='auto' (auto_schedule.py): the chosen layout trains as SequentialLayer does, within its memory budget."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf.layers import core
+from gpipe_tf.layers import losses
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import auto_schedule
+from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import partition
+from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline.schedule import layout
+from gpipe_tf.pipeline.schedule import memory
+from gpipe_tf.pipeline.schedule import simulate
+
+
+def _LossFn(logits, labels):
+  return loss_lib.LossTerms(losses.SoftmaxCrossEntropy(logits, labels),
+                            1.0 + tf.cast(labels, tf.float32), {})
+
+
+def _Auto(k=2, m=4, remat='never', **kw):
+  return PipeliningLayer.Params().Set(
+      name='net', layers=test_utils.MlpLayers(), num_partitions=k,
+      num_micro_batches=m, schedule='auto', remat=remat,
+      **kw).Instantiate()
+
+
+def _Peaks(choice):
+  """The chosen schedule's peaks, straight from the simulator and model."""
+  problem, sched = choice.problem, choice.schedule
+  kept = memory.KeptForwards(sched, problem.remat)
+  sim = simulate.Simulate(sched, problem.forward, problem.backward,
+                          problem.weight)
+  return memory.Profile(sched, problem.stage_bytes, kept, sim).peak
+
+
+class AutoScheduleTest(tf.test.TestCase):
+
+  def testTrainsLikeSequential(self):
+    x = tf.random.stateless_normal([11, 6], seed=[1, 2])
+    y = tf.random.stateless_uniform([11], [5, 6], 0, 5, tf.int32)
+    seq = core.SequentialLayer.Params().Set(
+        name='net', layers=test_utils.MlpLayers()).Instantiate()
+    with tf.GradientTape() as tape:
+      want_loss, _ = loss_lib.ReduceTerms(_LossFn(seq.FProp(x), y))
+    want = tape.gradient(want_loss, seq.trainable_variables)
+    for k, m, remat in ((2, 4, 'never'), (4, 8, 'never'), (2, 4, 'always')):
+      pipe = _Auto(k, m, remat)  # The same variable paths: the same weights.
+      loss, _, grads = pipe.ComputeLossAndGradients(x, y, _LossFn)
+      with self.subTest(k=k, m=m, remat=remat):
+        self.assertEqual(pipe.schedule.num_devices, k)
+        self.assertEqual(len(pipe.cells), len(pipe.schedule_choice.balance))
+        self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+        self.assertLen(grads, len(want))
+        for a, b in zip(want, grads):
+          self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+  def testDefaultBudgetIsOneFOneBsPeak(self):
+    pipe = _Auto(4, 8)
+    choice = pipe.schedule_choice
+    layers = auto_schedule.LayerCosts(
+        test_utils.MlpLayers(), 'flops', ((None, 6),), None, 8)
+    budget = layout.OneFOneBPeak(layers, 4, 8)
+    self.assertLessEqual(max(_Peaks(choice)), budget * (1 + 1e-9))
+    self.assertEqual(choice.synthesized.budget, (budget,) * 4)
+    one_f = layout.StageProblem(
+        layers, partition.PartitionBalanced(
+            [3 * c.forward for c in layers], 4), 4, 8)
+    self.assertLessEqual(choice.makespan, simulate.Simulate(
+        schedule_lib.Make('1f1b', 4, 8), one_f.forward, one_f.backward,
+        one_f.weight).makespan)
+
+  def testBudgetIsHonoured(self):
+    loose = _Auto(4, 8).schedule_choice
+    budget = 0.75 * max(loose.peaks)
+    pipe = _Auto(4, 8, memory_budget=budget)
+    self.assertLessEqual(max(_Peaks(pipe.schedule_choice)), budget)
+    with self.assertRaisesRegex(schedule_lib.MemoryBudgetError,
+                                'raise the budget to at least'):
+      _Auto(4, 8, memory_budget=0.1 * budget)
+
+  def testLogsWhatItChose(self):
+    with self.assertLogs(level='INFO') as logs:
+      _Auto(2, 4)
+    self.assertTrue(any("schedule='auto'" in line and 'predicted step' in line
+                        for line in logs.output), logs.output)
+
+  def testBalanceIsChosenNotGiven(self):
+    with self.assertRaisesRegex(partition.PartitionError, 'drop balance'):
+      _Auto(2, 4, balance=[4, 4])
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -16,7 +16,7 @@ input shapes its cost estimate needs), takes one SGD step in a
   * rest of first call: the first call less Grappler (function
     instantiation, placement, partitioning, executors, and running it);
   * first step: tracing plus the first call;
-  * next step: the second call;
+  * next step: the median of the next three calls;
   * traces: the layer kinds traced by layers/shared_trace.py, and calls.
 
     python -m tools.first_step                          # L=16,64 plain and 1f1b
@@ -133,9 +133,12 @@ def _Child(config: dict) -> dict:
     start = time.perf_counter()
     _Step().numpy()
     first_call = time.perf_counter() - start
-    start = time.perf_counter()
-    _Step().numpy()
-    next_step = time.perf_counter() - start
+    steps = []
+    for _ in range(3):
+      start = time.perf_counter()
+      _Step().numpy()
+      steps.append(time.perf_counter() - start)
+    next_step = sorted(steps)[1]
   stats = shared_trace.Stats.Get() if shared_trace else None
   return dict(imports_s=imports, build_s=build, trace_s=tracing,
               first_call_s=first_call, next_step_s=next_step,

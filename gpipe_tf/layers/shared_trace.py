@@ -8,7 +8,7 @@ training) into three functions, and every layer of that kind calls them with
 its own variables::
 
     forward   F(step seed, layer seeds, x)      -> y, saved
-    backward  B(saved, dy)                      -> dx, wcut
+    backward  B(x, y, saved, dy)                -> dx, wcut  (what it reads)
     weights   W(wcut)                           -> dws
 
 The three are pruned from one graph of the layer's forward and gradient, so
@@ -113,6 +113,8 @@ class _Kind:
   dx_present: tuple[bool, ...]
   variables: tuple  # The template layer's, in order.
   names: tuple  # Their paths below the layer, shapes and dtypes.
+  kept: tuple  # Per tensor B reads: its index in inputs + outputs, or None
+  #              for the next of the forward's saved outputs.
   out_struct: Any  # The nest FProp returned.
   random: bool  # Whether the forward reads the seeds (draws random numbers).
 
@@ -225,7 +227,13 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
 
   dxs = [x for x in got['dxs'] if x is not None]
   dys = {id(g) for g in got['dys']}
-  saved = [x for x in _Crossing(backward) if id(x) not in dys]
+  read = [x for x in _Crossing(backward) if id(x) not in dys]
+  # What the backward reads of the layer's inputs and outputs it is given
+  # by the caller (one tensor, not a copy out of the forward); the rest the
+  # forward returns after its outputs.
+  mine = {id(t): i for i, t in enumerate(got['xs'] + got['ys'])}
+  kept = tuple(mine.get(id(x)) for x in read)
+  saved = [x for x, k in zip(read, kept) if k is None]
   need_dx = _Ancestors(dxs, backward)
   wcut = _Crossing(_Ancestors([d for d in got['dws'] if d is not None],
                               backward) - need_dx)
@@ -237,16 +245,16 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
     raise _Unshareable()  # A variable the layer does not differentiate.
   if not dxs:  # No input gradient: W differentiates the whole layer.
     backward_fn = None
-    weights = wrapped.prune(feeds=saved + got['dys'], fetches=dws)
+    weights = wrapped.prune(feeds=read + got['dys'], fetches=dws)
   else:
     try:
       weights = wrapped.prune(feeds=wcut, fetches=dws)
-      backward_fn = wrapped.prune(feeds=saved + got['dys'],
+      backward_fn = wrapped.prune(feeds=read + got['dys'],
                                   fetches=dxs + wcut)
     except (op_selector.UnliftableError, KeyError, ValueError):
       # W reads what the cut cannot feed: B computes the weight gradients.
       weights = None
-      backward_fn = wrapped.prune(feeds=saved + got['dys'],
+      backward_fn = wrapped.prune(feeds=read + got['dys'],
                                   fetches=dxs + dws)
   for fn in (forward, backward_fn, weights):
     if fn is not None:
@@ -257,7 +265,7 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
   _BY_NAME[tf.compat.as_str(forward.name)] = kind = _Kind(
       forward, backward_fn, weights, len(got['ys']),
       tuple(x is not None for x in got['dxs']), tuple(variables),
-      _Relative(layer, variables), got['struct'],
+      _Relative(layer, variables), kept, got['struct'],
       any(x.consumers() for x in forward.inputs[:2]))
   return kind
 
@@ -294,15 +302,18 @@ def _Call(function: Any, args: Sequence[tf.Tensor], kind: _Kind,
     return function._call_flat(list(args), captures)  # pylint: disable=protected-access
 
 
-def _Backward(kind: _Kind, ys: Sequence[tf.Tensor], saved: Sequence[Any],
-              dys: Sequence[Any], handles: Sequence[tf.Tensor]
-              ) -> tuple[list, list]:
+def _Backward(kind: _Kind, xs: Sequence[Any], ys: Sequence[tf.Tensor],
+              saved: Sequence[Any], dys: Sequence[Any],
+              handles: Sequence[tf.Tensor]) -> tuple[list, list]:
   """(per input its gradient or None, the variables' gradients in the
-  kind's order): B, then W, on one call's saved tensors."""
+  kind's order): B, then W, on one call's inputs, outputs and saved
+  tensors."""
   dys = [tf.zeros_like(y) if g is None else g
          for g, y in zip(dys, ys) if y.dtype.is_floating]
-  got = (list(saved) + dys if kind.backward is None else
-         _Call(kind.backward, list(saved) + dys, kind, handles))
+  mine, rest = list(xs) + list(ys), iter(saved)
+  read = [next(rest) if k is None else mine[k] for k in kind.kept]
+  got = (read + dys if kind.backward is None else
+         _Call(kind.backward, read + dys, kind, handles))
   num_dx = sum(kind.dx_present)
   dx, rest = iter(got[:num_dx]), got[num_dx:]
   dws = (rest if kind.weights is None else
@@ -330,8 +341,8 @@ def _ForwardGradient(op: tf.Operation, *grads: Any) -> list:
   order = [index[id(c)] for c in kind.forward.captured_inputs]
   for i, h in zip(order, op.inputs[num_args:]):
     handles[i] = h
-  dx, dws = _Backward(kind, op.outputs[:kind.num_y], op.outputs[kind.num_y:],
-                      grads[:kind.num_y], handles)
+  dx, dws = _Backward(kind, op.inputs[2:num_args], op.outputs[:kind.num_y],
+                      op.outputs[kind.num_y:], grads[:kind.num_y], handles)
   return [None, None] + dx + [dws[i] for i in order]
 
 
@@ -385,7 +396,7 @@ def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
   ys, saved = out[:kind.num_y], out[kind.num_y:]
 
   def _Grad(*dys):
-    dx, dws = _Backward(kind, ys, saved, dys, handles)
+    dx, dws = _Backward(kind, xs, ys, saved, dys, handles)
     return dx + [None, None] + dws
 
   record.record_operation('SharedLayer', list(ys),

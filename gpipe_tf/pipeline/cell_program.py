@@ -190,7 +190,10 @@ _NO_PIECE = Piece(lambda: ())
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
              xs: Sequence[Any], skips: Sequence[Any], training: bool
              ) -> tuple[tuple, tuple]:
-  with random_seeds.StepSeedScope(seed):
+  # Cells trace their layers as written: where a piece runs inside a
+  # folded loop, TensorFlow leaves the shared traces' calls un-inlined and
+  # the step ran 2x slower (docs/scale.md).
+  with random_seeds.StepSeedScope(seed), shared_trace.Off():
     return cell.Forward(structure, xs, skips, training)
 
 

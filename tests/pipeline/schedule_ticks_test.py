@@ -173,8 +173,8 @@ class LowerTest(unittest.TestCase):
         self.assertEqual(schedule.Simulate(fused).makespan,
                          schedule.Simulate(sched).makespan)
         for s, m in ticks.Fusable(sched):
-          self.assertEqual(fused.SplitBackward(s, m),
-                           sched.SplitBackward(s, m))
+          self.assertEqual(fused.DefersW(s, m),
+                           sched.DefersW(s, m))
     self.assertEqual(
         ticks.FuseLast(schedule.Make('1f1b', 2, 3)).actions[1],
         tuple(schedule.Action(ticks.FB, 1, m) for m in range(3)))
@@ -191,7 +191,7 @@ class LowerTest(unittest.TestCase):
           step = table.steps[d][table.branch[d][t] - 1]
           self.assertEqual(step, ticks.Step(
               ticks.FB, act.stage, True,
-              sched.SplitBackward(act.stage, act.micro_batch)))
+              sched.DefersW(act.stage, act.micro_batch)))
           if act.stage > 0 and t + 1 < table.num_ticks:
             self.assertEqual(table.got_dx[act.stage - 1][t + 1],
                              act.micro_batch)
@@ -217,7 +217,7 @@ class LowerTest(unittest.TestCase):
           # The same work in the same order: a BW where a B and its W were.
           unjoined = []
           for a in after:
-            if a.kind == schedule.BW and original.SplitBackward(
+            if a.kind == schedule.BW and original.DefersW(
                 a.stage, a.micro_batch):
               unjoined += [schedule.Action(k, a.stage, a.micro_batch)
                            for k in (schedule.B, schedule.W)]
@@ -231,7 +231,7 @@ class LowerTest(unittest.TestCase):
         alone = ticks.Lower(ticks.FuseLast(original))
         self.assertLessEqual(table.num_ticks, alone.num_ticks)
         # A stage is split only where a W stays apart.
-        self.assertEqual(ticks.SplitStages(table),
+        self.assertEqual(ticks.StagesDeferringW(table),
                          {a.stage for row in joined.actions for a in row
                           if a.kind == schedule.W})
     sched = schedule.Make('zb_h1', 2, 8)
@@ -240,7 +240,7 @@ class LowerTest(unittest.TestCase):
     self.assertEqual(
         [table.num_ticks, ticks.Lower(ticks.FuseLast(sched)).num_ticks],
         [17, 24])
-    self.assertEqual(ticks.SplitStages(table), {1})
+    self.assertEqual(ticks.StagesDeferringW(table), {1})
     self.assertEqual(table.ToAscii().splitlines()[0].split()[:5],
                      ['dev', '0:', 'F0', 'F1', 'BW0'])
 
@@ -259,6 +259,7 @@ class LowerTest(unittest.TestCase):
     self.assertEqual(table.ToAscii().splitlines(), [
         'dev 0: F0  F1  BW0 F2  BW1 BW2',
         'dev 1: ..  FB0 FB1 ..  FB2 ..'])
+
 
 
 if __name__ == '__main__':

@@ -32,8 +32,8 @@ one BW(s, m), so the backward computes each layer's input and weight
 gradients together instead of stashing what W reads until the next tick.
 ZB-H1's first stage, whose W all follow their B at once, then runs as
 1F1B's; a W the schedule defers still runs where it put it. Which stages
-split their backward into B and a later W is then read off the schedule
-the engine lowers (SplitStages), once.
+defer W (run their backward as B and a later W) is then read off the
+schedule the engine lowers (StagesDeferringW), once.
 
 A *phase* lowers part of a schedule: 'forward' its F actions (inference, or
 the forward of a tape-driven fill-drain step), 'backward' the rest (their F
@@ -54,7 +54,7 @@ from gpipe_tf.pipeline.schedule import replay
 from gpipe_tf.pipeline.schedule import table
 
 __all__ = ['FB', 'PHASES', 'FuseLast', 'Fusable', 'JoinBackward', 'Lower',
-           'SplitStages', 'Step', 'TickProgram', 'Unjoined']
+           'StagesDeferringW', 'Step', 'TickProgram', 'Unjoined']
 
 Action = action_lib.Action
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
@@ -72,12 +72,13 @@ class Step:
     keep: F: saves the activations its backward reads; B/BW: reads them
       (else recomputes the forward from the stage's input). False for W,
       True for FB (its activations never leave the step).
-    split: FB: its backward is a B (a W follows), else a BW.
+    defers_w: FB: its backward is a B and its W runs later (a W action
+      follows), else a BW.
   """
   kind: str
   stage: int
   keep: bool = False
-  split: bool = False
+  defers_w: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +167,7 @@ def Unjoined(schedule: table.Schedule, program: 'TickProgram',
     back = B if dataclasses.replace(act, kind=W) in program.tick else BW
     return [dataclasses.replace(act, kind=F)] + Unjoined(
         schedule, program, dataclasses.replace(act, kind=back))
-  if act.kind == BW and schedule.SplitBackward(act.stage, act.micro_batch):
+  if act.kind == BW and schedule.DefersW(act.stage, act.micro_batch):
     return [dataclasses.replace(act, kind=kind) for kind in (B, W)]
   return [act]
 
@@ -188,10 +189,11 @@ def _MergePairs(schedule: table.Schedule,
                         schedule.stage_devices, schedule.name)
 
 
-def SplitStages(program: 'TickProgram') -> frozenset[int]:
-  """The stages some step of `program` runs as B then a later W."""
+def StagesDeferringW(program: 'TickProgram') -> frozenset[int]:
+  """The stages that defer W: some step of `program` runs a backward as B
+  and its W later."""
   return frozenset(step.stage for row in program.steps for step in row
-                   if step.kind in (B, W) or (step.kind == FB and step.split))
+                   if step.kind in (B, W) or step.defers_w)
 
 
 def _InPhase(act: Action, phase: str) -> bool:
@@ -279,7 +281,7 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
         if act.kind in (B, BW, FB) and s == b:
           got_dskip[i][t + 1] = m
     if act.kind == FB:
-      step = Step(FB, s, True, schedule.SplitBackward(s, m))
+      step = Step(FB, s, True, schedule.DefersW(s, m))
     elif act.kind == W:
       step = Step(W, s)
     else:

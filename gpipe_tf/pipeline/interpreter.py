@@ -132,10 +132,11 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
                      '(ticks.Lower(skips=SkipPairs(cells)))')
   structs, in_specs = [structure], [list(specs)]
   skip_specs: dict[str, Any] = {}  # Of each stashed name, from its cell.
-  for cell in cells[:-1]:
-    struct, out_specs, skip_out = program_lib.OutputsOf(
-        cell, structs[-1], in_specs[-1], seed_spec, training,
-        [skip_specs[n] for n in cell.skip_in])
+  for s, cell in enumerate(cells[:-1]):
+    with ticks_lib.Naming(ticks[0], s):  # A layer's error: where it is.
+      struct, out_specs, skip_out = program_lib.OutputsOf(
+          cell, structs[-1], in_specs[-1], seed_spec, training,
+          [skip_specs[n] for n in cell.skip_in])
     skip_specs.update(zip(cell.skip_out, skip_out))
     structs.append(struct)
     in_specs.append(out_specs)
@@ -160,10 +161,11 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
         input_grads or s > 0, dy_present, dskip_present,
         precision.CurrentPolicy(), jit_compile, s in defers_w)
     if key not in cell.programs:
-      cell.programs[key] = program_lib.CellProgram(
-          cell, structs[s], in_specs[s], seed_spec, training, stage_head,
-          input_grads or s > 0, dy_present, jit_compile, s in defers_w,
-          stage_skips, dskip_present)
+      with ticks_lib.Naming(ticks[0], s):
+        cell.programs[key] = program_lib.CellProgram(
+            cell, structs[s], in_specs[s], seed_spec, training, stage_head,
+            input_grads or s > 0, dy_present, jit_compile, s in defers_w,
+            stage_skips, dskip_present)
     programs[s] = cell.programs[key]
   layouts = tuple(
       slots_lib.LayoutOf(p, schedule.num_micro_batches) if training else None
@@ -185,8 +187,11 @@ def _Plan(programs: Sequence[Any], program: ticks_lib.TickProgram,
           execution: str, budget: float) -> tuple:
   """periods.Plan of a tick program, each tick costing the ops of the
   pieces it runs."""
-  ops = [[programs[step.stage].Piece(step).num_ops for step in steps]
-         for steps in program.steps]
+  def _Ops(step):
+    with ticks_lib.Naming(program, step.stage, step.kind):  # A prune's.
+      return programs[step.stage].Piece(step).num_ops
+
+  ops = [[_Ops(step) for step in steps] for steps in program.steps]
   costs = [1 + sum(ops[d][row[t] - 1] for d, row in enumerate(program.branch)
                    if row[t]) for t in range(program.num_ticks)]
   return periods.Plan(periods.Columns(program), execution, budget, costs)

@@ -183,11 +183,12 @@ class TickGraph:
           if index == 0:
             continue
           step = steps[index - 1]
-          at = f'mb{m}' if isinstance(m, int) else f't{col}'
+          mb = m if isinstance(m, int) else None  # Else a loop's body.
           ready = _Ready(arrived, step.stage, slots[step.stage],
                          program.micro[d], col, offsets)
-          with _After(done.get(d, [])), tf.name_scope(
-              f'stage{step.stage}_{step.kind}_{at}'):
+          with _After(done.get(d, [])), tf.name_scope(ticks_lib.Scope(
+              step, mb, col)), ticks_lib.Naming(program, step.stage,
+                                                step.kind, mb, col):
             slots[step.stage], made = self.step(step, m, t,
                                                 slots[step.stage], ready)
           done[d] = Finished(made) or done.get(d, [])
@@ -211,7 +212,8 @@ class TickGraph:
             # The device's previous step has finished (its token), and the
             # next one waits for this one's: ticks overlap across devices,
             # never on one.
-            with _After([state.token]):
+            with _After([state.token]), tf.name_scope(ticks_lib.Scope(
+                step)), ticks_lib.Naming(program, step.stage, step.kind):
               new, made = self.step(step, m, t, state, {})
             with _After(Finished(made)):
               new = new._replace(token=tf.identity(new.token))

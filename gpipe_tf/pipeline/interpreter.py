@@ -44,6 +44,7 @@ from gpipe_tf.pipeline.roles import Freed
 from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.roles import Store
 from gpipe_tf.pipeline.schedule import periods
+from gpipe_tf.pipeline.schedule import table
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
@@ -69,16 +70,16 @@ class Compiled:
     routes: the skips that cross stages (cell.Routes), in the order of the
       tick programs' skip rows.
   """
-  cells: tuple
-  schedule: Any
-  programs: tuple
-  layouts: tuple
+  cells: tuple[cell_lib.Cell, ...]
+  schedule: table.Schedule
+  programs: tuple[program_lib.CellProgram, ...]
+  layouts: tuple[slots_lib.Layout | None, ...]
   ticks: tuple
   plans: tuple
   loss_inside: bool
   input_grads: bool
   batch: int | None
-  routes: tuple = ()
+  routes: tuple[cell_lib.Route, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +97,8 @@ class Feeds:
   sizes: Any
 
 
-def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
-            specs: Sequence[Any], training: bool,
+def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
+            structure: Any, specs: Sequence[Any], training: bool,
             ticks: Sequence[ticks_lib.TickProgram], seed: tf.Tensor,
             jit_compile: bool, execution: str, budget: float,
             head: program_lib.LossHead | None = None,
@@ -177,13 +178,15 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
                   routes)
 
 
-def SkipPairs(cells: Sequence[Any]) -> tuple[tuple[int, int], ...]:
+def SkipPairs(cells: Sequence[cell_lib.Cell]
+              ) -> tuple[tuple[int, int], ...]:
   """(stashing stage, popping stage) of each skip that crosses stages, in
   Compiled.routes' order: what ticks.Lower takes as `skips`."""
   return tuple((r.src, r.dst) for r in cell_lib.Routes(cells))
 
 
-def _Plan(programs: Sequence[Any], program: ticks_lib.TickProgram,
+def _Plan(programs: Sequence[program_lib.CellProgram],
+          program: ticks_lib.TickProgram,
           execution: str, budget: float) -> tuple:
   """periods.Plan of a tick program, each tick costing the ops of the
   pieces it runs."""

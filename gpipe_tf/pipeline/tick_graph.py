@@ -27,11 +27,13 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import slots as slots_lib
 from gpipe_tf.pipeline import tensor_loop as tl
 from gpipe_tf.pipeline.roles import Link
 from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.schedule import periods
+from gpipe_tf.pipeline.schedule import table
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
@@ -100,9 +102,9 @@ class TickGraph:
   """
 
   devices: Sequence[str]
-  schedule: Any
+  schedule: table.Schedule
   step: Callable[..., tuple[slots_lib.Slots, list]]
-  routes: Sequence[Any] = ()
+  routes: Sequence[cell_lib.Route] = ()
 
   def Build(self, program: ticks_lib.TickProgram,
             plan: Sequence[periods.Segment],

@@ -330,16 +330,14 @@ def FindScope(text: str) -> tuple[int, str, int | None, int | None] | None:
           else None, n if found.group(3) == 't' else None)
 
 
-class StepError(errors.Error):
+class StepError(errors.Error, RuntimeError):
   """An error raised while building or running one step of a tick program.
 
   Its message names the action (stage, kind, micro-batch), its tick and its
   device, and draws that device's row of the tick program with the action
-  marked '!'; the error it was raised from is its __cause__. It derives from
-  no other built-in error on purpose: TensorFlow re-raises an error from
-  inside an AutoGraph-converted function as its own type only when its
-  constructor is Exception's (else as a StagingError), without these
-  attributes.
+  marked '!'; the error it was raised from is its __cause__. (Raised inside
+  a function AutoGraph converts, it reaches the caller as TensorFlow's
+  StagingError holding its message, as every named error does.)
 
   Attributes:
     action: the action (for a step built once for several ticks, as in a

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.schedule import memory as memory_lib
 
 __all__ = ['ProgramBytes', 'TracedStageBytes']
@@ -77,9 +78,11 @@ def ProgramBytes(program: Any) -> memory_lib.StageBytes | None:
   """The StageBytes of one cell_program.CellProgram (module docstring), or
   None when a size is not known statically."""
   t = program.tensors
-  inputs = frozenset(id(_Root(x)) for x in t.x + t.skip_in if x is not None)
-  sizes = [_Bytes(t.x + t.skip_in), _Bytes(t.saved, inputs), _Bytes(t.wcut),
-           _Bytes(t.pinned), _Bytes(t.dws), _Bytes(program.variables)]
+  x = t[Role.X] + t[Role.SKIP_IN]
+  inputs = frozenset(id(_Root(v)) for v in x if v is not None)
+  sizes = [_Bytes(x), _Bytes(t[Role.SAVED], inputs), _Bytes(t[Role.WCUT]),
+           _Bytes(t[Role.PINNED]), _Bytes(t[Role.DWS]),
+           _Bytes(program.variables)]
   if any(size is None for size in sizes):
     return None
   return memory_lib.StageBytes(*map(float, sizes))

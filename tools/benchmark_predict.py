@@ -149,8 +149,8 @@ def ActionSeconds(schedule: schedule_lib.Schedule, remat: str,
     elif act.kind == W:
       t = p.weight
     elif act.kind == FB:
-      split = program.SplitBackward(act.stage, act.micro_batch)
-      t = p.forward + p.Backward(B if split else BW, True)
+      defers_w = program.DefersW(act.stage, act.micro_batch)
+      t = p.forward + p.Backward(B if defers_w else BW, True)
     else:
       t = p.Backward(act.kind, (act.stage, act.micro_batch) in kept)
     return t + messages.get(act, 0) * comm.cpu_seconds
@@ -300,27 +300,28 @@ def PieceRuns(layers: Sequence, inputs: Sequence, device: str,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import cell as cell_lib  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import cell_program as program_lib  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import roles  # pylint: disable=g-import-not-at-top
+  R = roles.Role
 
   cell = cell_lib.Cell(0, list(layers), device)
   seed_spec = tf.TensorSpec([2], tf.int64)
   program = program_lib.CellProgram(
       cell, tuple(inputs), [tf.TensorSpec(x.shape, x.dtype) for x in inputs],
-      seed_spec, training=True, split=True)
-  T = program_lib.Tensors
+      seed_spec, training=True, defers_w=True)
   with tf.device(device):
     seed = tf.constant([1, 2], tf.int64)
-    x = T(seed=(seed,), x=tuple(inputs))
+    x = roles.Tensors({R.SEED: (seed,), R.X: inputs})
     kept = program.Piece(ticks_lib.Step(F, 0, keep=True))(x)
-    dy = tuple(None if y is None else tf.ones_like(y) for y in kept.y)
-    after_kept = dataclasses.replace(x, saved=kept.saved, dy=dy)
+    dy = tuple(None if y is None else tf.ones_like(y) for y in kept[R.Y])
+    after_kept = x.With({R.SAVED: kept[R.SAVED], R.DY: dy})
     b = program.Piece(ticks_lib.Step(B, 0, keep=True))(after_kept)
     pieces = {F: (ticks_lib.Step(F, 0, keep=True), x),
               B: (ticks_lib.Step(B, 0, keep=True), after_kept),
-              W: (ticks_lib.Step(W, 0), T(wcut=b.wcut)),
+              W: (ticks_lib.Step(W, 0), roles.Tensors({R.WCUT: b[R.WCUT]})),
               BW: (ticks_lib.Step(BW, 0, keep=True), after_kept)}
     if remat:
-      pinned = program.Piece(ticks_lib.Step(F, 0))(x).pinned
-      after_remat = dataclasses.replace(x, dy=dy, pinned=pinned)
+      pinned = program.Piece(ticks_lib.Step(F, 0))(x)[R.PINNED]
+      after_remat = x.With({R.DY: dy, R.PINNED: pinned})
       pieces['B_remat'] = (ticks_lib.Step(B, 0), after_remat)
       pieces['BW_remat'] = (ticks_lib.Step(BW, 0), after_remat)
 
@@ -335,7 +336,7 @@ def PieceRuns(layers: Sequence, inputs: Sequence, device: str,
         for role in piece.makes:
           for t in out.Present(role):
             if t.dtype.is_floating:
-              part = t if role == 'dws' else tf.reshape(t, [-1])[:1]
+              part = t if role is R.DWS else tf.reshape(t, [-1])[:1]
               total += tf.cast(tf.reduce_sum(part), tf.float32)
         return total
     return _Call

@@ -1,10 +1,8 @@
 """Layers: tf.Modules built from Params, each with a forward pass and a cost estimate."""
 
 from gpipe_tf.layers.base_layer import BaseLayer
-from gpipe_tf.layers.base_layer import InRecompute
 from gpipe_tf.layers.base_layer import LayerInputError
 from gpipe_tf.layers.base_layer import LayerMeta
-from gpipe_tf.layers.base_layer import RecomputeScope
 from gpipe_tf.layers.base_layer import ShapeMismatchError
 from gpipe_tf.layers.conv import Conv2DLayer
 from gpipe_tf.layers.conv import DepthwiseConv2DLayer
@@ -38,8 +36,8 @@ from gpipe_tf.layers import skips
 __all__ = ['Activation', 'ActivationLayer', 'BaseLayer', 'BatchNormLayer',
            'BranchLayer', 'Conv2DLayer', 'DepthwiseConv2DLayer',
            'DropoutLayer', 'EmbeddingLayer', 'FCLayer', 'GlobalPoolingLayer',
-           'InRecompute', 'KerasLayer', 'LayerInputError', 'LayerMeta',
-           'LayerNorm', 'MergeLayer', 'MultiHeadAttention', 'PoolingLayer', 'RecomputeScope',
+           'KerasLayer', 'LayerInputError', 'LayerMeta', 'LayerNorm',
+           'MergeLayer', 'MultiHeadAttention', 'PoolingLayer',
            'SeparableConv2DLayer', 'SequentialLayer', 'ShapeMismatchError',
            'SoftmaxLayer', 'TransformerDecoderLayer', 'TransformerEncoderLayer',
            'TransformerFeedForwardLayer', 'initializers', 'losses',

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import math
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 
@@ -15,9 +13,9 @@ from gpipe_tf import errors
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import initializers
 
-__all__ = ['BaseLayer', 'CheckMetaLastDim', 'InRecompute', 'LayerConfigError',
-           'LayerInputError', 'LayerMeta', 'NumElements', 'RecomputeScope',
-           'Shape', 'ShapeMismatchError']
+__all__ = ['BaseLayer', 'CheckMetaLastDim', 'LayerConfigError',
+           'LayerInputError', 'LayerMeta', 'NumElements', 'Shape',
+           'ShapeMismatchError']
 
 Shape = tuple  # A tuple of ints, None for an unknown dimension.
 
@@ -49,28 +47,6 @@ class LayerMeta:
   flops: int
   out_shapes: tuple
   num_params: int
-
-
-_RECOMPUTING: contextvars.ContextVar = contextvars.ContextVar(
-    'gpipe_tf_recomputing', default=False)
-
-
-@contextlib.contextmanager
-def RecomputeScope() -> Iterator[None]:
-  """Marks a forward pass that rematerialises one already run.
-
-  Layers with side effects in training (BatchNorm moving statistics) skip them
-  here, so a recomputed forward never applies an update twice.
-  """
-  token = _RECOMPUTING.set(True)
-  try:
-    yield
-  finally:
-    _RECOMPUTING.reset(token)
-
-
-def InRecompute() -> bool:
-  return _RECOMPUTING.get()
 
 
 def NumElements(shape: Sequence[int | None]) -> int:

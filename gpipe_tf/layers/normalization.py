@@ -34,9 +34,10 @@ class BatchNormLayer(base_layer.BaseLayer):
     moving <- decay * moving + (1 - decay) * batch_statistic
 
   The variance is the biased (population) one, for normalising and for the
-  moving average alike. A forward run inside ``base_layer.RecomputeScope()``
-  (a rematerialisation) skips the update, so each batch updates once.
-  FProp in eval normalises with the moving statistics.
+  moving average alike. (In a pipeline a rematerialisation never runs FProp
+  again: it is a prune of the one trace, whose update is an output of the
+  forward only, so each batch updates once.) FProp in eval normalises with
+  the moving statistics.
 
   Inside ``DeferMovingStats()`` (the pipeline opens it around the forward
   pass of all micro-batches) the update is deferred: each micro-batch is
@@ -153,9 +154,7 @@ class BatchNormLayer(base_layer.BaseLayer):
 
   def _TrainingStatsUpdate(self, x: tf.Tensor, mean: tf.Tensor,
                            variance: tf.Tensor) -> None:
-    """The training-time side effect; skipped while recomputing."""
-    if base_layer.InRecompute():
-      return
+    """The training-time side effect."""
     deferred = _DEFERRED.get()
     if deferred is not None:
       deferred.Add(self, *self.SufficientStatistics(x))

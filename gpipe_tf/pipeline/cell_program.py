@@ -61,63 +61,14 @@ from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import graph_edit
 from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import roles
 from gpipe_tf.pipeline import tf_internals
+from gpipe_tf.pipeline.roles import Piece as PieceKind
+from gpipe_tf.pipeline.roles import Role
+from gpipe_tf.pipeline.roles import Tensors
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
-
-
-@dataclasses.dataclass(frozen=True)
-class Tensors:
-  """One micro-batch's tensors of a cell's step, by role: what a program
-  traced, what a piece is fed and what it makes. Each field is a tuple with
-  None where the program has no tensor (a None input, an integer output's
-  gradient); a field a piece neither reads nor makes is empty.
-
-  Attributes:
-    seed: the micro-batch's seed (one tensor).
-    x: the cell's flat inputs.
-    skip_in: the skips it pops that earlier cells stashed (Cell.skip_in).
-    labels: the flat labels (last stage, loss inside).
-    dy: the gradients of the flat outputs (loss outside, or stages before
-      the last).
-    dskip_out: the gradients of skip_out, from the cells that popped them.
-    pinned: the non-trainable values (BatchNorm's moving statistics) the
-      forward read, fed to a recomputing backward.
-    saved: the forward tensors a kept forward stashes for its backward.
-    wcut: what W reads from B (layer inputs and output gradients).
-    y: the flat outputs.
-    skip_out: the skips it stashes that later cells pop (Cell.skip_out).
-    bn: the BatchNorm sufficient statistics, three per BatchNorm layer.
-    sums: the flat loss.Sums (last stage, loss inside).
-    dx: the gradients of the flat inputs.
-    dskip_in: the gradients of skip_in.
-    dws: the gradients of `CellProgram.variables`.
-  """
-  seed: tuple = ()
-  x: tuple = ()
-  skip_in: tuple = ()
-  labels: tuple = ()
-  dy: tuple = ()
-  dskip_out: tuple = ()
-  pinned: tuple = ()
-  saved: tuple = ()
-  wcut: tuple = ()
-  y: tuple = ()
-  skip_out: tuple = ()
-  bn: tuple = ()
-  sums: tuple = ()
-  dx: tuple = ()
-  dskip_in: tuple = ()
-  dws: tuple = ()
-
-  def Present(self, *roles: str) -> list:
-    """The non-None tensors of `roles`, in order."""
-    return [x for role in roles for x in getattr(self, role)
-            if x is not None]
-
-
-_ROLES = frozenset(f.name for f in dataclasses.fields(Tensors))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +85,7 @@ class ProgramKey:
   dskip_present: tuple | None
   policy: Any
   jit_compile: bool
-  split: bool
+  defers_w: bool
 
 
 class LossHead(NamedTuple):
@@ -160,27 +111,26 @@ class Piece:
 
   Attributes:
     function: the pruned function.
-    reads: the Tensors roles it is fed, in the order it takes them.
-    makes: the Tensors roles it returns.
+    reads: the roles it is fed, in the order it takes them.
+    makes: the roles it returns.
     num_ops: what a call of it adds to a step's graph once inlined.
     traced: the program's traced Tensors (where its outputs are None).
     fed: per role read, whether each of its tensors is fed.
   """
   function: Callable[..., Any]
-  reads: tuple[str, ...] = ()
-  makes: tuple[str, ...] = ()
+  reads: tuple[Role, ...] = ()
+  makes: tuple[Role, ...] = ()
   num_ops: int = 0
   traced: Tensors = Tensors()
   fed: tuple[tuple[bool, ...], ...] = ()
 
   def __call__(self, feeds: Tensors) -> Tensors:
     args = [v for role, fed in zip(self.reads, self.fed)
-            for v, f in zip(getattr(feeds, role), fed) if f]
+            for v, f in zip(feeds[role], fed) if f]
     out = iter(self.function(*args))
-    return Tensors(**{
-        role: tuple(None if x is None else next(out)
-                    for x in getattr(self.traced, role))
-        for role in self.makes})
+    return Tensors({role: tuple(None if x is None else next(out)
+                                for x in self.traced[role])
+                    for role in self.makes})
 
 
 # The W of a cell whose B computed the whole backward: nothing to run.
@@ -257,8 +207,8 @@ class CellProgram:
     dskip_present: per skip it stashes for later cells (Cell.skip_out),
       whether a gradient is fed to it (default: every float one).
     jit_compile: compile every piece with XLA.
-    split: whether a schedule will run this program's backward as B then W
-      (else its W pieces are never cut).
+    defers_w: whether a schedule will run this program's backward as B and
+      W later (else its W pieces are never cut).
 
   Attributes:
     out_struct, out_specs: the outputs' nest and flat specs.
@@ -272,7 +222,7 @@ class CellProgram:
                training: bool, head: LossHead | None = None,
                input_grads: bool = True,
                dy_present: Sequence[bool] | None = None,
-               jit_compile: bool = False, split: bool = True,
+               jit_compile: bool = False, defers_w: bool = True,
                skip_specs: Sequence[Any] = (),
                dskip_present: Sequence[bool] | None = None) -> None:
     self.cell = cell
@@ -280,8 +230,8 @@ class CellProgram:
     self.training = training
     self.head = head
     self.jit_compile = jit_compile
-    self.split = split
-    self._pieces: dict[tuple, Piece] = {}
+    self.defers_w = defers_w
+    self._pieces: dict[PieceKind, Piece] = {}
     # Per output and per stashed skip, the spec of the gradient fed to it
     # (None where none is).
     dy_specs = dskip_specs = ()
@@ -306,17 +256,17 @@ class CellProgram:
       self._Cut()
 
   @functools.cached_property
-  def splittable(self) -> bool:
+  def w_separable(self) -> bool:
     """Whether W can run apart from B. Where the weight-gradient ops read
     something the cut cannot feed (a control edge into the input-gradient
     ops, say), B computes the whole backward and W nothing: still exact,
     without zero-bubble's overlap. Found on first use (only schedules with
     W ask)."""
-    if not (self.training and self.split):
+    if not (self.training and self.defers_w):
       return False
     try:
-      self._pieces[(ticks_lib.W, False, False)] = self._Prune(
-          ('wcut',), ('dws',))
+      self._pieces[PieceKind.W] = self._Prune(
+          *roles.Signature(PieceKind.W, False))
     except tf_internals.PRUNE_ERRORS:
       return False
     return True
@@ -352,13 +302,13 @@ class CellProgram:
     self.out_struct = y
     self.out_specs = _Specs(flat_y)
     self.bn_layers, bn = stats.Export()
-    self.tensors = Tensors(
-        seed=(seed,), x=tuple(xs), skip_in=tuple(skips),
-        labels=tuple(labels_flat), y=tuple(flat_y), skip_out=tuple(skip_out),
-        bn=tuple(x for stat in bn for x in stat), sums=tuple(sums_flat))
+    self.tensors = Tensors({
+        Role.SEED: (seed,), Role.X: xs, Role.SKIP_IN: skips,
+        Role.LABELS: labels_flat, Role.Y: flat_y, Role.SKIP_OUT: skip_out,
+        Role.BN: [x for stat in bn for x in stat], Role.SUMS: sums_flat})
     self._mark = len(graph.get_operations())
     if not self.training:
-      return self.tensors.Present('y', 'skip_out')
+      return self.tensors.Present(Role.Y, Role.SKIP_OUT)
     self.variables = cell_lib.Unique(
         list(self.cell.variables) +
         [v for v in tape.watched_variables() if v.trainable])
@@ -377,13 +327,13 @@ class CellProgram:
         graph, graph.get_operations()[self._mark:],
         graph_edit.TrainableReads(graph, self.variables))
     grads = iter(grads)
-    self.tensors = dataclasses.replace(
-        self.tensors, dy=tuple(dys), dskip_out=tuple(dskips),
-        dx=tuple(next(grads) if w else None for w in wanted),
-        dskip_in=tuple(next(grads) if w else None for w in wanted_skips),
-        dws=tuple(_Dense(g, v.shape) for g, v in zip(grads, self.variables)))
-    return self.tensors.Present('dx', 'dskip_in', 'dws', 'y', 'skip_out',
-                                'bn', 'sums')
+    self.tensors = self.tensors.With({
+        Role.DY: dys, Role.DSKIP_OUT: dskips,
+        Role.DX: [next(grads) if w else None for w in wanted],
+        Role.DSKIP_IN: [next(grads) if w else None for w in wanted_skips],
+        Role.DWS: [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]})
+    return self.tensors.Present(Role.DX, Role.DSKIP_IN, Role.DWS, Role.Y,
+                                Role.SKIP_OUT, Role.BN, Role.SUMS)
 
   def _Cut(self) -> None:
     """Finds saved, pinned and wcut (module docstring)."""
@@ -408,64 +358,48 @@ class CellProgram:
             out.append(x)
       return tuple(out)
 
-    dys = {id(g) for g in t.Present('dy', 'dskip_out')}
-    need_dx = graph_edit.Ancestors(t.dx + t.dskip_in, backward)
-    w_ops = graph_edit.Ancestors(t.dws, backward) - need_dx
-    self.tensors = dataclasses.replace(
-        t,
-        saved=tuple(x for x in _Crossing(backward) if id(x) not in dys),
+    dys = {id(g) for g in t.Present(Role.DY, Role.DSKIP_OUT)}
+    need_dx = graph_edit.Ancestors(t[Role.DX] + t[Role.DSKIP_IN], backward)
+    w_ops = graph_edit.Ancestors(t[Role.DWS], backward) - need_dx
+    self.tensors = t.With({
+        Role.SAVED: [x for x in _Crossing(backward) if id(x) not in dys],
         # The forward's reads of non-trainable variables.
-        pinned=tuple(op.outputs[0] for op in sorted(ops[:self._mark],
-                                                    key=lambda o: o.name)
-                     if op.type == 'ReadVariableOp' and
-                     not _ReadsTrainable(op.outputs[0])),
-        wcut=_Crossing(w_ops))
+        Role.PINNED: [op.outputs[0] for op in sorted(ops[:self._mark],
+                                                     key=lambda o: o.name)
+                      if op.type == 'ReadVariableOp' and
+                      not _ReadsTrainable(op.outputs[0])],
+        Role.WCUT: _Crossing(w_ops)})
 
   # ---- Pieces --------------------------------------------------------------
   def Piece(self, step: ticks_lib.Step) -> Piece:
-    """The piece `step` runs (its kind, keep and split; the stage is this
-    program's cell)."""
-    if step.kind == ticks_lib.W and not self.splittable:
+    """The piece `step` runs (its kind, keep and defers_w; the stage is
+    this program's cell)."""
+    kind = PieceKind.Of(step, self.training)
+    if kind is PieceKind.W and not self.w_separable:
       return _NO_PIECE
-    key = (step.kind, step.keep, step.split)
-    if key not in self._pieces:
-      self._pieces[key] = self._Prune(*self._Signature(step))
-    return self._pieces[key]
+    if kind not in self._pieces:
+      self._pieces[kind] = self._Prune(*self._Signature(kind))
+    return self._pieces[kind]
 
-  def _Signature(self, step: ticks_lib.Step
-                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the roles the step's piece reads, the roles it makes)."""
-    loss = self.training and self.head is not None  # Labels: training only.
-    x = ('seed', 'x', 'skip_in') + (('labels',) if loss else ())
-    if not self.training:
-      return x, ('y', 'skip_out')
-    if step.kind == ticks_lib.W:
-      return ('wcut',), ('dws',)
-    if step.kind == ticks_lib.F:
-      return x, (('sums',) if loss else ('y',)) + ('skip_out', 'bn') + (
-          ('saved',) if step.keep else ('pinned',))
-    split = step.kind == ticks_lib.B or (step.kind == ticks_lib.FB and
-                                         step.split)
-    grads = ('dx', 'dskip_in') + (
-        ('wcut',) if split and self.splittable else ('dws',))
-    if step.kind == ticks_lib.FB:
-      return x, ('bn', 'sums') + grads
-    dy = ('dskip_out',) if loss else ('dy', 'dskip_out')
-    if step.keep:
-      return ('saved',) + dy, grads
-    return x + dy + ('pinned',), grads
+  def _Signature(self, kind: PieceKind
+                 ) -> tuple[tuple[Role, ...], tuple[Role, ...]]:
+    """(the roles the piece reads, the roles it makes): the table's."""
+    reads, makes = roles.Signature(kind, self.training and
+                                   self.head is not None)
+    if Role.WCUT in makes and not self.w_separable:  # B makes all of them.
+      makes = tuple(r for r in makes if r is not Role.WCUT) + (Role.DWS,)
+    return reads, makes
 
-  def _Prune(self, reads: tuple[str, ...], makes: tuple[str, ...]) -> Piece:
-    assert set(reads) | set(makes) <= _ROLES, (reads, makes)
+  def _Prune(self, reads: tuple[Role, ...], makes: tuple[Role, ...]) -> Piece:
     # A tensor of two roles read (an input also saved, say) is fed once,
     # from the first.
     fed, seen = [], set()
     for role in reads:
       fed.append(tuple(x is not None and id(x) not in seen
-                       for x in getattr(self.tensors, role)))
-      seen.update(id(x) for x in getattr(self.tensors, role) if x is not None)
+                       for x in self.tensors[role]))
+      seen.update(id(x) for x in self.tensors[role] if x is not None)
     feeds = [x for role, f in zip(reads, fed)
-             for x, ok in zip(getattr(self.tensors, role), f) if ok]
+             for x, ok in zip(self.tensors[role], f) if ok]
     function = self._wrapped.prune(feeds=feeds,
                                    fetches=self.tensors.Present(*makes))
     num_ops = shared_trace.InlinedSize(function.graph)
@@ -474,6 +408,6 @@ class CellProgram:
                              jit_compile=True, autograph=False)
     return Piece(function, reads, makes, num_ops, self.tensors, tuple(fed))
 
-  def Specs(self, role: str) -> list:
+  def Specs(self, role: Role) -> list:
     """The specs of a role's tensors (None where absent)."""
-    return _Specs(getattr(self.tensors, role))
+    return _Specs(self.tensors[role])

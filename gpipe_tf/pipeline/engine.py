@@ -34,6 +34,7 @@ from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import microbatch
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = ['ScheduleNeedsLossError']  # The rest is PipeliningLayer's.
@@ -125,7 +126,7 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
   if not training:
     feeds, state = interpreter.Start(compiled, flat, (), seed)
     state = interpreter.Run(compiled, feeds, programs[0], state, trace)
-    outputs = interpreter.Merged(compiled, state, -1, 'out')
+    outputs = interpreter.Merged(compiled, state, -1, Role.Y)
     interpreter.Done(state)
     return _Packed(compiled, outputs)
 
@@ -135,13 +136,13 @@ def RunPipeline(cells: Sequence[Any], schedule: schedule_lib.Schedule,
         compiled, leaves.Fill(flat, ts), (), seed)
     state = interpreter.Run(compiled, feeds, programs[0], state, trace)
     interpreter.MoveBatchNormStats(compiled, state)
-    outputs = interpreter.Merged(compiled, state, -1, 'out')
+    outputs = interpreter.Merged(compiled, state, -1, Role.Y)
 
     def _Grad(*dys, variables=None):
       after = interpreter.FeedOutputGradients(
           compiled, feeds, state, leaves.Fill(outputs, dys))
       after = interpreter.Run(compiled, feeds, programs[1], after, trace)
-      dx = interpreter.Merged(compiled, after, 0, 'dx0')
+      dx = interpreter.Merged(compiled, after, 0, Role.DX)
       grads = interpreter.Gradients(compiled, after)
       interpreter.Done(after)
       return ([g for g, x in zip(dx, flat) if x is not None],

@@ -35,11 +35,16 @@ from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import microbatch
+from gpipe_tf.pipeline import roles
 from gpipe_tf.pipeline import slots as slots_lib
 from gpipe_tf.pipeline import tensor_loop as tl
 from gpipe_tf.pipeline import tf_internals
 from gpipe_tf.pipeline import tick_graph
+from gpipe_tf.pipeline.roles import Freed
+from gpipe_tf.pipeline.roles import Role
+from gpipe_tf.pipeline.roles import Store
 from gpipe_tf.pipeline.schedule import periods
+from gpipe_tf.pipeline.schedule import table
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
@@ -65,16 +70,16 @@ class Compiled:
     routes: the skips that cross stages (cell.Routes), in the order of the
       tick programs' skip rows.
   """
-  cells: tuple
-  schedule: Any
-  programs: tuple
-  layouts: tuple
+  cells: tuple[cell_lib.Cell, ...]
+  schedule: table.Schedule
+  programs: tuple[program_lib.CellProgram, ...]
+  layouts: tuple[slots_lib.Layout | None, ...]
   ticks: tuple
   plans: tuple
   loss_inside: bool
   input_grads: bool
   batch: int | None
-  routes: tuple = ()
+  routes: tuple[cell_lib.Route, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +97,8 @@ class Feeds:
   sizes: Any
 
 
-def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
-            specs: Sequence[Any], training: bool,
+def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
+            structure: Any, specs: Sequence[Any], training: bool,
             ticks: Sequence[ticks_lib.TickProgram], seed: tf.Tensor,
             jit_compile: bool, execution: str, budget: float,
             head: program_lib.LossHead | None = None,
@@ -109,9 +114,9 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
       batch dimension None when micro-batch sizes vary).
     training: training mode.
     ticks: the tick programs the step will run, in order. A stage whose
-      backward one of them splits into B and a later W
-      (ticks.SplitStages) gets a split program; every other, one whose
-      backward is never cut into B and W.
+      backward one of them runs as B and its W later
+      (ticks.StagesDeferringW) gets a program that defers W; every other,
+      one whose backward is never cut into B and W.
     seed: the step seed (for its spec).
     jit_compile: compile the cells' pieces with XLA.
     execution: how the tick programs are built (periods.Plan).
@@ -120,7 +125,7 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
     head: with the loss inside, the loss (the last stage's).
     input_grads: whether stage 0 differentiates its inputs.
   """
-  split = frozenset().union(*map(ticks_lib.SplitStages, ticks))
+  defers_w = frozenset().union(*map(ticks_lib.StagesDeferringW, ticks))
   routes = cell_lib.Routes(cells)
   seed_spec = tf.TensorSpec(seed.shape, seed.dtype)
   if any(t.skips != SkipPairs(cells) for t in ticks):
@@ -128,10 +133,11 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
                      '(ticks.Lower(skips=SkipPairs(cells)))')
   structs, in_specs = [structure], [list(specs)]
   skip_specs: dict[str, Any] = {}  # Of each stashed name, from its cell.
-  for cell in cells[:-1]:
-    struct, out_specs, skip_out = program_lib.OutputsOf(
-        cell, structs[-1], in_specs[-1], seed_spec, training,
-        [skip_specs[n] for n in cell.skip_in])
+  for s, cell in enumerate(cells[:-1]):
+    with ticks_lib.Naming(ticks[0], s):  # A layer's error: where it is.
+      struct, out_specs, skip_out = program_lib.OutputsOf(
+          cell, structs[-1], in_specs[-1], seed_spec, training,
+          [skip_specs[n] for n in cell.skip_in])
     skip_specs.update(zip(cell.skip_out, skip_out))
     structs.append(struct)
     in_specs.append(out_specs)
@@ -141,9 +147,10 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
     cell = cells[s]
     dy_present = dskip_present = None
     if training and s < last:
-      dy_present = tuple(g is not None for g in programs[s + 1].tensors.dx)
+      dy_present = tuple(g is not None
+                         for g in programs[s + 1].tensors[Role.DX])
       dskip_present = tuple(
-          programs[r.dst].tensors.dskip_in[r.in_index] is not None
+          programs[r.dst].tensors[Role.DSKIP_IN][r.in_index] is not None
           for r in routes if r.src == s)
     stage_head = head if s == last else None
     stage_skips = [skip_specs[n] for n in cell.skip_in]
@@ -153,12 +160,13 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
         else (head.loss_fn, program_lib.NestKey(head.label_struct),
               tuple(map(repr, head.label_specs)), head.scaled),
         input_grads or s > 0, dy_present, dskip_present,
-        precision.CurrentPolicy(), jit_compile, s in split)
+        precision.CurrentPolicy(), jit_compile, s in defers_w)
     if key not in cell.programs:
-      cell.programs[key] = program_lib.CellProgram(
-          cell, structs[s], in_specs[s], seed_spec, training, stage_head,
-          input_grads or s > 0, dy_present, jit_compile, s in split,
-          stage_skips, dskip_present)
+      with ticks_lib.Naming(ticks[0], s):
+        cell.programs[key] = program_lib.CellProgram(
+            cell, structs[s], in_specs[s], seed_spec, training, stage_head,
+            input_grads or s > 0, dy_present, jit_compile, s in defers_w,
+            stage_skips, dskip_present)
     programs[s] = cell.programs[key]
   layouts = tuple(
       slots_lib.LayoutOf(p, schedule.num_micro_batches) if training else None
@@ -170,18 +178,23 @@ def Compile(cells: Sequence[Any], schedule: Any, structure: Any,
                   routes)
 
 
-def SkipPairs(cells: Sequence[Any]) -> tuple[tuple[int, int], ...]:
+def SkipPairs(cells: Sequence[cell_lib.Cell]
+              ) -> tuple[tuple[int, int], ...]:
   """(stashing stage, popping stage) of each skip that crosses stages, in
   Compiled.routes' order: what ticks.Lower takes as `skips`."""
   return tuple((r.src, r.dst) for r in cell_lib.Routes(cells))
 
 
-def _Plan(programs: Sequence[Any], program: ticks_lib.TickProgram,
+def _Plan(programs: Sequence[program_lib.CellProgram],
+          program: ticks_lib.TickProgram,
           execution: str, budget: float) -> tuple:
   """periods.Plan of a tick program, each tick costing the ops of the
   pieces it runs."""
-  ops = [[programs[step.stage].Piece(step).num_ops for step in steps]
-         for steps in program.steps]
+  def _Ops(step):
+    with ticks_lib.Naming(program, step.stage, step.kind):  # A prune's.
+      return programs[step.stage].Piece(step).num_ops
+
+  ops = [[_Ops(step) for step in steps] for steps in program.steps]
   costs = [1 + sum(ops[d][row[t] - 1] for d, row in enumerate(program.branch)
                    if row[t]) for t in range(program.num_ticks)]
   return periods.Plan(periods.Columns(program), execution, budget, costs)
@@ -215,7 +228,8 @@ def Start(compiled: Compiled, flat: Sequence[Any], labels: Sequence[Any],
     with tf.device(cell.device):
       seeds.append(tf.identity(seed))
   state = [slots_lib.Make(c, s) for s in range(len(c.cells))]
-  state[0] = state[0]._replace(x=_Split(c, 0, flat, sizes, read_once=True))
+  state[0] = state[0].With({Role.X: _Split(c, 0, flat, sizes,
+                                             read_once=True)})
   return Feeds(tuple(_Split(c, -1, labels, sizes)), tuple(seeds),
                sizes), tuple(state)
 
@@ -230,9 +244,10 @@ def FeedOutputGradients(compiled: Compiled, feeds: Feeds, state: State,
   c = compiled
   slots = state[-1]
   with tf.device(c.cells[-1].device):
-    dys = [g if ta is not None else None for ta, g in zip(slots.dy, dys)]
+    dys = [g if ta is not None else None
+           for ta, g in zip(slots.Of(Role.DY), dys)]
     dy = _Split(c, -1, dys, feeds.sizes, read_once=True)
-  return state[:-1] + (slots._replace(dy=dy),)
+  return state[:-1] + (slots.With({Role.DY: dy}),)
 
 
 def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
@@ -265,105 +280,97 @@ def Run(compiled: Compiled, feeds: Feeds, program: ticks_lib.TickProgram,
   return state
 
 
-# The packed slots (Layout's) a step takes from and writes back to.
-_PACKED = ('saved', 'pinned', 'wcut')
-
-
 def _Step(c: Compiled, feeds: Feeds, step: ticks_lib.Step, m: Any, t: Any,
           mine: slots_lib.Slots, ready: dict) -> tuple[slots_lib.Slots, list]:
   """Runs one step of stage step.stage on micro-batch m at tick t: (the
   stage's new slots, the tensors the step made). `ready`: per slot role,
   values that arrived for it in the same code (tick_graph._Ready), taken
-  instead of the slot's."""
+  instead of the slot's. What it reads, frees and writes is the table's
+  (roles.Role)."""
   s = step.stage
   program = c.programs[s]
   piece = program.Piece(step)
   layout = c.layouts[s]
-  reads, makes = piece.reads, piece.makes
-  new, fed = {}, {}
+  new, merged, fed = {}, {}, {}
   recomputes = step.kind in (ticks_lib.B, ticks_lib.BW) and not step.keep
-  # Output gradients are read by one step: taken. Inputs and skips are
-  # freed by the last step that reads them: they live until their reader
-  # has run (a recomputing backward reads them again). That is an F that
-  # keeps its activations (its backward reads those), an FB, a recomputing
-  # B or BW, or any step in inference.
+  # Inputs and skips (Freed.LAST_READ) are freed by the last step that
+  # reads them: they live until their reader has run (a recomputing
+  # backward reads them again). That is an F that keeps its activations
+  # (its backward reads those), an FB, a recomputing B or BW, or any step
+  # in inference.
   last = (not program.training or step.kind == ticks_lib.FB or
           (step.kind == ticks_lib.F and step.keep) or recomputes)
-  # A recomputing backward reads its forward's inputs from the slot, never
-  # as the tensor its forward took (ready): given the same tensor,
-  # TensorFlow's optimiser merges the recompute with the forward, whose
-  # activations then live until the backward (interpreter_test's
-  # testRematSavesMemory).
-  for role in ('x', 'skip_in', 'dy', 'dskip_out'):
-    if role in reads and getattr(mine, role) is not None:
+  for role in piece.reads:
+    if role.store is Store.SLOTS and mine.Of(role) is not None:
+      # A recomputing backward reads its forward's inputs from the slot,
+      # never as the tensor its forward took (ready): given the same
+      # tensor, TensorFlow's optimiser merges the recompute with the
+      # forward, whose activations then live until the backward
+      # (interpreter_test's testRematSavesMemory).
+      again = recomputes and role.freed is Freed.LAST_READ
       fed[role], new[role] = slots_lib.Take(
-          getattr(mine, role), m, program.Specs(role),
-          empty=last or role in ('dy', 'dskip_out'),
-          known=None if recomputes and role in ('x', 'skip_in')
-          else ready.get(role))
-  for role in _PACKED:
-    if role in reads:
-      fed[role], new[role] = getattr(layout, role).Take(getattr(mine, role), m)
-  if 'seed' in reads:
-    fed['seed'] = (random_seeds.FoldIn(feeds.seeds[s], m),)
-  if 'labels' in reads:
-    fed['labels'] = [ta.read(m) if isinstance(ta, tf.TensorArray) else ta
-                     for ta in feeds.labels]  # A shared label is itself.
-  fed = program_lib.Tensors(**{k: tuple(v) for k, v in fed.items()})
+          mine.Of(role), m, program.Specs(role),
+          empty=last or role.freed is Freed.TAKEN,
+          known=None if again else ready.get(role))
+    elif role.store is Store.PACKED:
+      fed[role], new[role] = layout[role].Take(mine.Of(role), m)
+  if Role.SEED in piece.reads:
+    fed[Role.SEED] = (random_seeds.FoldIn(feeds.seeds[s], m),)
+  if Role.LABELS in piece.reads:
+    fed[Role.LABELS] = [ta.read(m) if isinstance(ta, tf.TensorArray) else ta
+                        for ta in feeds.labels]  # A shared label is itself.
+  fed = roles.Tensors(fed)
   if mine.stamps is not None:
     with tf.control_dependencies(
-        [x for x in fed.Present(*reads) if isinstance(x, tf.Tensor)]):
+        [x for x in fed.Present(*piece.reads) if isinstance(x, tf.Tensor)]):
       start = tf.timestamp()
   out = piece(fed)
-  # The latest y, dx and skips stay for a neighbour to receive; the last
-  # stage's y and the first's dx are merged over micro-batches (out, dx0).
-  for role, merged in (('y', 'out'), ('dx', 'dx0'), ('skip_out', None),
-                       ('dskip_in', None)):
-    if role not in makes:
-      continue
-    if merged and getattr(mine, merged) is not None:
-      new[merged] = slots_lib.Write(getattr(mine, merged), m,
-                                    getattr(out, role))
-    elif getattr(mine, role) is not None:
-      new[role] = list(getattr(out, role))
-  for role in _PACKED:
-    if role in makes:
-      new[role] = getattr(layout, role).Write(
-          new.get(role, getattr(mine, role)), m, getattr(out, role))
-  if 'bn' in makes:
-    new['bn'] = layout.bn.Write(mine.bn, 0, [
-        a + b for a, b in zip(layout.bn.Read(mine.bn), out.bn)])
-  if 'sums' in makes:
-    new['sums'] = [a + b for a, b in zip(mine.sums, out.sums)]
-  made = out.Present(*makes)
-  if 'dws' in makes:
-    # The sums are taken from their slot before they are added to, so that
-    # the add may write in place and the sums of the micro-batches before
-    # are freed as it runs: read in place, they lived on beside the new ones
-    # until the slot's next write (benchmarks/benchmark's log).
-    sums, emptied = layout.acc.Take(mine.acc, 0)
-    new['acc'] = layout.acc.Write(emptied, 0, [
-        None if g is None else (g if prev is None else prev + g)
-        for g, prev in zip(out.dws, sums)])
-    # The device's next step waits for the add as well as the piece: else
-    # the pieces ran ahead of their adds, and several micro-batches'
-    # gradients waited beside the sums (zb_h1's Ws).
-    made += [x for x in new['acc'] if x is not None]
+  made = out.Present(*piece.makes)
+  for role in piece.makes:
+    # The latest y, dx and skips stay for a receiver; the last stage's y and
+    # the first's dx are merged over micro-batches (Role.merged).
+    if mine.Merged(role) is not None:
+      merged[role] = slots_lib.Write(mine.Merged(role), m, out[role])
+    elif role.store is Store.LATEST and mine.Of(role) is not None:
+      new[role] = list(out[role])
+    elif role.store is Store.PACKED:
+      new[role] = layout[role].Write(new.get(role, mine.Of(role)), m,
+                                     out[role])
+    elif role is Role.BN:
+      new[role] = layout[role].Write(mine.Of(role), 0, [
+          a + b for a, b in zip(layout[role].Read(mine.Of(role)), out[role])])
+    elif role is Role.SUMS:
+      new[role] = [a + b for a, b in zip(mine.Of(role), out[role])]
+    elif role is Role.DWS:
+      # The sums are taken from their slot before they are added to, so
+      # that the add may write in place and the sums of the micro-batches
+      # before are freed as it runs: read in place, they lived on beside
+      # the new ones until the slot's next write (benchmarks/benchmark's
+      # log).
+      sums, emptied = layout[role].Take(mine.Of(role), 0)
+      new[role] = layout[role].Write(emptied, 0, [
+          None if g is None else (g if prev is None else prev + g)
+          for g, prev in zip(out[role], sums)])
+      # The device's next step waits for the add as well as the piece:
+      # else the pieces ran ahead of their adds, and several
+      # micro-batches' gradients waited beside the sums (zb_h1's Ws).
+      made += [x for x in new[role] if x is not None]
+  others = {}
   if mine.stamps is not None:
     with tf.control_dependencies(tick_graph.Finished(made) + [start]):
       end = tf.timestamp()
-    new['stamps'] = (mine.stamps[0].write(t, start),
-                     mine.stamps[1].write(t, end))
-  return mine._replace(**new), made
+    others['stamps'] = (mine.stamps[0].write(t, start),
+                        mine.stamps[1].write(t, end))
+  return mine.With(new, merged, **others), made
 
 
-def Merged(compiled: Compiled, state: State, s: int, role: str) -> list:
-  """Stage s's per-micro-batch slots `role`, merged over micro-batches
-  (flat; None where none): the last stage's outputs ('out'), or the first
-  stage's input gradients ('dx0')."""
+def Merged(compiled: Compiled, state: State, s: int, role: Role) -> list:
+  """Stage s's merged slots of `role` (Role.merged), concatenated over
+  micro-batches (flat; None where none): the last stage's outputs
+  (Role.Y), or the first stage's input gradients (Role.DX)."""
   with tf.device(compiled.cells[s].device):
     return [None if ta is None else ta.concat()
-            for ta in getattr(state[s], role)]
+            for ta in state[s].Merged(role)]
 
 
 def LossSums(compiled: Compiled, state: State) -> Any:
@@ -378,7 +385,7 @@ def Gradients(compiled: Compiled, state: State) -> dict:
   grads: dict = {}
   for s, program in enumerate(compiled.programs):
     with tf.device(compiled.cells[s].device):
-      sums = compiled.layouts[s].acc.Read(state[s].acc)
+      sums = compiled.layouts[s][Role.DWS].Read(state[s].Of(Role.DWS))
     for v, g in zip(program.variables, sums):
       if g is None:
         continue
@@ -397,7 +404,7 @@ def MoveBatchNormStats(compiled: Compiled, state: State) -> None:
     if not program.bn_layers:
       continue
     with tf.device(compiled.cells[s].device):
-      bn = compiled.layouts[s].bn.Read(slots.bn)
+      bn = compiled.layouts[s][Role.BN].Read(slots.Of(Role.BN))
     for i, layer in enumerate(program.bn_layers):
       stats.Add(layer, *bn[3 * i:3 * i + 3])
   stats.Apply()

@@ -6,81 +6,61 @@ docstring for what each slot holds and who writes it.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+import collections
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import tensorflow as tf
 
 from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline.roles import Piece
+from gpipe_tf.pipeline.roles import Role
+from gpipe_tf.pipeline.roles import Store
+
+if TYPE_CHECKING:
+  from gpipe_tf.pipeline import cell_program
+  from gpipe_tf.pipeline import interpreter
 
 __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 
 
-TensorArrays = list  # of tf.TensorArray | None, one per flat tensor
-Tensors = list       # of tf.Tensor | None, one per flat tensor
-Lists = list         # of packed TensorLists (tensor_loop.Packed), one a dtype
+_KEPT = tuple(r for r in Role if r.store is not Store.FEEDS)
+_MERGED = tuple(r for r in _KEPT if r.merged)
+_FIELDS = ([r.field for r in _KEPT] + [r.merged for r in _MERGED] +
+           ['stamps', 'token'])
 
 
-class Slots(NamedTuple):
-  """One stage's state while a program runs, on its device (None where the
-  stage has none). Every step of the stage maps it to a new Slots
-  (interpreter.py); tick_graph.py carries it from tick to tick.
+class Slots(collections.namedtuple('Slots', _FIELDS,
+                                   defaults=(None,) * len(_FIELDS))):
+  """One stage's state while a program runs, on its device: one field per
+  role the stage keeps between steps (roles.Role: every role but the Feeds',
+  named as its member in lowercase, holding what its Store says), one per
+  merged role (Role.merged: every micro-batch's value, a TensorArray of M
+  slots per flat tensor), and (None where the stage has none):
 
-  Attributes:
-    x: its inputs: per flat input, a TensorArray of M slots (M + 1: a
-      neighbour writes them, tick_graph's spare slot; stage 0's hold the
-      split mini-batch, interpreter.Start), emptied by the micro-batch's
-      last step that reads them (its F, or its recomputing backward); an
-      input without batch dimension is the tensor itself.
-    dy: its output gradients, the same way (stages before the last, or
-      every stage when the loss is outside); each slot is read once.
-    saved: the activations each kept forward stashes for its backward.
-    pinned: the non-trainable values each forward read (for a recompute).
-    wcut: what each B stashes for its W.
-    y: the output of its latest F (stages before the last).
-    dx: the input gradient of its latest B or BW (stages after the first).
-    acc: its weight gradients, summed over micro-batches.
-    bn: its BatchNorm sufficient statistics, summed.
-    sums: the loss sums (last stage, loss inside).
-    out: per flat output, a TensorArray of M slots (last stage, loss
-      outside).
-    dx0: per flat input, a TensorArray of M slots (stage 0, input
-      gradients).
-    skip_in: per skip an earlier stage stashed for this one
-      (Cell.skip_in), a TensorArray of M + 1 slots the stashing stage writes
-      (tick_graph's receipts), emptied by the micro-batch's last step that
-      reads it (its F, or its recomputing backward); no stage in between
-      has one.
-    skip_out: the skips its latest F stashed for later stages
-      (Cell.skip_out).
-    dskip_out: per skip it stashed for a later stage, a TensorArray of
-      M + 1 slots of its gradient, written by the popping stage, each read
-      once.
-    dskip_in: the gradients of skip_in its latest backward made.
     stamps: with a trace, (start, end) TensorArrays of timestamps by tick.
     token: a scalar made once the stage's latest step has finished (the
       loop orders a device's steps on it).
 
-  saved, pinned and wcut hold M slots per tensor, acc and bn one; all five
-  are packed (Layout says where each tensor is).
+  Every step of the stage maps it to a new Slots (interpreter._Step);
+  tick_graph.py carries it from tick to tick and writes what arrives.
+  A tuple, so that tf.nest and the loops carry it.
   """
-  x: TensorArrays | None = None
-  dy: TensorArrays | None = None
-  saved: Lists | None = None
-  pinned: Lists | None = None
-  wcut: Lists | None = None
-  y: Tensors | None = None
-  dx: Tensors | None = None
-  acc: Lists | None = None
-  bn: Lists | None = None
-  sums: Tensors | None = None
-  out: TensorArrays | None = None
-  dx0: TensorArrays | None = None
-  skip_in: TensorArrays | None = None
-  skip_out: Tensors | None = None
-  dskip_out: TensorArrays | None = None
-  dskip_in: Tensors | None = None
-  stamps: tuple[tf.TensorArray, tf.TensorArray] | None = None
-  token: tf.Tensor | None = None
+  __slots__ = ()
+
+  def Of(self, role: Role) -> Any:
+    """The stage's slots of `role` (None where it has none)."""
+    return self[_FIELDS.index(role.field)]
+
+  def Merged(self, role: Role) -> Any:
+    """The merged slots of `role` (Role.merged; None where none)."""
+    return self[_FIELDS.index(role.merged)] if role.merged else None
+
+  def With(self, slots: Mapping[Role, Any] = {},
+           merged: Mapping[Role, Any] = {}, **others: Any) -> Slots:
+    """These slots with those of `slots`' roles, `merged`'s merged roles
+    and `others` (stamps, token) replaced."""
+    return self._replace(**{r.field: v for r, v in slots.items()},
+                         **{r.merged: v for r, v in merged.items()}, **others)
 
 
 def Gather(row: Sequence[int], t: Any) -> Any:
@@ -140,71 +120,55 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
   return values, after
 
 
-class Layout(NamedTuple):
-  """Where a stage's packed slots keep each tensor (tensor_loop.Packed):
-  its weight-gradient sums (`acc`), BatchNorm sums (`bn`), and the
-  per-micro-batch `saved`, `pinned` and `wcut` tensors. None in inference.
-  """
-  acc: tl.Packed
-  bn: tl.Packed
-  saved: tl.Packed
-  pinned: tl.Packed
-  wcut: tl.Packed
+# Where a stage's packed slots keep each tensor of a PACKED or PACKED_SUM
+# role (tensor_loop.Packed: M slots per tensor, or one for a sum).
+Layout = Mapping[Role, tl.Packed]
+_PACKED = tuple(r for r in Role if r.store in (Store.PACKED, Store.PACKED_SUM))
 
 
-def LayoutOf(program: Any, m: int) -> Layout:
-  """Where a training stage's packed slots keep each tensor of `program`
-  (a cell_program.CellProgram), with `m` micro-batches."""
-  return Layout(*(tl.Packed(program.Specs(role), size) for role, size in (
-      ('dws', 1), ('bn', 1), ('saved', m), ('pinned', m), ('wcut', m))))
+def LayoutOf(program: cell_program.CellProgram, m: int) -> Layout:
+  """Where a training stage's packed slots keep each tensor of `program`,
+  with `m` micro-batches."""
+  return {r: tl.Packed(program.Specs(r), m if r.store is Store.PACKED else 1)
+          for r in _PACKED}
 
 
-def Make(compiled: Any, s: int) -> Slots:
-  """Stage s's empty slots on its device, for an interpreter.Compiled step
-  (its programs, stage s's Layout, None in inference, the micro-batches,
-  whether the loss is inside and stage 0 returns input gradients, and the
-  examples per micro-batch, None when they vary)."""
+def Make(compiled: interpreter.Compiled, s: int) -> Slots:
+  """Stage s's empty slots on its device, for a Compiled step: each role
+  the stage keeps (in inference, the forward's only) made as its Store says
+  (interpreter.Start fills stage 0's x)."""
   c, m = compiled, compiled.schedule.num_micro_batches
   program, layout, last = c.programs[s], c.layouts[s], len(c.programs) - 1
   loss_here = c.loss_inside and s == last
-
-  def _Fillers(role):
-    return [tl.Filler(v) if v else None for v in program.Specs(role)]
-
+  pops, stashes = bool(program.tensors[Role.SKIP_IN]), bool(
+      program.tensors[Role.SKIP_OUT])
+  # Whether the stage has the role: a receipt's sender or a receiver exists.
+  here = {Role.X: s > 0, Role.SKIP_IN: pops, Role.DY: not loss_here,
+          Role.DSKIP_OUT: stashes, Role.Y: s < last, Role.SKIP_OUT: stashes,
+          Role.SUMS: loss_here, Role.DX: s > 0, Role.DSKIP_IN: pops}
   # Slots a neighbour, or the stage that stashed a skip, writes have a
   # spare slot M (tick_graph's receipts).
+  sizes = {Role.DY: m + (s < last)}
+
+  def _New(role):
+    specs = program.Specs(role)
+    if role.store is Store.SLOTS:
+      return _Arrays(specs, sizes.get(role, m + 1), read_once=True)
+    if role.store is Store.LATEST:
+      return [tl.Filler(v) if v else None for v in specs]
+    if role.store is Store.PACKED:
+      return layout[role].Initial()
+    zeros = [None if d is None else tf.zeros(d.shape, d.dtype) for d in specs]
+    return layout[role].Initial(zeros) if role in _PACKED else zeros
+
   with tf.device(c.cells[s].device):
-    slots = Slots(
-        x=None if s == 0 else _Arrays(c.programs[s - 1].out_specs, m + 1,
-                                      read_once=True),
-        y=None if s == last else _Fillers('y'),
-        skip_in=(_Arrays(program.Specs('skip_in'), m + 1, read_once=True)
-                 if program.tensors.skip_in else None),
-        skip_out=_Fillers('skip_out') if program.tensors.skip_out else None,
-        out=(_Arrays(program.out_specs, m) if s == last and not loss_here
-             else None),
-        token=tf.zeros([]))
-    if layout is None:
-      return slots
-
-    def _Zeros(packed):
-      return packed.Initial([None if d is None else tf.zeros(d.shape, d.dtype)
-                             for d in packed.specs])
-
-    return slots._replace(
-        dy=None if loss_here else _Arrays(
-            program.Specs('dy'), m + (s < last), read_once=True),
-        saved=layout.saved.Initial(),
-        pinned=layout.pinned.Initial(),
-        wcut=layout.wcut.Initial(),
-        dx=None if s == 0 else _Fillers('dx'),
-        acc=_Zeros(layout.acc),
-        bn=_Zeros(layout.bn),
-        sums=([tf.zeros(v.shape, v.dtype) for v in program.Specs('sums')]
-              if loss_here else None),
-        dx0=(_Arrays([None if g is None else tl.SpecOf(g, c.batch)
-                      for g in program.tensors.dx], m)
-             if s == 0 and c.input_grads else None),
-        dskip_out=(_Arrays(program.Specs('dskip_out'), m + 1, read_once=True)
-                   if program.tensors.skip_out else None),
-        dskip_in=_Fillers('dskip_in') if program.tensors.skip_in else None)
+    slots = Slots(token=tf.zeros([])).With({
+        role: _New(role) for role in _KEPT if here.get(role, True) and (
+            layout is not None or Piece.FORWARD in role.made_by | role.read_by
+        )}, {Role.Y: _Arrays(program.out_specs, m)} if s == last and
+        not loss_here else {})
+    if layout is not None and s == 0 and c.input_grads:
+      slots = slots.With(merged={Role.DX: _Arrays(
+          [None if g is None else tl.SpecOf(g, c.batch)
+           for g in program.tensors[Role.DX]], m)})
+  return slots

@@ -21,7 +21,7 @@ __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
 # What WrappedFunction.prune raises when a fetch depends on something the
 # feeds cannot replace (lift_to_graph's op_selector.UnliftableError, or a
 # KeyError/ValueError from inside it): the cell program then does not
-# split its backward (cell_program.CellProgram.splittable).
+# split its backward (cell_program.CellProgram.w_separable).
 PRUNE_ERRORS = (op_selector.UnliftableError, KeyError, ValueError)
 
 

@@ -27,12 +27,18 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import slots as slots_lib
 from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline.roles import Link
+from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.schedule import periods
+from gpipe_tf.pipeline.schedule import table
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
 __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
+
+_RECEIVED = tuple(r for r in Role if r.source is not None)
 
 
 def Finished(made: Sequence[tf.Tensor]) -> list:
@@ -55,7 +61,7 @@ def _Ready(arrived: dict | None, s: int, mine: slots_lib.Slots,
            micro: Sequence[int], col: int | None, offsets: tuple) -> dict:
   """What arrived for stage s's step at column `col` (on micro-batch
   micro[col + o] at each of the ticks col + o the code serves) earlier in
-  the same straight-line code: {role: per flat tensor, the value or None}.
+  the same straight-line code: {Role: per flat tensor, the value or None}.
 
   The step takes these values themselves rather than reading its slot. A
   slot is one TensorArray of every micro-batch, so a read of it waits for
@@ -75,7 +81,7 @@ def _Ready(arrived: dict | None, s: int, mine: slots_lib.Slots,
         if j is None:
           ready[role] = list(value)
         else:
-          ready.setdefault(role, [None] * len(getattr(mine, role)))[j] = value
+          ready.setdefault(role, [None] * len(mine.Of(role)))[j] = value
   return ready
 
 
@@ -96,9 +102,9 @@ class TickGraph:
   """
 
   devices: Sequence[str]
-  schedule: Any
+  schedule: table.Schedule
   step: Callable[..., tuple[slots_lib.Slots, list]]
-  routes: Sequence[Any] = ()
+  routes: Sequence[cell_lib.Route] = ()
 
   def Build(self, program: ticks_lib.TickProgram,
             plan: Sequence[periods.Segment],
@@ -179,11 +185,12 @@ class TickGraph:
           if index == 0:
             continue
           step = steps[index - 1]
-          at = f'mb{m}' if isinstance(m, int) else f't{col}'
+          mb = m if isinstance(m, int) else None  # Else a loop's body.
           ready = _Ready(arrived, step.stage, slots[step.stage],
                          program.micro[d], col, offsets)
-          with _After(done.get(d, [])), tf.name_scope(
-              f'stage{step.stage}_{step.kind}_{at}'):
+          with _After(done.get(d, [])), tf.name_scope(ticks_lib.Scope(
+              step, mb, col)), ticks_lib.Naming(program, step.stage,
+                                                step.kind, mb, col):
             slots[step.stage], made = self.step(step, m, t,
                                                 slots[step.stage], ready)
           done[d] = Finished(made) or done.get(d, [])
@@ -207,7 +214,8 @@ class TickGraph:
             # The device's previous step has finished (its token), and the
             # next one waits for this one's: ticks overlap across devices,
             # never on one.
-            with _After([state.token]):
+            with _After([state.token]), tf.name_scope(ticks_lib.Scope(
+                step)), ticks_lib.Naming(program, step.stage, step.kind):
               new, made = self.step(step, m, t, state, {})
             with _After(Finished(made)):
               new = new._replace(token=tf.identity(new.token))
@@ -236,24 +244,30 @@ class TickGraph:
     every tick whether or not anything arrives.
     """
     mine = slots[s]
-    # (slot role, its flat index or None for all, receipt row, value)
+    # (slot role, its flat index or None for all, receipt row, value): per
+    # role the table says arrives (Role.source), from its sender's role.
     receipts = []
-    if s > 0:
-      receipts.append(('x', None, program.got_y[s], slots[s - 1].y))
-    if s + 1 < len(slots):
-      receipts.append(('dy', None, program.got_dx[s], slots[s + 1].dx))
-    for i, r in enumerate(self.routes):
-      if r.dst == s:
-        receipts.append(('skip_in', r.in_index, program.got_skip[i],
-                         slots[r.src].skip_out[r.out_index]))
-      if r.src == s and mine.dskip_out is not None:  # Training only.
-        receipts.append(('dskip_out', r.out_index, program.got_dskip[i],
-                         slots[r.dst].dskip_in[r.in_index]))
+    for role in _RECEIVED:
+      sender, link = role.Sender(), role.source[1]
+      if mine.Of(role) is None:  # dy and dskip_out in inference, say.
+        continue
+      if link is Link.PREVIOUS and s > 0:
+        receipts.append((role, None, program.got_y[s],
+                         slots[s - 1].Of(sender)))
+      if link is Link.NEXT and s + 1 < len(slots):
+        receipts.append((role, None, program.got_dx[s],
+                         slots[s + 1].Of(sender)))
+      for i, r in enumerate(self.routes):
+        if link is Link.STASHER and r.dst == s:
+          receipts.append((role, r.in_index, program.got_skip[i],
+                           slots[r.src].Of(sender)[r.out_index]))
+        if link is Link.POPPER and r.src == s:
+          receipts.append((role, r.out_index, program.got_dskip[i],
+                           slots[r.dst].Of(sender)[r.in_index]))
     spare = self.schedule.num_micro_batches
     for role, j, row, value in receipts:
-      arrays = getattr(mine, role)
-      if arrays is None or (row[col] < 0 if col is not None else
-                            all(m < 0 for m in row)):
+      arrays = mine.Of(role)
+      if row[col] < 0 if col is not None else all(m < 0 for m in row):
         continue
       if arrived is not None and col is not None:
         # One copy onto this device for the slot and the step: one transfer.
@@ -266,5 +280,5 @@ class TickGraph:
         arrays = slots_lib.Write(arrays, m, value)
       elif arrays[j] is not None:
         arrays[j] = arrays[j].write(m, value)
-      mine = mine._replace(**{role: arrays})
+      mine = mine.With({role: arrays})
     return mine

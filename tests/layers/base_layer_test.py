@@ -82,12 +82,6 @@ class BaseLayerTest(tf.test.TestCase):
     with self.assertRaises(NotImplementedError):
       base_layer.BaseLayer.FPropMeta(layer.params, (1,))
 
-  def testRecomputeScope(self):
-    self.assertFalse(base_layer.InRecompute())
-    with base_layer.RecomputeScope():
-      self.assertTrue(base_layer.InRecompute())
-    self.assertFalse(base_layer.InRecompute())
-
   def testShapeChecks(self):
     self.assertEqual(base_layer.NumElements((None, 3, 4)), 12)
     self.assertEqual(base_layer.NumElements(()), 1)

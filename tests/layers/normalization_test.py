@@ -40,32 +40,14 @@ class BatchNormTest(tf.test.TestCase):
     self.assertAllClose(0.9 + 0.1 * var, self.layer.moving_variance,
                         atol=1e-5)
 
-  def testNoUpdateInsideRecomputeScope(self):
-    with base_layer.RecomputeScope():
-      y = self.layer.FProp(tf.constant(self.x), training=True)
-    mean, var = self._Moments(self.x)
-    self.assertAllClose(
-        _NpNormalize(self.x, mean, var, self.gamma, self.beta, 1e-3), y,
-        atol=1e-5)
-    self.assertAllEqual(np.zeros(5), self.layer.moving_mean)
-    self.assertAllEqual(np.ones(5), self.layer.moving_variance)
-    # Leaving the scope restores updates.
-    self.layer.FProp(tf.constant(self.x), training=True)
-    self.assertAllClose(0.1 * mean, self.layer.moving_mean, atol=1e-6)
-
   def testInsideTfFunction(self):
     @tf.function
-    def Step(x, recompute):
-      if recompute:
-        with base_layer.RecomputeScope():
-          return self.layer.FProp(x, training=True)
+    def Step(x):
       return self.layer.FProp(x, training=True)
 
     x = tf.constant(self.x)
-    Step(x, True)
-    self.assertAllEqual(np.zeros(5), self.layer.moving_mean)
-    Step(x, False)
-    Step(x, False)
+    Step(x)
+    Step(x)
     mean, _ = self._Moments(self.x)
     self.assertAllClose((1 - 0.9**2) * mean, self.layer.moving_mean,
                         atol=1e-5)

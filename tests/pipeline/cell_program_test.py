@@ -15,6 +15,8 @@ from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline import graph_edit
+from gpipe_tf.pipeline import roles
+from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.schedule import ticks
 
 _NUM_LAYERS = 3
@@ -33,11 +35,11 @@ def _Cell(batch_norm=False):
   return cell_lib.Cell(0, seq.layers, '/device:CPU:0')
 
 
-def _Program(cell, input_grads=True, split=True):
+def _Program(cell, input_grads=True, defers_w=True):
   return cell_program.CellProgram(
       cell, (0,), [tf.TensorSpec([4, 8], tf.float32)],
       tf.TensorSpec([2], tf.int64), True, input_grads=input_grads,
-      split=split)
+      defers_w=defers_w)
 
 
 def _MatMuls(piece):
@@ -55,8 +57,8 @@ def _LiveMatMuls(graph):
              for op in live)
 
 
-def _T(**roles):
-  return cell_program.Tensors(**{k: tuple(v) for k, v in roles.items()})
+def _T(by_role):
+  return roles.Tensors(by_role)
 
 
 def _Step(kind, keep=False):
@@ -101,16 +103,18 @@ class CellProgramTest(tf.test.TestCase):
   def testBAndWTogetherEqualTheWholeBackward(self):
     p = self.program
     want = self._Reference()
-    kept = p.Piece(_Step(ticks.F, True))(_T(seed=[self.seed], x=self.x))
+    x = {Role.SEED: [self.seed], Role.X: self.x}
+    kept = p.Piece(_Step(ticks.F, True))(_T(x))
     for keep in (True, False):
       with self.subTest(keep=keep):
-        feeds = (_T(saved=kept.saved, dy=self.dy) if keep else
-                 _T(seed=[self.seed], x=self.x, dy=self.dy,
-                    pinned=kept.pinned))
+        feeds = (_T({Role.SAVED: kept[Role.SAVED], Role.DY: self.dy}) if keep
+                 else _T({**x, Role.DY: self.dy,
+                          Role.PINNED: kept[Role.PINNED]}))
         whole = p.Piece(_Step(ticks.BW, keep))(feeds)
         b = p.Piece(_Step(ticks.B, keep))(feeds)
-        w = p.Piece(_Step(ticks.W))(_T(wcut=b.wcut))
-        for got in (whole.dx + whole.dws, b.dx + w.dws):
+        w = p.Piece(_Step(ticks.W))(_T({Role.WCUT: b[Role.WCUT]}))
+        for got in (whole[Role.DX] + whole[Role.DWS],
+                    b[Role.DX] + w[Role.DWS]):
           for a, g in zip(want, got):
             self.assertAllClose(a, g, rtol=1e-5, atol=1e-6)
 
@@ -120,16 +124,17 @@ class CellProgramTest(tf.test.TestCase):
     # path applies the update after the forward) changes nothing.
     cell = _Cell(batch_norm=True)
     p = _Program(cell)
-    self.assertLen(p.tensors.pinned, 2 * _NUM_LAYERS)
-    f = p.Piece(_Step(ticks.F, False))(_T(seed=[self.seed], x=self.x))
-    before = p.Piece(_Step(ticks.BW, False))(
-        _T(seed=[self.seed], x=self.x, dy=self.dy, pinned=f.pinned))
+    self.assertLen(p.tensors[Role.PINNED], 2 * _NUM_LAYERS)
+    x = {Role.SEED: [self.seed], Role.X: self.x}
+    f = p.Piece(_Step(ticks.F, False))(_T(x))
+    feeds = _T({**x, Role.DY: self.dy, Role.PINNED: f[Role.PINNED]})
+    before = p.Piece(_Step(ticks.BW, False))(feeds)
     for v in cell.layers[1].variables:
       if 'moving' in v.name:
         v.assign(v + 3.0)
-    after = p.Piece(_Step(ticks.BW, False))(
-        _T(seed=[self.seed], x=self.x, dy=self.dy, pinned=f.pinned))
-    for a, b in zip(before.dx + before.dws, after.dx + after.dws):
+    after = p.Piece(_Step(ticks.BW, False))(feeds)
+    for a, b in zip(before[Role.DX] + before[Role.DWS],
+                    after[Role.DX] + after[Role.DWS]):
       self.assertAllClose(a, b)
 
   def testVariablesAreDifferentiatedOnce(self):
@@ -141,18 +146,18 @@ class CellProgramTest(tf.test.TestCase):
     self.assertLen(p.variables, 2 * _NUM_LAYERS)
     self.assertLen({v.ref() for v in p.variables}, len(p.variables))
 
-  def testUnsplitProgramRunsTheSameBackwardWithoutW(self):
-    # Not split (no W of the stage stays apart): no W piece is cut, and its
-    # BW is the split program's.
-    whole = _Program(self.cell, split=False)
-    self.assertTrue(self.program.splittable)
-    self.assertFalse(whole.splittable)
+  def testProgramThatDefersNoWRunsTheSameBackwardWithoutW(self):
+    # No W of the stage runs apart from its B: no W piece is cut, and its BW
+    # is the one of a program that defers W.
+    whole = _Program(self.cell, defers_w=False)
+    self.assertTrue(self.program.w_separable)
+    self.assertFalse(whole.w_separable)
     self.assertEqual(whole.Piece(_Step(ticks.W)).makes, ())
-    feeds = _T(seed=[self.seed], x=self.x, dy=self.dy)
+    feeds = _T({Role.SEED: [self.seed], Role.X: self.x, Role.DY: self.dy})
     want = self.program.Piece(_Step(ticks.BW))(feeds)
     got = whole.Piece(_Step(ticks.BW))(feeds)
-    for role in ('dx', 'dws'):
-      for g, w in zip(getattr(got, role), getattr(want, role)):
+    for role in (Role.DX, Role.DWS):
+      for g, w in zip(got[role], want[role]):
         self.assertAllClose(g, w, rtol=1e-6, atol=1e-7)
 
   def testBackwardCastsEachWeightWhenItsGradientArrives(self):
@@ -167,7 +172,7 @@ class CellProgramTest(tf.test.TestCase):
       with precision.Policy('mixed_bfloat16'):
         return cell_program.CellProgram(
             self.cell, (0,), [tf.TensorSpec([4, 8], tf.bfloat16)],
-            tf.TensorSpec([2], tf.int64), True, split=False)
+            tf.TensorSpec([2], tf.int64), True, defers_w=False)
 
     p = _Bf16Program()
     with mock.patch.object(graph_edit, 'CastsJustInTime', lambda *args: None):
@@ -186,11 +191,11 @@ class CellProgramTest(tf.test.TestCase):
           self.assertIn(x_in.op, backward)
           self.assertEqual(x_in.op.control_inputs, others)
     self.assertLen(reads, _NUM_LAYERS)  # dx = dy @ W^T, once per layer.
-    feeds = _T(seed=[self.seed], x=x, dy=dy)
+    feeds = _T({Role.SEED: [self.seed], Role.X: x, Role.DY: dy})
     got = p.Piece(_Step(ticks.BW))(feeds)
     want = early.Piece(_Step(ticks.BW))(feeds)
-    for role in ('dx', 'dws'):
-      for g, w in zip(getattr(got, role), getattr(want, role)):
+    for role in (Role.DX, Role.DWS):
+      for g, w in zip(got[role], want[role]):
         self.assertAllEqual(g, w)
 
 

@@ -138,16 +138,16 @@ class InterpreterTest(tf.test.TestCase):
 
   def testAWThatFollowsItsBRunsWithItAsOneBackward(self):
     # ZB-H1, K=2: stage 0's every W directly follows its B, so stage 0 runs
-    # one BW per micro-batch from an unsplit program, as in 1F1B; the last
-    # stage's W are deferred, so its program is split into B and W.
+    # one BW per micro-batch from a program that defers no W, as in 1F1B;
+    # the last stage's W are deferred, so its program is cut into B and W.
     pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
                  num_micro_batches=4, schedule='zb_h1')
     x = tf.random.stateless_normal([8, 8], [1, 2])
     tf.function(lambda: pipe.ComputeLossAndGradients(
         x, tf.zeros([8], tf.int32), _LossFn)[2])()
-    split = [{p.split for p in cell.programs.values()}
-             for cell in pipe.cells]
-    self.assertEqual(split, [{False}, {True}])
+    defers_w = [{p.defers_w for p in cell.programs.values()}
+                for cell in pipe.cells]
+    self.assertEqual(defers_w, [{False}, {True}])
 
   def testUnrolledPinsEveryDevicesOrder(self):
     self.assertEmpty(_OrderViolations())

@@ -13,6 +13,7 @@ from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.schedule import ticks
 from gpipe_tf.train import loop
 from gpipe_tf.train import runner as runner_lib
@@ -115,7 +116,7 @@ class PrecisionTest(tf.test.TestCase):
     pipe = self._Pipe('mixed_bfloat16', num_micro_batches=2)
     pipe.ComputeLossAndGradients(self.x, self.y, _LossFn)
     program = list(pipe.cells[1].programs.values())[0]
-    self.assertEqual(program.tensors.x[0].dtype, tf.bfloat16)
+    self.assertEqual(program.tensors[Role.X][0].dtype, tf.bfloat16)
 
   def testLossScaleScalesTheGradientsOnly(self):
     pipe = self._Pipe('mixed_float16', num_micro_batches=2, schedule='1f1b')

@@ -132,14 +132,14 @@ class ScheduleTest(unittest.TestCase):
     with self.assertRaisesRegex(ScheduleError, 'outside this schedule'):
       sched.Dependencies(Fwd(0, 2))
 
-  def testDependenciesWithSplitBackward(self):
+  def testDependenciesWithADeferredW(self):
     # Stage 1 splits its backward of micro-batch 0 only.
     dev1 = [Fwd(1, 0), InGrad(1, 0), Fwd(1, 1), Bwd(1, 1), WGrad(1, 0)]
     sched = TwoStage(dev1=dev1)
     sched.Validate()
-    self.assertTrue(sched.SplitBackward(1, 0))
-    self.assertFalse(sched.SplitBackward(1, 1))
-    self.assertFalse(sched.SplitBackward(0, 0))
+    self.assertTrue(sched.DefersW(1, 0))
+    self.assertFalse(sched.DefersW(1, 1))
+    self.assertFalse(sched.DefersW(0, 0))
     self.assertEqual(sched.Dependencies(Bwd(0, 0)), [Fwd(0, 0), InGrad(1, 0)])
     self.assertEqual(sched.Dependencies(Bwd(0, 1)), [Fwd(0, 1), Bwd(1, 1)])
     self.assertEqual(sched.Dependencies(WGrad(1, 0)), [InGrad(1, 0)])
@@ -151,8 +151,8 @@ class ScheduleTest(unittest.TestCase):
     fused = lambda m: Action(schedule.FB, 1, m)
     sched = TwoStage(dev1=[fused(0), fused(1), WGrad(1, 0)])
     sched.Validate()
-    self.assertTrue(sched.SplitBackward(1, 0))
-    self.assertFalse(sched.SplitBackward(1, 1))
+    self.assertTrue(sched.DefersW(1, 0))
+    self.assertFalse(sched.DefersW(1, 1))
     self.assertEqual(sched.Dependencies(fused(0)), [Fwd(0, 0)])
     # What stage 0 reads from a fused pair comes from its FB.
     self.assertEqual(sched.Dependencies(Bwd(0, 1)), [Fwd(0, 1), fused(1)])
@@ -228,7 +228,7 @@ class ScheduleTest(unittest.TestCase):
       self.assertEqual(sched.ForwardsFollowedByBackward(),
                        {(k - 1, m) for m in range(4)}, k)
 
-  def testForwardsFollowedByBackwardCountsSplitBackward(self):
+  def testForwardsFollowedByBackwardCountsADeferredW(self):
     sched = schedule.Make('zb_h1', num_devices=2, num_micro_batches=3)
     self.assertEqual(sched.ForwardsFollowedByBackward(),
                      {(1, m) for m in range(3)})

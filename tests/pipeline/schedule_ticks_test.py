@@ -3,6 +3,7 @@
 import itertools
 import unittest
 
+from gpipe_tf import errors
 from gpipe_tf.pipeline import schedule
 from gpipe_tf.pipeline.schedule import ticks
 
@@ -173,8 +174,8 @@ class LowerTest(unittest.TestCase):
         self.assertEqual(schedule.Simulate(fused).makespan,
                          schedule.Simulate(sched).makespan)
         for s, m in ticks.Fusable(sched):
-          self.assertEqual(fused.SplitBackward(s, m),
-                           sched.SplitBackward(s, m))
+          self.assertEqual(fused.DefersW(s, m),
+                           sched.DefersW(s, m))
     self.assertEqual(
         ticks.FuseLast(schedule.Make('1f1b', 2, 3)).actions[1],
         tuple(schedule.Action(ticks.FB, 1, m) for m in range(3)))
@@ -191,7 +192,7 @@ class LowerTest(unittest.TestCase):
           step = table.steps[d][table.branch[d][t] - 1]
           self.assertEqual(step, ticks.Step(
               ticks.FB, act.stage, True,
-              sched.SplitBackward(act.stage, act.micro_batch)))
+              sched.DefersW(act.stage, act.micro_batch)))
           if act.stage > 0 and t + 1 < table.num_ticks:
             self.assertEqual(table.got_dx[act.stage - 1][t + 1],
                              act.micro_batch)
@@ -217,7 +218,7 @@ class LowerTest(unittest.TestCase):
           # The same work in the same order: a BW where a B and its W were.
           unjoined = []
           for a in after:
-            if a.kind == schedule.BW and original.SplitBackward(
+            if a.kind == schedule.BW and original.DefersW(
                 a.stage, a.micro_batch):
               unjoined += [schedule.Action(k, a.stage, a.micro_batch)
                            for k in (schedule.B, schedule.W)]
@@ -231,7 +232,7 @@ class LowerTest(unittest.TestCase):
         alone = ticks.Lower(ticks.FuseLast(original))
         self.assertLessEqual(table.num_ticks, alone.num_ticks)
         # A stage is split only where a W stays apart.
-        self.assertEqual(ticks.SplitStages(table),
+        self.assertEqual(ticks.StagesDeferringW(table),
                          {a.stage for row in joined.actions for a in row
                           if a.kind == schedule.W})
     sched = schedule.Make('zb_h1', 2, 8)
@@ -240,7 +241,7 @@ class LowerTest(unittest.TestCase):
     self.assertEqual(
         [table.num_ticks, ticks.Lower(ticks.FuseLast(sched)).num_ticks],
         [17, 24])
-    self.assertEqual(ticks.SplitStages(table), {1})
+    self.assertEqual(ticks.StagesDeferringW(table), {1})
     self.assertEqual(table.ToAscii().splitlines()[0].split()[:5],
                      ['dev', '0:', 'F0', 'F1', 'BW0'])
 
@@ -259,6 +260,75 @@ class LowerTest(unittest.TestCase):
     self.assertEqual(table.ToAscii().splitlines(), [
         'dev 0: F0  F1  BW0 F2  BW1 BW2',
         'dev 1: ..  FB0 FB1 ..  FB2 ..'])
+
+
+
+class WhereTest(unittest.TestCase):
+  """Errors that say where: a step's name scope, and the action, tick,
+  device and marked row of a failing step."""
+
+  def setUp(self):
+    super().setUp()
+    self.program = ticks.Lower(ticks.FuseLast(ticks.JoinBackward(
+        schedule.Make('1f1b', 2, 4))))
+    #   dev 0: F0   F1   BW0  F2   BW1  F3   BW2  BW3
+    #   dev 1: ..   FB0  FB1  ..   FB2  ..   FB3  ..
+
+  def testScopesNameTheStepAndFindScopeReadsThem(self):
+    step = ticks.Step(schedule.BW, 1, True)
+    self.assertEqual(ticks.Scope(step, micro_batch=3), 'stage1_BW_mb3')
+    self.assertEqual(ticks.Scope(step, column=7), 'stage1_BW_t7')
+    self.assertEqual(ticks.Scope(step), 'stage1_BW')
+    for scope, want in (('stage1_BW_mb3', (1, 'BW', 3, None)),
+                        ('stage1_BW_t7', (1, 'BW', None, 7)),
+                        ('stage1_BW', (1, 'BW', None, None))):
+      self.assertEqual(ticks.FindScope(f'while/body/_1/{scope}/MatMul'),
+                       want)
+    self.assertIsNone(ticks.FindScope('gradients/MatMul'))
+
+  def testWhereNamesTheActionTickAndDeviceAndMarksItsRow(self):
+    where = ticks.Where(self.program, 0, schedule.BW, 1)
+    self.assertEqual((where.action, where.tick, where.device),
+                     (schedule.Action(schedule.BW, 0, 1), 4, 0))
+    self.assertEqual(str(where).splitlines(), [
+        'BW of stage 0 on micro-batch 1 at tick 4 on device 0:',
+        'dev 0: F0   F1   BW0  F2   !BW1 F3   BW2  BW3'])
+    # A step built once for several ticks (a loop's body): the first.
+    where = ticks.Where(self.program, 1, schedule.FB)
+    self.assertEqual((where.tick, where.device), (1, 1))
+    self.assertIn('the first of 4 actions it is built for', str(where))
+    self.assertIn('dev 1: ..   !FB0', str(where))
+
+  def testNamingRaisesAStepErrorFromTheOriginal(self):
+    with self.assertRaises(ticks.StepError) as raised:
+      with ticks.Naming(self.program, 1, schedule.FB, column=6):
+        raise ValueError('shapes (4, 3) and (8, 8)')
+    self.assertIsInstance(raised.exception.__cause__, ValueError)
+    self.assertEqual(raised.exception.action,
+                     schedule.Action(schedule.FB, 1, 3))
+    self.assertRegex(str(raised.exception),
+                     r'ValueError in FB of stage 1 on micro-batch 3 at tick 6 '
+                     r'on device 1:\ndev 1: .*!FB3.*\nshapes \(4, 3\)')
+
+  def testNamingKeepsAProjectErrorAndNotesWhere(self):
+
+    class _Named(errors.Error, ValueError):
+      pass
+
+    with self.assertRaises(_Named) as raised:
+      with ticks.Naming(self.program, 0, schedule.F, 2):
+        raise _Named('what to change')
+    self.assertIn('in F of stage 0 on micro-batch 2 at tick 3 on device 0',
+                  raised.exception.__notes__[0])
+
+  def testNamingFindsTheStepInTheMessageWithoutAStage(self):
+    with self.assertRaisesRegex(ticks.StepError,
+                                'BW of stage 0 on micro-batch 2 at tick 6'):
+      with ticks.Naming(self.program):
+        raise RuntimeError('[[node while/stage0_BW_mb2/MatMul]]')
+    with self.assertRaises(KeyError):  # Names no step: goes on as it is.
+      with ticks.Naming(self.program):
+        raise KeyError('x')
 
 
 if __name__ == '__main__':

@@ -1,6 +1,7 @@
 """A built step waits for what its schedule says and nothing else (tick_graph.py)."""
 
 import re
+from unittest import mock
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -8,9 +9,13 @@ test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import cell_program
+from gpipe_tf.pipeline import interpreter
+from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import library
@@ -122,6 +127,120 @@ class TickGraphTest(tf.test.TestCase):
           for prev, act in zip(acts, acts[1:]):
             for i, got in enumerate(inputs[act]):
               self.assertIn(prev, got, (act, i))
+
+
+
+class _Strict(base_layer.BaseLayer):
+  """Passes its input on, checking it: at trace time it raises `error` when
+  its input is not 4 wide; at run time check_numerics fails on a NaN."""
+
+  def FProp(self, x, training=False):
+    if x.shape[-1] != 4:
+      raise self.p.error(f'{self.p.name} takes 4 features, not {x.shape[-1]}')
+    return tf.debugging.check_numerics(x, 'a NaN')
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('error', ValueError, 'Raised at trace.')
+    return p
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    return base_layer.LayerMeta(0, (tuple(shape),), 0)
+
+
+def _StrictPipe(width=4, error=ValueError, execution='unrolled'):
+  """Stage 0: one FC layer to `width`; stage 1: _Strict, then one to 3."""
+  fc = core.FCLayer.Params
+  return PipeliningLayer.Params().Set(
+      name='net', layers=[fc().Set(name='a', input_dim=4, output_dim=width),
+                          _Strict.Params().Set(name='strict', error=error),
+                          fc().Set(name='b', input_dim=width, output_dim=3)],
+      num_partitions=2, num_micro_batches=4, schedule='1f1b',
+      balance=[1, 2], execution=execution).Instantiate()
+
+
+def _Train(pipe, x=None, function=True, autograph=False):
+  x = tf.ones([8, 4]) if x is None else x
+  step = lambda: pipe.ComputeLossAndGradients(  # pylint: disable=g-long-lambda
+      x, tf.zeros([8], tf.int32), lambda y, labels: loss_lib.LossTerms(
+          losses.SoftmaxCrossEntropy(y, labels)))[0]
+  return tf.function(step, autograph=autograph)() if function else step()
+
+
+class StepErrorTest(tf.test.TestCase):
+  """An error raised while building or running a step says where: the
+  action, its tick and device, and the device's row marked (1F1B, K=2, M=4:
+  'dev 1: ..   FB0  FB1  ..   FB2  ..   FB3')."""
+
+  def testALayerErrorNamesItsStageDeviceAndRow(self):
+    with self.assertRaises(ticks_lib.StepError) as raised:
+      _Train(_StrictPipe(width=5))
+    e = raised.exception
+    self.assertIsInstance(e.__cause__, ValueError)
+    self.assertEqual((e.action.stage, e.device), (1, 1))
+    self.assertIn('ValueError in FB of stage 1 on micro-batch 0 at tick 1 on '
+                  'device 1', str(e))
+    self.assertIn('\ndev 1: ..   !FB0 FB1', str(e))
+    self.assertIn('strict takes 4 features, not 5', str(e))
+    # Raised through AutoGraph (as a StagingError) it keeps its message.
+    with self.assertRaisesRegex(Exception, 'ValueError in FB of stage 1 on '
+                                'micro-batch 0 at tick 1 on device 1'):
+      _Train(_StrictPipe(width=5), autograph=True)
+
+  def testAProjectErrorKeepsItsTypeAndGetsWhereAsANote(self):
+    with self.assertRaises(base_layer.LayerInputError) as raised:
+      _Train(_StrictPipe(width=5, error=base_layer.LayerInputError))
+    self.assertIn('in FB of stage 1', raised.exception.__notes__[0])
+
+  def testAPruneErrorNamesTheFirstActionOfItsPiece(self):
+    prune = cell_program.CellProgram._Prune  # pylint: disable=protected-access
+
+    def _Failing(program, reads, makes):
+      if Role.DWS in makes and Role.DY in reads:  # Stage 0's BW.
+        raise RuntimeError('cannot prune this one')
+      return prune(program, reads, makes)
+
+    with mock.patch.object(cell_program.CellProgram, '_Prune', _Failing):
+      with self.assertRaises(ticks_lib.StepError) as raised:
+        _Train(_StrictPipe())
+    self.assertIsInstance(raised.exception.__cause__, RuntimeError)
+    self.assertIn('RuntimeError in BW of stage 0 on micro-batch 0 at tick 2 '
+                  'on device 0 (the first of 4 actions it is built for):\n'
+                  'dev 0: F0   F1   !BW0', str(raised.exception))
+
+  def testABuildErrorNamesItsStepsMicroBatchAndTick(self):
+    step = interpreter._Step  # pylint: disable=protected-access
+
+    def _Failing(c, feeds, st, m, *args):
+      if (st.stage, st.kind, m) == (1, ticks_lib.FB, 2):
+        raise RuntimeError('cannot build this one')
+      return step(c, feeds, st, m, *args)
+
+    for execution, want in (('unrolled', 'FB of stage 1 on micro-batch 2 at '
+                             'tick 4 on device 1:\ndev 1: ..   FB0  FB1  ..   '
+                             '!FB2'),
+                            ('switch', 'FB of stage 1 on micro-batch 0 at '
+                             'tick 1 on device 1 (the first of 4')):
+      with self.subTest(execution=execution):
+        with mock.patch.object(interpreter, '_Step', _Failing):
+          with self.assertRaises(ticks_lib.StepError) as raised:
+            _Train(_StrictPipe(execution=execution))
+        self.assertIn(want, str(raised.exception))
+        if execution == 'unrolled':
+          self.assertIsInstance(raised.exception.__cause__, RuntimeError)
+
+  def testAnEagerRunErrorNamesItsStep(self):
+    # Eagerly a step runs as it is built: a NaN in micro-batch 1 fails
+    # stage 1's check_numerics in FB1.
+    x = tf.tensor_scatter_nd_update(tf.ones([8, 4]), [[2, 0]], [float('nan')])
+    with self.assertRaises(ticks_lib.StepError) as raised:
+      _Train(_StrictPipe(), x, function=False)
+    self.assertIsInstance(raised.exception.__cause__,
+                          tf.errors.InvalidArgumentError)
+    self.assertIn('FB of stage 1 on micro-batch 1 at tick 2 on device 1:\n'
+                  'dev 1: ..   FB0  !FB1', str(raised.exception))
 
 
 if __name__ == '__main__':

@@ -68,7 +68,7 @@ class PredictTest(tf.test.TestCase):
       self.assertGreaterEqual(sim.makespan, max(want), msg=name)
       self.assertBetween(sim.bubble_fraction, 0.0, 1.0, msg=name)
 
-  def testASplitBackwardPaysBAndWAndAJoinedOneBW(self):
+  def testADeferredWPaysBAndWAndAJoinedOneBW(self):
     # Split B and W cost more than the BW they replace (1.5 + 1.0 > 2.0):
     # the device that defers W pays it on every split micro-batch only.
     schedule = schedule_lib.Make('zb_h1', 2, 8, 1)

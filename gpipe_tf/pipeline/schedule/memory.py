@@ -217,7 +217,7 @@ def Profile(schedule: table.Schedule, stages: Sequence[StageBytes],
     for a in acts:
       events += _Events(a, d, stages[a.stage], sim,
                         (a.stage, a.micro_batch) in kept,
-                        schedule.SplitBackward(a.stage, a.micro_batch))
+                        schedule.DefersW(a.stage, a.micro_batch))
   changes = {}
   for t, delta, d in events:
     changes.setdefault(t, []).append((delta, d))
@@ -234,16 +234,16 @@ def Profile(schedule: table.Schedule, stages: Sequence[StageBytes],
 
 
 def _Events(a: Action, d: int, st: StageBytes, sim: simulate_lib.SimResult,
-            keep: bool, split: bool) -> list[tuple[float, float, int]]:
+            keep: bool, defers_w: bool) -> list[tuple[float, float, int]]:
   """(time, bytes, device) holds (> 0) and releases (< 0) of one action."""
   forward = st.input + (st.activations if keep else st.pinned)
   start, end = sim.start[a], sim.end[a]
   if a.kind == F:
     return [(start, forward, d)]
   if a.kind == FB:  # Its activations live only while it runs.
-    held = st.input + st.activations + (0.0 if split else st.gradients)
+    held = st.input + st.activations + (0.0 if defers_w else st.gradients)
     return [(start, held, d), (end, -held, d)] + (
-        [(end, st.wcut, d)] if split else [])
+        [(end, st.wcut, d)] if defers_w else [])
   events = []
   if a.kind in (BW, W):  # Its weight gradients, summed once it returns.
     events += [(start, st.gradients, d), (end, -st.gradients, d)]

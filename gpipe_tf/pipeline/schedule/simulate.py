@@ -102,7 +102,7 @@ def Simulate(schedule: table.Schedule,
   def _Time(act):
     if act.kind != FB:
       return times[act.kind][act.stage]
-    back = B if schedule.SplitBackward(act.stage, act.micro_batch) else BW
+    back = B if schedule.DefersW(act.stage, act.micro_batch) else BW
     return times[F][act.stage] + times[back][act.stage]
 
   replayed = replay_lib.Replay(schedule.actions, schedule.Dependencies,

@@ -145,9 +145,9 @@ class Schedule:
       raise ScheduleError(f'device must be in [0, {self.num_devices}), got {device}')
     return [s for s, d in enumerate(self._stage_devices) if d == device]
 
-  def SplitBackward(self, stage: int, micro_batch: int) -> bool:
+  def DefersW(self, stage: int, micro_batch: int) -> bool:
     """True when the backward of (stage, micro_batch) runs as B (or FB's)
-    and a later W, False for BW (or an FB without a W)."""
+    and its W later, False for BW (or an FB without a W)."""
     return (Action(B, stage, micro_batch) in self._present or
             (Action(FB, stage, micro_batch) in self._present and
              Action(W, stage, micro_batch) in self._present))
@@ -207,7 +207,7 @@ class Schedule:
     if act.kind in (B, BW):
       deps.append(Action(F, s, m))
     if act.kind != F and s < self.num_stages - 1:
-      deps.append(Action(B if self.SplitBackward(s + 1, m) else BW, s + 1, m))
+      deps.append(Action(B if self.DefersW(s + 1, m) else BW, s + 1, m))
     return [self._Made(d) for d in deps]
 
   def Validate(self) -> None:
@@ -293,7 +293,7 @@ class Schedule:
     return hash((self._actions, self._num_micro_batches, self._stage_devices))
 
   def _UnitTicks(self, act: Action) -> float:
-    if act.kind == FB and self.SplitBackward(act.stage, act.micro_batch):
+    if act.kind == FB and self.DefersW(act.stage, act.micro_batch):
       return UNIT_TICKS[F] + UNIT_TICKS[B]
     return UNIT_TICKS[act.kind]
 

@@ -32,8 +32,8 @@ one BW(s, m), so the backward computes each layer's input and weight
 gradients together instead of stashing what W reads until the next tick.
 ZB-H1's first stage, whose W all follow their B at once, then runs as
 1F1B's; a W the schedule defers still runs where it put it. Which stages
-split their backward into B and a later W is then read off the schedule
-the engine lowers (SplitStages), once.
+defer W (run their backward as B and a later W) is then read off the
+schedule the engine lowers (StagesDeferringW), once.
 
 A *phase* lowers part of a schedule: 'forward' its F actions (inference, or
 the forward of a tape-driven fill-drain step), 'backward' the rest (their F
@@ -45,16 +45,20 @@ Pure Python; importing it does not import TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Callable
+import re
+from typing import Callable, Iterator
 
+from gpipe_tf import errors
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import ascii as ascii_lib
 from gpipe_tf.pipeline.schedule import replay
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['FB', 'PHASES', 'FuseLast', 'Fusable', 'JoinBackward', 'Lower',
-           'SplitStages', 'Step', 'TickProgram', 'Unjoined']
+__all__ = ['FB', 'PHASES', 'FindScope', 'FuseLast', 'Fusable', 'JoinBackward',
+           'Lower', 'Naming', 'Scope', 'StagesDeferringW', 'Step', 'StepError',
+           'TickProgram', 'Unjoined']
 
 Action = action_lib.Action
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
@@ -72,12 +76,13 @@ class Step:
     keep: F: saves the activations its backward reads; B/BW: reads them
       (else recomputes the forward from the stage's input). False for W,
       True for FB (its activations never leave the step).
-    split: FB: its backward is a B (a W follows), else a BW.
+    defers_w: FB: its backward is a B and its W runs later (a W action
+      follows), else a BW.
   """
   kind: str
   stage: int
   keep: bool = False
-  split: bool = False
+  defers_w: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,11 +122,13 @@ class TickProgram:
   got_skip: tuple[tuple[int, ...], ...] = ()
   got_dskip: tuple[tuple[int, ...], ...] = ()
 
-  def ToAscii(self) -> str:
+  def ToAscii(self, mark: tuple[int, int] | None = None) -> str:
     """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3',
-    'FB3', '..' idle."""
-    return ascii_lib.Grid([[None if act is None else act.label
-                            for act in row] for row in self.grid])
+    'FB3', '..' idle; with `mark` (device, tick), that action drawn as
+    '!label' (as Schedule.Validate draws a bad step)."""
+    return ascii_lib.Grid([
+        [None if act is None else '!' * ((d, t) == mark) + act.label
+         for t, act in enumerate(row)] for d, row in enumerate(self.grid)])
 
 
 def Fusable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:
@@ -166,7 +173,7 @@ def Unjoined(schedule: table.Schedule, program: 'TickProgram',
     back = B if dataclasses.replace(act, kind=W) in program.tick else BW
     return [dataclasses.replace(act, kind=F)] + Unjoined(
         schedule, program, dataclasses.replace(act, kind=back))
-  if act.kind == BW and schedule.SplitBackward(act.stage, act.micro_batch):
+  if act.kind == BW and schedule.DefersW(act.stage, act.micro_batch):
     return [dataclasses.replace(act, kind=kind) for kind in (B, W)]
   return [act]
 
@@ -188,10 +195,11 @@ def _MergePairs(schedule: table.Schedule,
                         schedule.stage_devices, schedule.name)
 
 
-def SplitStages(program: 'TickProgram') -> frozenset[int]:
-  """The stages some step of `program` runs as B then a later W."""
+def StagesDeferringW(program: 'TickProgram') -> frozenset[int]:
+  """The stages that defer W: some step of `program` runs a backward as B
+  and its W later."""
   return frozenset(step.stage for row in program.steps for step in row
-                   if step.kind in (B, W) or (step.kind == FB and step.split))
+                   if step.kind in (B, W) or step.defers_w)
 
 
 def _InPhase(act: Action, phase: str) -> bool:
@@ -279,7 +287,7 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
         if act.kind in (B, BW, FB) and s == b:
           got_dskip[i][t + 1] = m
     if act.kind == FB:
-      step = Step(FB, s, True, schedule.SplitBackward(s, m))
+      step = Step(FB, s, True, schedule.DefersW(s, m))
     elif act.kind == W:
       step = Step(W, s)
     else:
@@ -295,3 +303,104 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
       tuple(tuple(r) for r in micro), tuple(tuple(r) for r in got_y),
       tuple(tuple(r) for r in got_dx), skips,
       tuple(tuple(r) for r in got_skip), tuple(tuple(r) for r in got_dskip))
+
+
+# A step's name scope in a built step's graph (tick_graph): its stage, kind
+# and micro-batch ('mb3') when built at its own tick, or its tick program
+# column ('t7') when built in a loop's body; a switch loop's branch has none.
+_SCOPE = re.compile(r'(?:^|/)stage(\d+)_([A-Z]+)(?:_(mb|t)(\d+))?/')
+
+
+def Scope(step: Step, micro_batch: int | None = None,
+          column: int | None = None) -> str:
+  """The name scope tick_graph builds `step` under (FindScope reads it)."""
+  at = (f'_mb{micro_batch}' if micro_batch is not None else
+        '' if column is None else f'_t{column}')
+  return f'stage{step.stage}_{step.kind}{at}'
+
+
+def FindScope(text: str) -> tuple[int, str, int | None, int | None] | None:
+  """(stage, kind, micro-batch or None, column or None) of the first step
+  scope (Scope) in `text` (an op's name, an error message), or None."""
+  found = _SCOPE.search(text)
+  if not found:
+    return None
+  n = None if found.group(4) is None else int(found.group(4))
+  return (int(found.group(1)), found.group(2), n if found.group(3) == 'mb'
+          else None, n if found.group(3) == 't' else None)
+
+
+class StepError(errors.Error, RuntimeError):
+  """An error raised while building or running one step of a tick program.
+
+  Its message names the action (stage, kind, micro-batch), its tick and its
+  device, and draws that device's row of the tick program with the action
+  marked '!'; the error it was raised from is its __cause__. (Raised inside
+  a function AutoGraph converts, it reaches the caller as TensorFlow's
+  StagingError holding its message, as every named error does.)
+
+  Attributes:
+    action: the action (for a step built once for several ticks, as in a
+      loop's body, the first it runs), or None where none is known.
+    tick: that action's tick, or None.
+    device: the device, or None.
+  """
+  action: Action | None = None
+  tick: int | None = None
+  device: int | None = None
+
+  def At(self, action: Action, tick: int, device: int) -> StepError:
+    """This error, with its place set."""
+    self.action, self.tick, self.device = action, tick, device
+    return self
+
+
+def Where(program: TickProgram, stage: int, kind: str | None = None,
+          micro_batch: int | None = None, column: int | None = None
+          ) -> StepError:
+  """A StepError (without a cause) naming the first action of `program` of
+  `stage`, and of `kind`, `micro_batch` and tick `column` where given: its
+  message says which, at which tick on which device, then draws the
+  device's row with the action marked '!'."""
+  acts = sorted((t, a) for a, t in program.tick.items()
+                if a.stage == stage and kind in (None, a.kind) and
+                micro_batch in (None, a.micro_batch) and column in (None, t))
+  if not acts:
+    return StepError(f'stage {stage} ({kind or "any kind"}, micro-batch '
+                     f'{micro_batch}, tick {column}): no such action')
+  t, act = acts[0]
+  d = next(d for d, row in enumerate(program.grid) if row[t] == act)
+  more = '' if len(acts) == 1 else (
+      f' (the first of {len(acts)} actions it is built for)')
+  return StepError(
+      f'{act.kind} of stage {act.stage} on micro-batch {act.micro_batch} '
+      f'at tick {t} on device {d}{more}:\n'
+      + program.ToAscii(mark=(d, t)).splitlines()[d]).At(act, t, d)
+
+
+@contextlib.contextmanager
+def Naming(program: TickProgram, stage: int | None = None,
+           kind: str | None = None, micro_batch: int | None = None,
+           column: int | None = None) -> Iterator[None]:
+  """Building (or running) a step of `program`: an error raised inside is
+  raised again as a StepError from it, naming the action (Where) of
+  `stage`, `kind`, `micro_batch` and `column`. With no stage, the step is
+  the one whose name scope (Scope) the error's message names, and an error
+  that names none goes on as it is. A gpipe_tf error (errors.Error, which
+  already says what to change) keeps its type and gets the place as a
+  note."""
+  try:
+    yield
+  except StepError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    found = (stage, kind, micro_batch, column) if stage is not None else (
+        FindScope(str(e)))
+    if found is None:
+      raise
+    where = Where(program, *found)
+    if isinstance(e, errors.Error):
+      e.add_note(f'in {where}')
+      raise
+    raise StepError(f'{type(e).__name__} in {where}\n{e}').At(
+        where.action, where.tick, where.device) from e

@@ -16,6 +16,12 @@ draws its masks from a stateful seed generator, so a recomputed forward would
 drop other units than the forward it replays. The project's layers defer the
 moving statistics to one update per mini-batch and draw stateless masks from
 (step seed, micro-batch, layer), so the pipeline stays exact.
+
+Every other Keras layer that draws random numbers (attention dropout, RNN
+dropout, SpatialDropout, GaussianNoise, keras_hub's Transformer layers) is
+called inside keras_random.StatelessDraws: its seed generators give seeds
+derived from the same (step seed, micro-batch, layer), so its recomputed
+forward redraws the same numbers too.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import keras_flops
 from gpipe_tf.layers import keras_native
+from gpipe_tf.layers import keras_random
 from gpipe_tf.layers.keras_classes import KerasClassPath
 from gpipe_tf.layers.keras_classes import ResolveKerasClass
 from gpipe_tf.layers.keras_errors import KerasInputShapeError
@@ -218,9 +225,11 @@ class KerasLayer(base_layer.BaseLayer):
   ``precision``) the Keras layer computes under the Keras dtype policy of
   the same name for the call (its variables stay float32).
 
-  This layer deliberately does NOT run: Keras layers with stateful randomness
-  (seed generators: GaussianNoise, SpatialDropout, attention dropout > 0), any
-  layer holding a BatchNormalization inside (a nested model: bring its layers
+  Random draws (seed generators: GaussianNoise, SpatialDropout, attention
+  and RNN dropout) are stateless seeds from (step seed, micro-batch, layer),
+  repeated by a recompute (keras_random).
+
+  This layer deliberately does NOT run: any layer holding a BatchNormalization inside (a nested model: bring its layers
   one by one), regularisers or constraints (losses and projections a pipeline
   does not apply), or ``trainable=False``; they raise
   UnsupportedKerasLayerError. Keras masks are not propagated.
@@ -321,7 +330,8 @@ class KerasLayer(base_layer.BaseLayer):
       y = self.native.FProp(*args, training=training)
     else:
       with _KerasPolicy(self.keras_layer, precision.CurrentPolicy(),
-                        self.path):
+                        self.path), keras_random.StatelessDraws(
+                            self.keras_layer, self.layer_seed):
         y = self.keras_layer(*args, training=training, **kwargs)
     outs = tuple(tf.nest.flatten(y)) + tuple(inputs[i] for i in p.passthrough)
     return core.FromTuple(outs)
@@ -409,15 +419,18 @@ def _Symbolic(p: hyperparams.Params, shapes: Sequence[Shape]
 
 
 def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:
-  """Refuses stateful randomness and BatchNorm inside; checks the variables
-  are tf.Variables."""
+  """Refuses BatchNorm inside and variables that are neither weights nor
+  seed generator states; checks the weights are tf.Variables."""
   where = f"KerasLayer '{name}' ({type(layer).__name__})"
-  if len(layer.variables) != len(layer.weights):
+  states = {id(g.state) for g in keras_random.SeedGenerators(layer)}
+  weights = {id(w) for w in layer.weights}
+  other = [v for v in layer.variables
+           if id(v) not in weights and id(v) not in states]
+  if other:
     raise UnsupportedKerasLayerError(
-        f'{where} draws random numbers from a Keras seed generator, so a '
-        'recomputed forward would not repeat them: remove the randomness '
-        '(e.g. dropout=0.0) and use keras.layers.Dropout as its own layer, '
-        "which runs as gpipe_tf's DropoutLayer.")
+        f"{where} holds variable '{other[0].path}', which is neither a "
+        'weight nor a seed generator\'s state (a metric?): a pipeline would '
+        'neither train nor update it. Keep it out of the layer.')
   sublayers = layer._flatten_layers(include_self=False)  # pylint: disable=protected-access
   inner = [l for l in sublayers
            if isinstance(l, keras.layers.BatchNormalization)]

@@ -55,7 +55,7 @@ from tools import keras_zoo_table as table_lib
 Row = table_lib.Row
 
 __all__ = ['APPLICATIONS', 'HUB', 'Build', 'KerasStep', 'Names', 'PipelineStep',
-           'Run', 'SquaredError', 'main']
+           'Run', 'SquaredError', 'UnpipelinedStep', 'main']
 
 _MODELS = flags.DEFINE_list('zoo_models', None, 'Models to run (default: all).')
 _PARTITIONS = flags.DEFINE_list('zoo_partitions', ['2', '4'], 'Values of K.')
@@ -227,6 +227,7 @@ def KerasStep(model: Any, x: Any, targets: Any, m: int,
 
 def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
                  per_example: Callable[[Any, Any], Any] = SquaredError,
+                 step_seed: Sequence[int] | None = None,
                  **settings: Any) -> tuple[Any, Any, list]:
   """One pipelined step over `model` converted, from the model's weights.
 
@@ -243,6 +244,8 @@ def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
     targets: what `per_example` compares the outputs with.
     m: the number of micro-batches.
     per_example: (outputs, targets) -> the loss of each example.
+    step_seed: the step seed (two ints) the random draws derive from
+      (random_seeds.StepSeedScope); None: a fresh one.
     **settings: other PipeliningLayer Params fields.
 
   Returns:
@@ -257,12 +260,65 @@ def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
   pipe = pipeline.PipeliningLayer.Params().Set(
       name='net', layers=params, num_micro_batches=m, **settings).Instantiate()
   pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
-  loss, _, grads = pipe.ComputeLossAndGradients(
-      x if isinstance(x, tuple) else (x,), targets,
-      lambda o, t: loss_lib.LossTerms(per_example(o, t)))
+  with _SeedScope(step_seed):
+    loss, _, grads = pipe.ComputeLossAndGradients(
+        x if isinstance(x, tuple) else (x,), targets,
+        lambda o, t: loss_lib.LossTerms(per_example(o, t)))
   by_var = dict(zip(map(id, pipe.trainable_variables), grads))
   return pipe, loss, [by_var[id(pairs[id(v)])]
                       for v in model.trainable_variables]
+
+
+def _SeedScope(step_seed: Sequence[int] | None) -> Any:
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
+  if step_seed is None:
+    return contextlib.nullcontext()
+  return random_seeds.StepSeedScope(tf.constant(list(step_seed), tf.int64))
+
+
+def UnpipelinedStep(model: Any, params: list, x: Any, targets: Any, m: int,
+                    step_seed: Sequence[int],
+                    per_example: Callable[[Any, Any], Any] = SquaredError
+                    ) -> tuple[Any, list]:
+  """PipelineStep's step without a pipeline: what a pipeline with random
+  draws (dropout, noise) must equal.
+
+  A SequentialLayer over the same `params`, with `model`'s weights, runs
+  micro-batch i in turn under the step seed a pipeline gives it,
+  ``FoldIn(step_seed, i)``, so every layer draws the masks it draws in the
+  pipeline at any K, schedule and recompute; the loss is the mean of
+  `per_example` over all examples.
+
+  Returns:
+    (loss, its gradients in the order of model.trainable_variables).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
+  seq = layers.SequentialLayer.Params().Set(name='net',
+                                            layers=params).Instantiate()
+  pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(seq, model)}
+  flat_x, flat_t = tf.nest.flatten(x), tf.nest.flatten(targets)
+  xs, ts = microbatch.Split(flat_x, m), microbatch.Split(flat_t, m)
+  step = tf.constant(list(step_seed), tf.int64)
+  with tf.GradientTape() as tape:
+    total = 0.0
+    for i, (xm, tm) in enumerate(zip(xs, ts)):
+      xm = tf.nest.pack_sequence_as(x, xm)
+      with random_seeds.StepSeedScope(random_seeds.FoldIn(step, i)):
+        y = seq.FProp(*(xm if isinstance(xm, tuple) else (xm,)),
+                      training=True)
+      total += tf.reduce_sum(per_example(
+          y, tf.nest.pack_sequence_as(targets, tm)))
+    loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
+  by_var = dict(zip(map(id, seq.trainable_variables),
+                    tape.gradient(loss, seq.trainable_variables)))
+  return loss, [tf.convert_to_tensor(by_var[id(pairs[id(v)])])
+                for v in model.trainable_variables]
 
 
 def _AsFloat64(x: Any) -> Any:

@@ -306,6 +306,7 @@ class KerasLayer(base_layer.BaseLayer):
       args, kwargs = _Symbolic(p, self._shapes)
       layer(*args, **kwargs)  # Builds the variables for these shapes.
     _CheckBuilt(p.name, layer)
+    _Unroll(p.name, layer, self._shapes)
     self._keras = _Hidden(layer)
     self.keras_weights = [v.value for v in layer.weights]
     _OWNERS[self.path] = self
@@ -416,6 +417,38 @@ def _Symbolic(p: hyperparams.Params, shapes: Sequence[Shape]
               ) -> tuple[list, dict]:
   """Keras symbolic tensors of `shapes`, routed as FProp routes inputs."""
   return _Route(p, [keras.KerasTensor(s) for s in shapes])
+
+
+def _Unroll(name: str, layer: keras.layers.Layer,
+            shapes: Sequence[Shape]) -> None:
+  """Makes every recurrent layer in `layer` run unrolled over time.
+
+  A pipeline cell's programs are pruned out of one traced function
+  (cell_program), and TensorFlow cannot prune a tf.while_loop that reads
+  variables (lift_to_graph fails on the loop's resource outputs), which is
+  how Keras runs an RNN; unrolled, the same steps are plain ops.
+
+  Raises:
+    UnsupportedKerasLayerError: a stateful RNN (its state would carry from
+      one micro-batch to the next), or a time dimension that is not fixed.
+  """
+  rnns = [l for l in layer._flatten_layers(include_self=True)  # pylint: disable=protected-access
+          if isinstance(l, keras.layers.RNN)]
+  where = f"KerasLayer '{name}' ({type(layer).__name__})"
+  for rnn in rnns:
+    if rnn.stateful:
+      raise UnsupportedKerasLayerError(
+          f"{where}: '{rnn.name}' is stateful, so its state would pass from "
+          'one micro-batch to the next: set stateful=False and feed the '
+          'state as initial_state.')
+  if rnns and (len(shapes[0]) < 2 or shapes[0][1] is None):
+    raise UnsupportedKerasLayerError(
+        f'{where} runs a recurrent layer, which a pipeline runs unrolled '
+        f'over time, but its input shape {shapes[0]} has no fixed time '
+        'dimension: give keras.Input a fixed sequence length, e.g. '
+        'keras.Input((20, 8)).')
+  for rnn in rnns:
+    rnn.unroll = True
 
 
 def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:

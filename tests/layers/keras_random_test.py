@@ -9,11 +9,10 @@ test_utils.SetUpDevices()
 import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
 from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import keras_random  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
-from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
+from tools import keras_zoo  # pylint: disable=g-import-not-at-top
 
 _STEP_SEED = (11, 5)
 
@@ -37,34 +36,6 @@ def _PerExample(outputs, targets):
   return tf.reduce_mean(tf.square(outputs - targets), axis=-1)
 
 
-def _Unpipelined(params, model, x, targets, m):
-  """A SequentialLayer over the same Params run on each micro-batch m in
-  the step seed the pipeline gives it, FoldIn(step seed, m): (loss,
-  gradients)."""
-  seq = layers.SequentialLayer.Params().Set(name='net',
-                                            layers=params).Instantiate()
-  pipeline.LoadKerasWeights(seq, model)
-  step = tf.constant(_STEP_SEED, tf.int64)
-  with tf.GradientTape() as tape:
-    total = 0.0
-    for i, (xm, tm) in enumerate(zip(tf.split(x, m), tf.split(targets, m))):
-      with random_seeds.StepSeedScope(random_seeds.FoldIn(step, i)):
-        total += tf.reduce_sum(_PerExample(seq.FProp(xm, training=True), tm))
-    loss = total / x.shape[0]
-  return loss, tape.gradient(loss, seq.trainable_variables)
-
-
-def _Pipelined(params, model, x, targets, m, schedule):
-  pipe = pipeline.PipeliningLayer.Params().Set(
-      name='net', layers=params, num_partitions=2, num_micro_batches=m,
-      schedule=schedule, remat='always').Instantiate()
-  pipeline.LoadKerasWeights(pipe, model)
-  with random_seeds.StepSeedScope(tf.constant(_STEP_SEED, tf.int64)):
-    loss, _, grads = pipe.ComputeLossAndGradients(
-        (x,), targets, lambda o, t: loss_lib.LossTerms(_PerExample(o, t)))
-  return loss, grads
-
-
 class KerasRandomTest(tf.test.TestCase):
 
   def testPipelinedEqualsUnpipelinedWithTheSameSeeds(self):
@@ -72,10 +43,15 @@ class KerasRandomTest(tf.test.TestCase):
     params = pipeline.FromKeras(model)
     x = tf.random.stateless_normal([8, 6, 8], seed=[1, 2])
     targets = tf.random.stateless_normal([8, 3], seed=[1, 3])
-    want_loss, want = _Unpipelined(params, model, x, targets, 4)
+    # The same Params in a SequentialLayer, micro-batch m under the step
+    # seed FoldIn(step, m) that a pipeline gives it.
+    want_loss, want = keras_zoo.UnpipelinedStep(
+        model, params, x, targets, 4, _STEP_SEED, _PerExample)
     for schedule in ('gpipe', '1f1b', 'zb_h1'):
       with self.subTest(schedule=schedule):
-        loss, got = _Pipelined(params, model, x, targets, 4, schedule)
+        _, loss, got = keras_zoo.PipelineStep(
+            model, params, x, targets, 4, _PerExample, step_seed=_STEP_SEED,
+            num_partitions=2, schedule=schedule, remat='always')
         self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
         for a, b in zip(want, got):
           self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)

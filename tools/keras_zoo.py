@@ -222,7 +222,11 @@ def KerasStep(model: Any, x: Any, targets: Any, m: int,
         tf.nest.pack_sequence_as(targets, tm))) for xm, tm in zip(xs, ts)])
     loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
   grads = tape.gradient(loss, model.trainable_variables)
-  return loss, [tf.convert_to_tensor(g) for g in grads]
+  # A variable the loss does not read (an untied output embedding of a
+  # backbone) has no gradient; the pipeline gives it zeros.
+  return loss, [tf.zeros(v.shape, v.dtype) if g is None else
+                tf.convert_to_tensor(g)
+                for v, g in zip(model.trainable_variables, grads)]
 
 
 def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
@@ -255,6 +259,7 @@ def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
   Raises:
     KeyError: a trainable Keras variable has no gradient in the pipeline.
   """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
   pipe = pipeline.PipeliningLayer.Params().Set(
@@ -265,8 +270,9 @@ def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
         x if isinstance(x, tuple) else (x,), targets,
         lambda o, t: loss_lib.LossTerms(per_example(o, t)))
   by_var = dict(zip(map(id, pipe.trainable_variables), grads))
-  return pipe, loss, [by_var[id(pairs[id(v)])]
-                      for v in model.trainable_variables]
+  return pipe, loss, [
+      tf.zeros(v.shape, v.dtype) if by_var[id(pairs[id(v)])] is None
+      else by_var[id(pairs[id(v)])] for v in model.trainable_variables]
 
 
 def _SeedScope(step_seed: Sequence[int] | None) -> Any:
@@ -317,7 +323,8 @@ def UnpipelinedStep(model: Any, params: list, x: Any, targets: Any, m: int,
     loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
   by_var = dict(zip(map(id, seq.trainable_variables),
                     tape.gradient(loss, seq.trainable_variables)))
-  return loss, [tf.convert_to_tensor(by_var[id(pairs[id(v)])])
+  return loss, [tf.zeros(v.shape, v.dtype) if by_var[id(pairs[id(v)])] is None
+                else tf.convert_to_tensor(by_var[id(pairs[id(v)])])
                 for v in model.trainable_variables]
 
 

@@ -41,6 +41,7 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import keras_flops
 from gpipe_tf.layers import keras_native
 from gpipe_tf.layers import keras_random
+from gpipe_tf.layers.keras_classes import FromConfig
 from gpipe_tf.layers.keras_classes import KerasClassPath
 from gpipe_tf.layers.keras_classes import ResolveKerasClass
 from gpipe_tf.layers.keras_errors import KerasInputShapeError
@@ -302,7 +303,7 @@ class KerasLayer(base_layer.BaseLayer):
       self.keras_weights = list(owner.keras_weights)  # Tracked: read here.
       return
     with _BuildScope(self.path), _SeededInitializers(self.layer_seed):
-      layer = self._cls.from_config(dict(config, name=self.name))
+      layer = FromConfig(self._cls, dict(config, name=self.name))
       args, kwargs = _Symbolic(p, self._shapes)
       layer(*args, **kwargs)  # Builds the variables for these shapes.
     _CheckBuilt(p.name, layer)
@@ -356,7 +357,7 @@ class KerasLayer(base_layer.BaseLayer):
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)
     # The state of Python's random is restored after Keras draws seeds.
     with tf.Graph().as_default(), _SeededInitializers(0):
-      layer = kcls.from_config(dict(config, name=re.sub(r'\W', '_', p.name)))
+      layer = FromConfig(kcls, dict(config, name=re.sub(r'\W', '_', p.name)))
       args, kwargs = _Symbolic(p, shapes)
       outs = [tuple(t.shape) for t in tf.nest.flatten(layer(*args, **kwargs))]
       num_params = sum(base_layer.NumElements(w.shape) for w in layer.weights)

@@ -37,6 +37,10 @@ the sum of the gradients of every call, as in Keras.
 SequentialLayer or PipeliningLayer (or any tf.Module holding KerasLayers)
 over those Params.
 
+A layer's config comes from keras_config.Config: its get_config() when that
+round-trips, else its constructor arguments (recorded by Keras, or read back
+from its attributes and checked by its outputs).
+
 This module deliberately does NOT convert a subclassed model (it has no
 graph: its layers can be imported one by one), Keras masks, or a call with
 constant positional arguments to a layer (not an operation); it raises
@@ -53,11 +57,10 @@ import tensorflow as tf
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import keras_layer
 from gpipe_tf.layers import keras_ops
+from gpipe_tf.pipeline import keras_config
 from gpipe_tf.pipeline import keras_graph
 
 __all__ = ['FromKeras', 'KerasModelError', 'LoadKerasWeights']
-
-_LITERALS = (type(None), bool, int, float, str)
 
 KerasModelError = keras_graph.KerasModelError
 
@@ -134,7 +137,8 @@ def FromKeras(model: keras.Model, skips: bool = True
                   passthrough=[index[k] for k in keep + stash],
                   stash=names, pop=pop)
     if isinstance(call.operation, keras.layers.Layer):
-      params.append(_LayerParams(call, index, where).Set(**common))
+      params.append(_LayerParams(call, index, where, tensors).Set(
+          **common))
     else:
       params.append(_OpParams(call, index, where, live, tensors).Set(
           **common))
@@ -198,8 +202,8 @@ def _Dtype(tensor: Any) -> str:
   return keras.backend.standardize_dtype(tensor.dtype)
 
 
-def _LayerParams(call: keras_graph.Call, index: dict, where: str
-                 ) -> hyperparams.InstantiableParams:
+def _LayerParams(call: keras_graph.Call, index: dict, where: str,
+                 tensors_of: dict) -> hyperparams.InstantiableParams:
   """A KerasLayer's Params for a layer call."""
   layer = call.operation
 
@@ -224,10 +228,9 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str
     if _Keys(value):
       tensors[key] = _Index(value, f'keyword argument {key}')
     else:
-      _CheckLiteral(call.name, value, f'keyword argument {key}')
+      keras_config.CheckLiteral(call.name, value, f'keyword argument {key}')
       constants[key] = value
-  config = {k: v for k, v in layer.get_config().items() if k != 'name'}
-  _CheckLiteral(call.name, config, 'config')
+  config = keras_config.Config(layer, call, tensors_of, where)
   return keras_layer.KerasLayer.Params().Set(
       keras_class=keras_layer.KerasClassPath(type(layer)), config=config,
       inputs=args, input_kwargs=tensors, call_kwargs=constants,
@@ -258,7 +261,7 @@ def _OpParams(call: keras_graph.Call, index: dict, where: str, live: list,
   """A KerasOpLayer's Params for an operation node."""
   op = call.operation
   config = op.get_config()
-  _CheckLiteral(call.name, config, 'config')
+  keras_config.CheckLiteral(call.name, config, 'config')
   try:
     path = keras_layer.KerasClassPath(type(op))
   except keras_layer.UnknownKerasClassError:
@@ -317,19 +320,3 @@ def LoadKerasWeights(layer: tf.Module, model: keras.Model
   for m in found:
     pairs += m.LoadKerasWeights(by_name[m.p.name])
   return pairs
-
-
-def _CheckLiteral(name: str, value: Any, where: str) -> None:
-  """Raises unless `value` is built of literals Params can write as text."""
-  if isinstance(value, dict):
-    for k, v in value.items():
-      _CheckLiteral(name, k, where)
-      _CheckLiteral(name, v, where)
-  elif isinstance(value, (list, tuple)):
-    for v in value:
-      _CheckLiteral(name, v, where)
-  elif not isinstance(value, _LITERALS):
-    raise keras_layer.UnsupportedKerasLayerError(
-        f"Keras layer '{name}': its {where} holds a {type(value).__name__}, "
-        'which Params cannot hold as text; give the layer a config of '
-        'literals (register custom objects and serialise them by name).')

@@ -503,8 +503,9 @@ class FromKerasTest(tf.test.TestCase):
                                 'no layer or operation'):
       pipeline.FromKeras(keras.Model(inputs, inputs))
     with self.assertRaisesRegex(layers.keras_layer.UnsupportedKerasLayerError,
-                                "'add.*ndarray.*keras.Input"):
-      pipeline.FromKeras(keras.Model(inputs, inputs + np.ones([4], 'f4')))
+                                "'add.*5000 elements.*keras.Input"):
+      pipeline.FromKeras(keras.Model(inputs,
+                                     inputs + np.ones([1250, 4], 'f4')))
     self.assertTrue(issubclass(pipeline.KerasModelError, errors.Error))
 
   def _HeavyOpDtypes(self, pipe, x, y):

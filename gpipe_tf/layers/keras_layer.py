@@ -300,6 +300,7 @@ class KerasLayer(base_layer.BaseLayer):
             f'KerasLayer of class {p.keras_class} built before it under the '
             'same parent: list the first call of a shared layer first.')
       self._keras = owner._keras  # pylint: disable=protected-access
+      self._loop = owner._loop  # pylint: disable=protected-access
       self.keras_weights = list(owner.keras_weights)  # Tracked: read here.
       return
     with _BuildScope(self.path), _SeededInitializers(self.layer_seed):
@@ -307,7 +308,7 @@ class KerasLayer(base_layer.BaseLayer):
       args, kwargs = _Symbolic(p, self._shapes)
       layer(*args, **kwargs)  # Builds the variables for these shapes.
     _CheckBuilt(p.name, layer)
-    _Unroll(p.name, layer, self._shapes)
+    self._loop = _HasLoop(p.name, layer)
     self._keras = _Hidden(layer)
     self.keras_weights = [v.value for v in layer.weights]
     _OWNERS[self.path] = self
@@ -333,7 +334,10 @@ class KerasLayer(base_layer.BaseLayer):
     else:
       with _KerasPolicy(self.keras_layer, precision.CurrentPolicy(),
                         self.path), keras_random.StatelessDraws(
-                            self.keras_layer, self.layer_seed):
+                            self.keras_layer, self.layer_seed), (
+                                _WeightValues(self.keras_layer)
+                                if self._loop
+                                else contextlib.nullcontext()):
         y = self.keras_layer(*args, training=training, **kwargs)
     outs = tuple(tf.nest.flatten(y)) + tuple(inputs[i] for i in p.passthrough)
     return core.FromTuple(outs)
@@ -420,36 +424,35 @@ def _Symbolic(p: hyperparams.Params, shapes: Sequence[Shape]
   return _Route(p, [keras.KerasTensor(s) for s in shapes])
 
 
-def _Unroll(name: str, layer: keras.layers.Layer,
-            shapes: Sequence[Shape]) -> None:
-  """Makes every recurrent layer in `layer` run unrolled over time.
+def _HasLoop(name: str, layer: keras.layers.Layer) -> bool:
+  """Whether `layer` runs a recurrent layer (a tf.while_loop over time).
 
   A pipeline cell's programs are pruned out of one traced function
   (cell_program), and TensorFlow cannot prune a tf.while_loop that reads
-  variables (lift_to_graph fails on the loop's resource outputs), which is
-  how Keras runs an RNN; unrolled, the same steps are plain ops.
+  variables (lift_to_graph fails on the loop's resource outputs), so such a
+  layer is called with its weights read first (_WeightValues).
 
   Raises:
     UnsupportedKerasLayerError: a stateful RNN (its state would carry from
-      one micro-batch to the next), or a time dimension that is not fixed.
+      one micro-batch to the next).
   """
   rnns = [l for l in layer._flatten_layers(include_self=True)  # pylint: disable=protected-access
           if isinstance(l, keras.layers.RNN)]
-  where = f"KerasLayer '{name}' ({type(layer).__name__})"
   for rnn in rnns:
     if rnn.stateful:
       raise UnsupportedKerasLayerError(
-          f"{where}: '{rnn.name}' is stateful, so its state would pass from "
-          'one micro-batch to the next: set stateful=False and feed the '
-          'state as initial_state.')
-  if rnns and (len(shapes[0]) < 2 or shapes[0][1] is None):
-    raise UnsupportedKerasLayerError(
-        f'{where} runs a recurrent layer, which a pipeline runs unrolled '
-        f'over time, but its input shape {shapes[0]} has no fixed time '
-        'dimension: give keras.Input a fixed sequence length, e.g. '
-        'keras.Input((20, 8)).')
-  for rnn in rnns:
-    rnn.unroll = True
+          f"KerasLayer '{name}' ({type(layer).__name__}): '{rnn.name}' is "
+          'stateful, so its state would pass from one micro-batch to the '
+          'next: set stateful=False and feed the state as initial_state.')
+  return bool(rnns)
+
+
+def _WeightValues(layer: keras.layers.Layer) -> Any:
+  """A scope in which `layer`'s weights are the tensors read from them
+  before the call (keras.StatelessScope), so that a tf.while_loop inside
+  captures tensors, not variables; gradients flow through the reads."""
+  return keras.StatelessScope(
+      [(w, tf.convert_to_tensor(w.value)) for w in layer.weights])
 
 
 def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:

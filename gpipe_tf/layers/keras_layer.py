@@ -134,7 +134,7 @@ def _Route(p: hyperparams.Params, xs: Sequence[Any]) -> tuple[list, dict]:
 
 def _CheckRouting(p: hyperparams.Params, num_inputs: int) -> None:
   used = _Indices(list(p.inputs or [])) + _Indices(dict(p.input_kwargs))
-  used += list(p.passthrough)
+  used += list(p.passthrough) + [i for pair in p.input_masks for i in pair]
   bad = [i for i in used if isinstance(i, bool) or not isinstance(i, int)
          or not 0 <= i < num_inputs]
   if bad:
@@ -233,7 +233,9 @@ class KerasLayer(base_layer.BaseLayer):
   This layer deliberately does NOT run: any layer holding a BatchNormalization inside (a nested model: bring its layers
   one by one), regularisers or constraints (losses and projections a pipeline
   does not apply), or ``trainable=False``; they raise
-  UnsupportedKerasLayerError. Keras masks are not propagated.
+  UnsupportedKerasLayerError. A Keras mask reaches the layer through
+  ``input_masks`` (FromKeras sets them for every masked argument), since
+  the attribute Keras attaches to a tensor does not cross cells.
   """
 
   @classmethod
@@ -263,6 +265,12 @@ class KerasLayer(base_layer.BaseLayer):
              "{'use_causal_mask': True}.")
     p.Define('passthrough', [],
              'FProp input indices returned unchanged after the outputs.')
+    p.Define('input_masks', [],
+             '[input, mask] pairs of FProp input indices: before the call, '
+             "input `input` carries input `mask` as its Keras mask, as "
+             'Keras tensors carry theirs (Embedding mask_zero, Masking), so '
+             'the layer gets it as Keras gives it (mask=, query_mask=, '
+             'value_mask=, or read off the tensor).')
     p.Define('share', None,
              'The name of an earlier KerasLayer under the same parent whose '
              'Keras layer (and so variables) this one calls again: a layer '
@@ -324,6 +332,8 @@ class KerasLayer(base_layer.BaseLayer):
     _CheckShapes(p, self._cls, self._shapes,
                  [getattr(x, 'shape', None) for x in inputs], self.path)
     args, kwargs = _Route(p, inputs)
+    for i, j in p.input_masks:
+      keras.src.backend.set_keras_mask(inputs[i], inputs[j])
     if self.keras_layer is None and self.KEEP_FLOAT32:
       # float32 statistics for 16-bit inputs; a float64 model keeps float64.
       wide = tf.float64 if args[0].dtype == tf.float64 else tf.float32

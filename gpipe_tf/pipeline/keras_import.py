@@ -41,8 +41,13 @@ A layer's config comes from keras_config.Config: its get_config() when that
 round-trips, else its constructor arguments (recorded by Keras, or read back
 from its attributes and checked by its outputs).
 
+A Keras mask rides beside its tensor: each call reads the masks its
+arguments carry (keras_graph.Call.masks) like any other tensor, and a
+KerasLayer's ``input_masks`` hands them to the Keras layer on its inputs.
+
 This module deliberately does NOT convert a subclassed model (it has no
-graph: its layers can be imported one by one), Keras masks, or a call with
+graph: its layers can be imported one by one), a nested model called on a
+masked tensor, or a call with
 constant positional arguments to a layer (not an operation); it raises
 KerasModelError saying what to change.
 """
@@ -92,7 +97,7 @@ def FromKeras(model: keras.Model, skips: bool = True
   flat_outputs = keras.tree.flatten(graph.outputs)
   last_use, uses = {}, {}
   for i, call in enumerate(graph.calls):
-    for k in _Keys((call.args, call.kwargs)):
+    for k in _Reads(call):
       last_use[k] = i
       uses.setdefault(k, []).append(i)
   for k in flat_outputs:
@@ -111,8 +116,7 @@ def FromKeras(model: keras.Model, skips: bool = True
         by_name_only=graph.dict_inputs, input_shapes=_Shapes(live, tensors),
         input_dtypes=[_Dtype(tensors[k]) for k in live]))
   for i, call in enumerate(graph.calls):
-    popped = [k for k in _Unique(_Keys((call.args, call.kwargs)))
-              if k in stashed]
+    popped = [k for k in _Unique(_Reads(call)) if k in stashed]
     pop = [stashed.pop(k) for k in popped]
     live = live + popped
     index = {}
@@ -127,12 +131,6 @@ def FromKeras(model: keras.Model, skips: bool = True
              for j, k in enumerate(stash)]
     stashed.update(zip(stash, names))
     where = f"Keras model '{model.name}': '{call.name}'"
-    if any(getattr(tensors[k], '_keras_mask', None) is not None
-           for k in call.outputs):
-      raise KerasModelError(
-          f'{where} makes a Keras mask (mask_zero, Masking), which a '
-          'pipeline does not carry. Pass the mask (or paddings) as an input '
-          'tensor of the layers that use it, or drop mask_zero.')
     common = dict(name=call.name, input_shapes=_Shapes(live, tensors),
                   passthrough=[index[k] for k in keep + stash],
                   stash=names, pop=pop)
@@ -158,6 +156,16 @@ def FromKeras(model: keras.Model, skips: bool = True
         name='outputs', input_shapes=_Shapes(live, tensors),
         structure=_Template(graph.outputs, index), pop=pop))
   return params
+
+
+def _Reads(call: keras_graph.Call) -> list:
+  """The Keys a call reads: its arguments', and a layer's the masks they
+  carry (Keras hands a layer the masks of its inputs; operations ignore
+  them)."""
+  keys = _Keys((call.args, call.kwargs))
+  if isinstance(call.operation, keras.layers.Layer):
+    keys += list(call.masks.values())
+  return keys
 
 
 def _Unique(keys: list) -> list:
@@ -219,12 +227,8 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str,
   args = [_Index(a, 'positional argument') for a in call.args]
   tensors, constants = {}, {}
   for key, value in call.kwargs.items():
-    if key == 'training' or (key == 'mask' and value is None):
+    if key == 'training' or (key.endswith('mask') and value is None):
       continue  # The pipeline passes training; Keras adds mask=None.
-    if key == 'mask':
-      raise KerasModelError(
-          f'{where} takes a mask; a pipeline does not carry Keras masks. '
-          'Pass the mask as an input tensor of a layer that applies it.')
     if _Keys(value):
       tensors[key] = _Index(value, f'keyword argument {key}')
     else:
@@ -234,6 +238,7 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str,
   return keras_layer.KerasLayer.Params().Set(
       keras_class=keras_layer.KerasClassPath(type(layer)), config=config,
       inputs=args, input_kwargs=tensors, call_kwargs=constants,
+      input_masks=[[index[k], index[m]] for k, m in call.masks.items()],
       share=call.first)
 
 

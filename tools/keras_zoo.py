@@ -167,7 +167,7 @@ def _Float64Twin(name: str, model: Any, built: str) -> Any:
 
 def _NoDropout(model: Any) -> None:
   import keras  # pylint: disable=g-import-not-at-top
-  for layer in model._flatten_layers():  # pylint: disable=protected-access
+  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
     if isinstance(layer, keras.layers.Dropout):
       layer.rate = 0.0
 
@@ -248,6 +248,7 @@ def KerasStep(model: Any, x: Any, targets: Any, m: int,
 def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
                  per_example: Callable[[Any, Any], Any] = SquaredError,
                  step_seed: Sequence[int] | None = None,
+                 no_dropout: bool = False,
                  **settings: Any) -> tuple[Any, Any, list]:
   """One pipelined step over `model` converted, from the model's weights.
 
@@ -266,6 +267,9 @@ def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
     per_example: (outputs, targets) -> the loss of each example.
     step_seed: the step seed (two ints) the random draws derive from
       (random_seeds.StepSeedScope); None: a fresh one.
+    no_dropout: set the rate of every keras.layers.Dropout inside the built
+      Keras layers to 0, as _NoDropout does to `model` (a Dropout nested in
+      a custom layer is rebuilt from that layer's config, at its rate).
     **settings: other PipeliningLayer Params fields.
 
   Returns:
@@ -281,6 +285,10 @@ def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
   pipe = pipeline.PipeliningLayer.Params().Set(
       name='net', layers=params, num_micro_batches=m, **settings).Instantiate()
   pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+  if no_dropout:
+    for m in pipe.submodules:
+      if getattr(m, 'keras_layer', None) is not None:
+        _NoDropout(m.keras_layer)
   with _SeedScope(step_seed):
     loss, _, grads = pipe.ComputeLossAndGradients(
         x if isinstance(x, tuple) else (x,), targets,
@@ -408,7 +416,8 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
     start = time.time()
     try:
       _, _, got = PipelineStep(model, params, x, targets, m,
-                               num_partitions=k, schedule=sched)
+                               num_partitions=k, schedule=sched,
+                               no_dropout=True)
       diff, keras_error, pipeline_error = table_lib.Errors(
           got, keras32, keras32 if truth is None else truth)
       if truth is None:

@@ -34,7 +34,7 @@ from gpipe_tf.layers import keras_classes
 from gpipe_tf.layers import keras_errors
 from gpipe_tf.pipeline import keras_graph
 
-__all__ = ['CheckLiteral', 'Config']
+__all__ = ['CheckLiteral', 'Config', 'Plain']
 
 _LITERALS = (type(None), bool, int, float, str)
 
@@ -57,6 +57,18 @@ def CheckLiteral(name: str, value: Any, where: str) -> None:
         f"Keras layer '{name}': its {where} holds a {type(value).__name__}, "
         'which Params cannot hold as text; give the layer a config of '
         'literals (register custom objects and serialise them by name).')
+
+
+def Plain(value: Any) -> Any:
+  """`value` with Keras's tracked lists and dicts (which hold the layer they
+  belong to, so copying Params would copy the layer) as plain ones."""
+  if isinstance(value, dict):
+    return {k: Plain(v) for k, v in value.items()}
+  if isinstance(value, tuple):
+    return tuple(Plain(v) for v in value)
+  if isinstance(value, list):
+    return [Plain(v) for v in value]
+  return value
 
 
 def Config(layer: keras.layers.Layer, call: Any, tensors: dict, where: str
@@ -82,7 +94,7 @@ def Config(layer: keras.layers.Layer, call: Any, tensors: dict, where: str
                      lambda: _Recorded(layer)),
                     ('its attributes', lambda: _FromAttributes(layer))):
     try:
-      config = {k: v for k, v in get().items() if k != 'name'}
+      config = {k: Plain(v) for k, v in get().items() if k != 'name'}
       CheckLiteral(call.name, config, 'config')
       with tf.Graph().as_default():  # Nothing built here is kept.
         keras_classes.FromConfig(type(layer), dict(config, name='check'))
@@ -116,6 +128,7 @@ def _LambdaConfig(layer: keras.layers.Lambda, name: str, where: str) -> dict:
         '(or register it with @keras.saving.register_keras_serializable()), '
         'or write a keras.layers.Layer subclass.')
   config['function'] = found
+  config = Plain(config)
   CheckLiteral(name, config, 'config')
   return config
 

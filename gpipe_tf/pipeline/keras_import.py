@@ -232,6 +232,7 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str,
     if _Keys(value):
       tensors[key] = _Index(value, f'keyword argument {key}')
     else:
+      value = keras_config.Plain(value)
       keras_config.CheckLiteral(call.name, value, f'keyword argument {key}')
       constants[key] = value
   config = keras_config.Config(layer, call, tensors_of, where)

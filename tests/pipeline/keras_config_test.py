@@ -71,6 +71,21 @@ class HiddenScale(BrokenConfig):
     return self.activation(self.dense(x)) * self.hidden
 
 
+class TrackedSizes(keras.layers.Layer):
+  """get_config() returns a list attribute, which Keras tracks (a
+  TrackedList holding the layer): keras_hub's QwenSparseMoeBlock."""
+
+  def __init__(self, sizes, **kwargs):
+    super().__init__(**kwargs)
+    self.sizes = list(sizes)
+
+  def call(self, x):
+    return x * float(sum(self.sizes))
+
+  def get_config(self):
+    return dict(super().get_config(), sizes=self.sizes)
+
+
 def Double(x):
   """A module-level function a Lambda calls: importable by name."""
   return x * 2.0
@@ -113,6 +128,15 @@ class KerasConfigTest(tf.test.TestCase):
     text = layers.SequentialLayer.Params().Set(name='net',
                                                layers=params).ToText()
     self.assertIn('RandomNormal', text)
+
+  def testConfigsArePlainPython(self):
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, TrackedSizes([1, 2], name='sizes')(inputs))
+    params = pipeline.FromKeras(model)
+    self.assertIs(type(params[0].config['sizes']), list)
+    net = layers.SequentialLayer.Params().Set(  # Copies the Params.
+        name='net', layers=params).Instantiate()
+    self.assertAllClose(net.FProp(self.x), self.x * 3.0)
 
   def testAttributesThatRebuildAnotherLayerAreRefused(self):
     inputs = keras.Input((5,))

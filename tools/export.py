@@ -48,7 +48,7 @@ from gpipe_tf import tasks
 from gpipe_tf.layers import core
 from gpipe_tf.train import checkpoints
 
-__all__ = ['ExportError', 'Export', 'DefineFlags', 'Run']
+__all__ = ['ExportError', 'Export', 'ExportLayer', 'DefineFlags', 'Run']
 
 
 class ExportError(errors.Error, ValueError):
@@ -180,6 +180,61 @@ def Export(experiment: base_experiment.ExperimentLike, logdir: str,
   module.task = task  # The variables the signatures read.
   tf.saved_model.save(module, export_dir, signatures=signatures)
   return path
+
+
+def ExportLayer(trained: Any, input_specs: dict[str, tf.TensorSpec],
+                export_dir: str) -> None:
+  """Writes a SavedModel serving a trained layer's forward, unpipelined.
+
+  For a layer trained outside the trainer: a ``PipelineModel``'s layer after
+  ``model.fit``, e.g. over ``pipeline.FromKeras`` Params of a keras_hub
+  model (docs/keras.md, "Pretrained weights"). A SequentialLayer over the
+  same Params (Unpipelined) takes `trained`'s variables by path and serves::
+
+    serving_default(<input_specs' names>) -> {'outputs': y}, or y itself
+                                            when the layer returns a dict
+
+  Args:
+    trained: the built layer (a PipeliningLayer or any gpipe_tf layer)
+      holding the trained variables; its own Params are rebuilt.
+    input_specs: the inputs by name (any batch size: None). A chain that
+      starts with KerasInputs takes them as a dict; another layer takes
+      them positionally, in this order.
+    export_dir: where the SavedModel goes; must not exist or be empty.
+
+  Raises:
+    ExportError: export_dir is not empty, or `trained` lacks a variable of
+      the layer (other Params).
+  """
+  if tf.io.gfile.exists(export_dir) and tf.io.gfile.listdir(export_dir):
+    raise ExportError(f'export_dir={export_dir} is not empty; pass a new '
+                      'directory (export never overwrites one).')
+  layer_params = trained.p
+  layer = Unpipelined(layer_params).Instantiate()
+  have = {v.name: v for v in trained.variables}
+  missing = [v.name for v in layer.variables if v.name not in have]
+  if missing or len(have) != len(trained.variables):
+    raise ExportError(
+        f'the trained layer has no variables {missing[:5]} (or two of one '
+        'name).')
+  for v in layer.variables:
+    v.assign(have[v.name])
+  first = (layer_params.layers[0] if 'layers' in layer_params
+           else layer_params)
+  by_name = getattr(first, 'cls', None) is not None and (
+      first.cls.__name__ == 'KerasInputs')
+
+  def _Serve(**xs):
+    y = (layer.FProp(dict(xs), training=False) if by_name else
+         layer.FProp(*[xs[k] for k in input_specs], training=False))
+    return y if isinstance(y, dict) else {'outputs': y}
+
+  specs = {k: tf.TensorSpec(s.shape, s.dtype, name=k)
+           for k, s in input_specs.items()}
+  module = tf.Module()
+  module.layer = layer  # The variables the signature reads.
+  tf.saved_model.save(module, export_dir, signatures={
+      'serving_default': tf.function(_Serve).get_concrete_function(**specs)})
 
 
 def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -2,14 +2,18 @@
 
 Every keras.applications architecture is built with random weights
 (weights=None) at the smallest of 32, 64, 75 and 96 pixels it accepts, and
-keras_hub's GPT-2 and BERT backbones and task models from tiny configs (no
-presets, no downloads). Each is converted with ``pipeline.FromKeras``, run
-at each K and schedule for one training step (``ComputeLossAndGradients``,
-M = 4 micro-batches of 4 examples), and compared with Keras's own
-``tf.GradientTape`` step over the same micro-batches (BatchNormalization
-normalises each micro-batch in both). Dropout rates are set to 0 first: a
-pipeline draws other masks than Keras. The loss is a squared error against
-random targets over every output, so each output's gradient counts.
+every keras_hub backbone class and four task models from tiny configs
+(keras_zoo_hub; no presets, no downloads). Each is converted with
+``pipeline.FromKeras``, run at each K and schedule for one training step
+(``ComputeLossAndGradients``, M = 4 micro-batches of 4 examples), and
+compared with Keras's own ``tf.GradientTape`` step over the same
+micro-batches (BatchNormalization normalises each micro-batch in both).
+Dropout rates are set to 0 first: a micro-batch's masks cannot equal a
+full-batch Keras step's. A keras_hub model that draws random numbers at its
+default settings is also stepped so, remat 'always', under the step seed
+SEED, and compared with UnpipelinedStep under the same seed (the row's
+seeded_diff). The loss is a squared error against random targets over
+every output, so each output's gradient counts.
 
 What "within float32 rounding" means: the same model is built a second
 time under Keras's ``float64`` policy with the same weights, and its tape
@@ -27,8 +31,9 @@ are taken once per model and shared by every K and schedule.
         --zoo_partitions=2 --zoo_schedules=gpipe
     python -m tools.keras_zoo --zoo_runs=4:zb_h1,2:gpipe # these pairs only
     python -m tools.keras_zoo --zoo_list                 # the model names
-    python -m tools.keras_zoo --zoo_results=benchmarks/keras_zoo/results.csv \\
-        --zoo_write_docs                                 # refresh docs/keras.md
+    python -m tools.keras_zoo --zoo_write_docs --zoo_results=\\
+        benchmarks/keras_zoo/results.csv,benchmarks/keras_zoo/keras_hub.csv
+                                                     # refresh the tables
 
 The table: model, layers (Params), K, schedule, status (converted, or the
 named error), max grad diff (the pipeline's float32 gradients against
@@ -42,6 +47,7 @@ the page is stale.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -54,8 +60,8 @@ from tools import keras_zoo_table as table_lib
 
 Row = table_lib.Row
 
-__all__ = ['APPLICATIONS', 'HUB', 'Build', 'KerasStep', 'Names', 'PipelineStep',
-           'Run', 'SquaredError', 'main']
+__all__ = ['APPLICATIONS', 'Build', 'KerasStep', 'Names', 'PipelineStep',
+           'Run', 'SquaredError', 'UnpipelinedStep', 'main']
 
 _MODELS = flags.DEFINE_list('zoo_models', None, 'Models to run (default: all).')
 _PARTITIONS = flags.DEFINE_list('zoo_partitions', ['2', '4'], 'Values of K.')
@@ -65,10 +71,12 @@ _RUNS = flags.DEFINE_list(
     'zoo_runs', None, 'K:schedule pairs to run (e.g. 4:zb_h1,2:gpipe) '
     'instead of every --zoo_partitions x --zoo_schedules.')
 _LIST = flags.DEFINE_bool('zoo_list', False, 'Print the model names and exit.')
-_RESULTS = flags.DEFINE_string('zoo_results', None,
-                               'Merge the rows into this CSV file (a row '
-                               'replaces the one of its model, K and '
-                               'schedule).')
+_RESULTS = flags.DEFINE_list(
+    'zoo_results', None, 'Merge the rows into this CSV file (a row replaces '
+    'the one of its model, K and schedule). With --zoo_write_docs: the '
+    'files whose rows make the tables, e.g. benchmarks/keras_zoo/'
+    'results.csv,benchmarks/keras_zoo/keras_hub.csv (a model\'s rows from '
+    'the last file that has it).')
 _MICRO_BATCHES = flags.DEFINE_integer(
     'zoo_micro_batches', 4, 'M, the same at every K (so one Keras step per '
     'model serves every row).')
@@ -77,6 +85,8 @@ _WRITE_DOCS = flags.DEFINE_bool(
     "benchmarks/keras_zoo/README.md's table from --zoo_results.")
 
 _SIZES = (32, 64, 75, 96)
+# The step seed of the runs with random draws (pipelined and unpipelined).
+SEED = (11, 5)
 _PER_MICRO_BATCH = 4
 _SEQ = 8
 APPLICATIONS = ('ConvNeXtBase', 'ConvNeXtLarge', 'ConvNeXtSmall', 'ConvNeXtTiny',
@@ -91,43 +101,44 @@ APPLICATIONS = ('ConvNeXtBase', 'ConvNeXtLarge', 'ConvNeXtSmall', 'ConvNeXtTiny'
                 'NASNetMobile', 'ResNet101', 'ResNet101V2', 'ResNet152',
                 'ResNet152V2', 'ResNet50', 'ResNet50V2', 'VGG16', 'VGG19',
                 'Xception')
-HUB = ('GPT2Backbone', 'GPT2CausalLM', 'BertBackbone', 'BertTextClassifier')
+
+
+def _HubNames() -> list[str]:
+  from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
+  return keras_zoo_hub.Names()
+
+
+def _IsHub(name: str) -> bool:
+  return name not in APPLICATIONS
 
 
 def Names() -> list[str]:
-  return list(APPLICATIONS) + list(HUB)
+  """keras.applications' models, then keras_hub's (keras_zoo_hub)."""
+  return list(APPLICATIONS) + _HubNames()
 
 
-def _Hub(name: str) -> Any:
-  import keras_hub  # pylint: disable=g-import-not-at-top
-  tiny = dict(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
-              intermediate_dim=32, max_sequence_length=_SEQ, dropout=0.0)
-  if name.startswith('GPT2'):
-    backbone = keras_hub.models.GPT2Backbone(**tiny)
-    if name == 'GPT2Backbone':
-      return backbone
-    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-  backbone = keras_hub.models.BertBackbone(**tiny)
-  if name == 'BertBackbone':
-    return backbone
-  return keras_hub.models.BertTextClassifier(
-      backbone=backbone, num_classes=3, preprocessor=None, dropout=0.0)
-
-
-def Build(name: str, size: int | None = None) -> tuple[Any, str]:
+def Build(name: str, size: int | None = None, randomness: bool = False
+          ) -> tuple[Any, str]:
   """(model, what it was built as), under the Keras dtype policy in force.
 
   Args:
     name: one of Names().
     size: the image size of a keras.applications model; None: the smallest
       of 32, 64, 75 and 96 pixels it accepts.
+    randomness: a keras_hub model at its default dropout; False: dropout 0.
 
   Raises:
-    ValueError: when no small input fits.
+    ValueError: when no small input fits, or a keras_hub class has no tiny
+      config (keras_zoo_hub.NotBuiltError).
   """
   import keras  # pylint: disable=g-import-not-at-top
-  if name in HUB:
-    return _Hub(name), f'tiny config, {_SEQ} tokens'
+  if _IsHub(name):
+    from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
+    model = keras_zoo_hub.Build(name, randomness=randomness)
+    ints = [t for t in model.inputs if 'int' in str(t.dtype)]
+    return model, (f'tiny config, {_SEQ} tokens' if ints else
+                   'tiny config, ' + 'x'.join(
+                       str(d) for d in model.inputs[0].shape[1:3]))
   fn = getattr(keras.applications, name)
   errors = []
   for size in _SIZES if size is None else (size,):
@@ -146,7 +157,7 @@ def _Float64Twin(name: str, model: Any, built: str) -> Any:
   before = keras.config.dtype_policy()
   keras.config.set_dtype_policy('float64')
   try:
-    twin, _ = Build(name, None if name in HUB else int(built.split('x')[0]))
+    twin, _ = Build(name, None if _IsHub(name) else int(built.split('x')[0]))
   finally:
     keras.config.set_dtype_policy(before)
   _NoDropout(twin)
@@ -156,7 +167,7 @@ def _Float64Twin(name: str, model: Any, built: str) -> Any:
 
 def _NoDropout(model: Any) -> None:
   import keras  # pylint: disable=g-import-not-at-top
-  for layer in model._flatten_layers():  # pylint: disable=protected-access
+  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
     if isinstance(layer, keras.layers.Dropout):
       layer.rate = 0.0
 
@@ -167,9 +178,14 @@ def _Inputs(model: Any, n: int) -> Any:
 
   def _One(t, i):
     shape = [n] + [_SEQ if d is None else d for d in t.shape[1:]]
-    if 'int' in keras.backend.standardize_dtype(t.dtype):
-      if 'mask' in t.name:
-        return tf.ones(shape, t.dtype)
+    if 'int' in keras.backend.standardize_dtype(t.dtype) or (
+        keras.backend.standardize_dtype(t.dtype) == 'bool'):
+      if 'mask' in t.name:  # Padding: example j keeps its first L_j tokens.
+        length = tf.maximum(1, shape[1] - tf.range(n) % 4)[:, None]
+        keep = tf.range(shape[1])[None, :] < length
+        return tf.cast(tf.broadcast_to(
+            tf.reshape(keep, [n, shape[1]] + [1] * (len(shape) - 2)), shape),
+                       t.dtype)
       high = 2 if 'segment' in t.name else 50
       return tf.random.stateless_uniform(shape, [i, 1], 0, high, t.dtype)
     return tf.random.stateless_normal(shape, [i, 2], dtype=t.dtype)
@@ -222,11 +238,17 @@ def KerasStep(model: Any, x: Any, targets: Any, m: int,
         tf.nest.pack_sequence_as(targets, tm))) for xm, tm in zip(xs, ts)])
     loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
   grads = tape.gradient(loss, model.trainable_variables)
-  return loss, [tf.convert_to_tensor(g) for g in grads]
+  # A variable the loss does not read (an untied output embedding of a
+  # backbone) has no gradient; the pipeline gives it zeros.
+  return loss, [tf.zeros(v.shape, v.dtype) if g is None else
+                tf.convert_to_tensor(g)
+                for v, g in zip(model.trainable_variables, grads)]
 
 
 def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
                  per_example: Callable[[Any, Any], Any] = SquaredError,
+                 step_seed: Sequence[int] | None = None,
+                 no_dropout: bool = False,
                  **settings: Any) -> tuple[Any, Any, list]:
   """One pipelined step over `model` converted, from the model's weights.
 
@@ -243,6 +265,11 @@ def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
     targets: what `per_example` compares the outputs with.
     m: the number of micro-batches.
     per_example: (outputs, targets) -> the loss of each example.
+    step_seed: the step seed (two ints) the random draws derive from
+      (random_seeds.StepSeedScope); None: a fresh one.
+    no_dropout: set the rate of every keras.layers.Dropout inside the built
+      Keras layers to 0, as _NoDropout does to `model` (a Dropout nested in
+      a custom layer is rebuilt from that layer's config, at its rate).
     **settings: other PipeliningLayer Params fields.
 
   Returns:
@@ -252,17 +279,77 @@ def PipelineStep(model: Any, params: list, x: Any, targets: Any, m: int,
   Raises:
     KeyError: a trainable Keras variable has no gradient in the pipeline.
   """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
   pipe = pipeline.PipeliningLayer.Params().Set(
       name='net', layers=params, num_micro_batches=m, **settings).Instantiate()
   pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
-  loss, _, grads = pipe.ComputeLossAndGradients(
-      x if isinstance(x, tuple) else (x,), targets,
-      lambda o, t: loss_lib.LossTerms(per_example(o, t)))
+  if no_dropout:
+    for m in pipe.submodules:
+      if getattr(m, 'keras_layer', None) is not None:
+        _NoDropout(m.keras_layer)
+  with _SeedScope(step_seed):
+    loss, _, grads = pipe.ComputeLossAndGradients(
+        x if isinstance(x, tuple) else (x,), targets,
+        lambda o, t: loss_lib.LossTerms(per_example(o, t)))
   by_var = dict(zip(map(id, pipe.trainable_variables), grads))
-  return pipe, loss, [by_var[id(pairs[id(v)])]
-                      for v in model.trainable_variables]
+  return pipe, loss, [
+      tf.zeros(v.shape, v.dtype) if by_var[id(pairs[id(v)])] is None
+      else by_var[id(pairs[id(v)])] for v in model.trainable_variables]
+
+
+def _SeedScope(step_seed: Sequence[int] | None) -> Any:
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
+  if step_seed is None:
+    return contextlib.nullcontext()
+  return random_seeds.StepSeedScope(tf.constant(list(step_seed), tf.int64))
+
+
+def UnpipelinedStep(model: Any, params: list, x: Any, targets: Any, m: int,
+                    step_seed: Sequence[int],
+                    per_example: Callable[[Any, Any], Any] = SquaredError
+                    ) -> tuple[Any, list]:
+  """PipelineStep's step without a pipeline: what a pipeline with random
+  draws (dropout, noise) must equal.
+
+  A SequentialLayer over the same `params`, with `model`'s weights, runs
+  micro-batch i in turn under the step seed a pipeline gives it,
+  ``FoldIn(step_seed, i)``, so every layer draws the masks it draws in the
+  pipeline at any K, schedule and recompute; the loss is the mean of
+  `per_example` over all examples.
+
+  Returns:
+    (loss, its gradients in the order of model.trainable_variables).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
+  seq = layers.SequentialLayer.Params().Set(name='net',
+                                            layers=params).Instantiate()
+  pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(seq, model)}
+  flat_x, flat_t = tf.nest.flatten(x), tf.nest.flatten(targets)
+  xs, ts = microbatch.Split(flat_x, m), microbatch.Split(flat_t, m)
+  step = tf.constant(list(step_seed), tf.int64)
+  with tf.GradientTape() as tape:
+    total = 0.0
+    for i, (xm, tm) in enumerate(zip(xs, ts)):
+      xm = tf.nest.pack_sequence_as(x, xm)
+      with random_seeds.StepSeedScope(random_seeds.FoldIn(step, i)):
+        y = seq.FProp(*(xm if isinstance(xm, tuple) else (xm,)),
+                      training=True)
+      total += tf.reduce_sum(per_example(
+          y, tf.nest.pack_sequence_as(targets, tm)))
+    loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
+  by_var = dict(zip(map(id, seq.trainable_variables),
+                    tape.gradient(loss, seq.trainable_variables)))
+  return loss, [tf.zeros(v.shape, v.dtype) if by_var[id(pairs[id(v)])] is None
+                else tf.convert_to_tensor(by_var[id(pairs[id(v)])])
+                for v in model.trainable_variables]
 
 
 def _AsFloat64(x: Any) -> Any:
@@ -277,47 +364,92 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
   """The zoo rows of model `name`, one per (K, schedule) of `runs`.
 
   Keras's float32 and float64 steps over the same `micro_batches`
-  micro-batches are taken once and shared by every row.
+  micro-batches (every dropout 0) are taken once and shared by every row.
+  A keras_hub model that draws random numbers at its default settings
+  (GPT-2's dropout 0.1) is also built so, and each row steps it pipelined
+  (remat always) under the step seed SEED and compares it with
+  UnpipelinedStep under the same seed, taken once (Row.seeded_diff).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
   start = time.time()
+
+  def _Refused(status, error, layers=0):
+    row = Row(name, layers, 0, '-', status, None, time.time() - start,
+              f'{type(error).__name__}: {error}' if status == 'skipped'
+              else str(error))
+    log(row)
+    return [row]
+
   try:
     model, built = Build(name)
   except ValueError as e:
-    row = Row(name, 0, 0, '-', 'skipped', None, time.time() - start, str(e))
-    log(row)
-    return [row]
+    return _Refused('skipped', e)
   _NoDropout(model)
   try:
     params = pipeline.FromKeras(model)
   except Exception as e:  # pylint: disable=broad-except
-    row = Row(name, 0, 0, '-', _Status(e), None, time.time() - start, str(e))
-    log(row)
-    return [row]
+    return _Refused(_Status(e), e)
   m = micro_batches
   x = _Inputs(model, m * _PER_MICRO_BATCH)
-  targets = tf.nest.map_structure(
-      lambda o: tf.random.stateless_normal(o.shape, [7, 7]),
-      model(x, training=False))
-  _, keras32 = KerasStep(model, x, targets, m)
-  _, truth = KerasStep(_Float64Twin(name, model, built), _AsFloat64(x),
-                       _AsFloat64(targets), m)
+  try:
+    targets = tf.nest.map_structure(
+        lambda o: tf.random.stateless_normal(o.shape, [7, 7]),
+        model(x, training=False))
+    _, keras32 = KerasStep(model, x, targets, m)
+  except Exception as e:  # pylint: disable=broad-except
+    return _Refused('skipped', ValueError(
+        f"Keras's own training step fails: {type(e).__name__}: "
+        f'{str(e).splitlines()[0][:200]}'), len(params))
+  try:
+    _, truth = KerasStep(_Float64Twin(name, model, built), _AsFloat64(x),
+                         _AsFloat64(targets), m)
+  except Exception:  # pylint: disable=broad-except
+    truth = None  # No float64 truth: no verdict, the diff still shows.
+  noisy = _Noisy(name, model)
+  if noisy is not None:
+    noisy_params = pipeline.FromKeras(noisy)
+    _, seeded_want = UnpipelinedStep(noisy, noisy_params, x, targets, m,
+                                     SEED)
   rows = []
   for k, sched in runs:
     start = time.time()
     try:
       _, _, got = PipelineStep(model, params, x, targets, m,
-                               num_partitions=k, schedule=sched)
-      diff, keras_error, pipeline_error = table_lib.Errors(got, keras32, truth)
+                               num_partitions=k, schedule=sched,
+                               no_dropout=True)
+      diff, keras_error, pipeline_error = table_lib.Errors(
+          got, keras32, keras32 if truth is None else truth)
+      if truth is None:
+        keras_error = pipeline_error = None
+      seeded = None
+      if noisy is not None:
+        _, _, got = PipelineStep(noisy, noisy_params, x, targets, m,
+                                 step_seed=SEED, num_partitions=k,
+                                 schedule=sched, remat='always')
+        seeded = table_lib.Errors(got, seeded_want, seeded_want)[0]
       row = Row(name, len(params), k, sched, 'converted', diff,
-                time.time() - start, built, keras_error, pipeline_error)
+                time.time() - start, built, keras_error, pipeline_error,
+                seeded)
     except Exception as e:  # pylint: disable=broad-except
       row = Row(name, len(params), k, sched, _Status(e), None,
                 time.time() - start, str(e))
     rows.append(row)
     log(row)
   return rows
+
+
+def _Noisy(name: str, quiet: Any) -> Any:
+  """keras_hub model `name` at its default settings with `quiet`'s weights,
+  when it draws random numbers there; else None."""
+  if not _IsHub(name):
+    return None
+  from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
+  noisy, _ = Build(name, randomness=True)
+  if not keras_zoo_hub.HasRandomness(noisy):
+    return None
+  noisy.set_weights(quiet.get_weights())
+  return noisy
 
 
 def _Status(error: Exception) -> str:
@@ -333,13 +465,17 @@ def main(argv: Sequence[str]) -> None:
     print('\n'.join(Names()))
     return
   if _WRITE_DOCS.value:
-    rows = table_lib.ReadResults(_RESULTS.value)
-    for path, update in ((table_lib.DOCS, table_lib.UpdateDocs),
-                         (table_lib.README, table_lib.UpdateReadme)):
-      with open(path) as f:
-        text = f.read()
-      with open(path, 'w') as f:
-        f.write(update(text, rows))
+    results = {path: table_lib.ReadResults(path) for path in _RESULTS.value}
+    with open(table_lib.DOCS) as f:
+      text = f.read()
+    with open(table_lib.DOCS, 'w') as f:
+      f.write(table_lib.UpdateDocs(text, table_lib.Merged(*results.values())))
+    with open(table_lib.README) as f:
+      text = f.read()
+    for path, rows in results.items():
+      text = table_lib.UpdateReadme(text, rows, os.path.basename(path))
+    with open(table_lib.README, 'w') as f:
+      f.write(text)
     return
   if _RUNS.value:
     runs = [(int(k), s) for k, s in (r.split(':') for r in _RUNS.value)]
@@ -353,13 +489,13 @@ def main(argv: Sequence[str]) -> None:
   rows = []
 
   def _Log(row):
-    print(table_lib.Table([row]).splitlines()[-1], flush=True)
+    print(table_lib.Table([row], True).splitlines()[-1], flush=True)
     if _RESULTS.value:
-      table_lib.WriteResults(_RESULTS.value, [row])
+      table_lib.WriteResults(_RESULTS.value[0], [row])
 
   for name in names:
     rows += Run(name, runs, _Log, _MICRO_BATCHES.value)
-  print(table_lib.Table(rows))
+  print(table_lib.Table(rows, True))
 
 
 if __name__ == '__main__':

@@ -14,7 +14,8 @@ import os
 import re
 from typing import Any, NamedTuple, Sequence
 
-__all__ = ['DOCS', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'ReadResults',
+__all__ = ['DOCS', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'Merged',
+           'ReadResults',
            'SupportTable', 'Table', 'UpdateDocs', 'UpdateReadme', 'Verdict',
            'WriteResults']
 
@@ -39,8 +40,10 @@ class Row(NamedTuple):
 
   max_grad_diff: pipeline float32 vs Keras float32; keras_error and
   pipeline_error: Keras's and the pipeline's float32 gradients vs Keras's
-  float64 step (None in rows from before the float64 truth). All relative to
-  the largest reference gradient.
+  float64 step (None in rows from before the float64 truth). seeded_diff:
+  the pipeline at the model's default dropout vs the same layers unpipelined
+  under the same step seed (None: the model draws no random numbers, or a
+  row from before). All relative to the largest reference gradient.
   """
   model: str
   layers: int
@@ -52,6 +55,7 @@ class Row(NamedTuple):
   detail: str = ''
   keras_error: float | None = None
   pipeline_error: float | None = None
+  seeded_diff: float | None = None
 
 
 def Errors(got: Sequence[Any], keras32: Sequence[Any], truth: Sequence[Any]
@@ -80,30 +84,43 @@ def Errors(got: Sequence[Any], keras32: Sequence[Any], truth: Sequence[Any]
 
 
 def Verdict(row: Row) -> str:
-  """'exact', 'DIFFERS', or '-' (no float64 truth, or not converted)."""
+  """'exact', 'DIFFERS', or '-' (no float64 truth, or not converted).
+
+  With randomness (seeded_diff), the pipelined and unpipelined steps under
+  the same seed must agree within the same bound as the error.
+  """
   if row.pipeline_error is None or row.keras_error is None:
     return '-'
   bound = max(FACTOR * row.keras_error, FLOOR)
-  return 'exact' if row.pipeline_error <= bound else 'DIFFERS'
+  seeded = 0.0 if row.seeded_diff is None else row.seeded_diff
+  return ('exact' if row.pipeline_error <= bound and seeded <= bound
+          else 'DIFFERS')
 
 
 def _E(value: float | None) -> str:
   return '-' if value is None else f'{value:.1e}'
 
 
-def Table(rows: Sequence[Row]) -> str:
-  """The rows as a Markdown table."""
+def Table(rows: Sequence[Row], seeded: bool = False) -> str:
+  """The rows as a Markdown table; `seeded` adds the seeded_diff column."""
+  extra = (' seeded diff |', '---|') if seeded else ('', '')
   lines = ['| model | layers | K | schedule | status | max grad diff | '
-           'Keras f32 vs f64 | pipeline f32 vs f64 | verdict | s |',
-           '|---|---|---|---|---|---|---|---|---|---|']
+           'Keras f32 vs f64 | pipeline f32 vs f64 |' + extra[0] +
+           ' verdict | s |',
+           '|---|---|---|---|---|---|---|---|' + extra[1] + '---|---|']
   for r in rows:
     status = r.status if r.status == 'converted' else (
-        f'{r.status}: {r.detail}')
+        f'{r.status}: {_Detail(r.detail)}')
     lines.append(f'| {r.model} | {r.layers} | {r.k} | {r.schedule} | '
                  f'{status} | {_E(r.max_grad_diff)} | {_E(r.keras_error)} | '
-                 f'{_E(r.pipeline_error)} | {Verdict(r)} | '
-                 f'{r.seconds:.0f} |')
+                 f'{_E(r.pipeline_error)} |' +
+                 (f' {_E(r.seeded_diff)} |' if seeded else '') +
+                 f' {Verdict(r)} | {r.seconds:.0f} |')
   return '\n'.join(lines) + '\n'
+
+
+def _Detail(text: str) -> str:
+  return re.sub(r'\s+', ' ', text)[:200].replace('|', '/')
 
 
 def WriteResults(path: str, rows: Sequence[Row]) -> None:
@@ -137,7 +154,7 @@ def ReadResults(path: str) -> list[Row]:
     rows = [Row(d['model'], int(d['layers']), int(d['k']), d['schedule'],
                 d['status'], _F(d['max_grad_diff']), float(d['seconds']),
                 d['detail'], _F(d.get('keras_error')),
-                _F(d.get('pipeline_error')))
+                _F(d.get('pipeline_error')), _F(d.get('seeded_diff')))
             for d in csv.DictReader(f)]
   last = {}
   for r in rows:
@@ -152,7 +169,7 @@ def SupportTable(rows: Sequence[Row]) -> str:
     by_model.setdefault(r.model, []).append(r)
   lines = ['| model | built as | layers | runs (K x schedule) | '
            'max grad diff | Keras f32 vs f64 | pipeline f32 vs f64 | '
-           'verdict |', '|---|---|---|---|---|---|---|---|']
+           'same seeds | verdict |', '|---|---|---|---|---|---|---|---|---|']
   for name in sorted(by_model):
     rs = by_model[name]
     ok = [r for r in rs if r.status == 'converted']
@@ -168,13 +185,29 @@ def SupportTable(rows: Sequence[Row]) -> str:
           f'| {name} | {ok[0].detail} | {ok[0].layers} | {runs} | '
           f'{_E(max(r.max_grad_diff for r in ok))} | '
           f'{_E(worst.keras_error)} | {_E(worst.pipeline_error)} | '
-          f'{verdict} |')
+          f'{_E(_Max(r.seeded_diff for r in ok))} | {verdict} |')
     for r in rs:
       if r.status != 'converted':
         detail = re.sub(r'\s+', ' ', r.detail)[:160].replace('|', '/')
         lines.append(f'| {name} | - | {r.layers or "-"} | {r.status} '
-                     f'({r.k} {r.schedule}) | {detail} | | | |')
+                     f'({r.k} {r.schedule}) | {detail} | | | | |')
   return '\n'.join(lines) + '\n'
+
+
+def _Max(values: Any) -> float | None:
+  values = [v for v in values if v is not None]
+  return max(values) if values else None
+
+
+def Merged(*results: Sequence[Row]) -> list[Row]:
+  """The rows of several results files, a model's rows taken from the last
+  file that has it (keras_hub.csv's GPT-2 replaces results.csv's)."""
+  owner = {}
+  for i, rows in enumerate(results):
+    for r in rows:
+      owner[r.model] = i
+  return [r for i, rows in enumerate(results) for r in rows
+          if owner[r.model] == i]
 
 
 def UpdateDocs(text: str, rows: Sequence[Row]) -> str:
@@ -183,7 +216,17 @@ def UpdateDocs(text: str, rows: Sequence[Row]) -> str:
   return text[:begin] + '\n' + SupportTable(rows) + text[end:]
 
 
-def UpdateReadme(text: str, rows: Sequence[Row]) -> str:
-  """`text` (benchmarks/keras_zoo/README.md) with its table of every row."""
-  begin = text.index(_README_BEGIN) + len(_README_BEGIN)
-  return text[:begin] + '\n' + Table(rows) + text[text.index(_README_END):]
+def UpdateReadme(text: str, rows: Sequence[Row],
+                 results: str = 'results.csv') -> str:
+  """`text` (benchmarks/keras_zoo/README.md) with the table of the rows of
+  results file `results` (its base name) in its section: results.csv's
+  (no seeded column), or the one marked with that name (keras_hub.csv's)."""
+  if results == 'results.csv':
+    begin_mark, end_mark, seeded = _README_BEGIN, _README_END, False
+  else:
+    begin_mark = f'<!-- keras_zoo results table {results} -->'
+    end_mark = f'<!-- end of keras_zoo results table {results} -->'
+    seeded = True
+  begin = text.index(begin_mark) + len(begin_mark)
+  return (text[:begin] + '\n' + Table(rows, seeded) +
+          text[text.index(end_mark):])

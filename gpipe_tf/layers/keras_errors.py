@@ -2,8 +2,8 @@
 
 from gpipe_tf import errors
 
-__all__ = ['KerasInputShapeError', 'KerasLayerError', 'KerasPrecisionError',
-           'KerasWeightsError', 'UnknownKerasClassError',
+__all__ = ['KerasInputShapeError', 'KerasLambdaError', 'KerasLayerError',
+           'KerasPrecisionError', 'KerasWeightsError', 'UnknownKerasClassError',
            'UnsupportedKerasLayerError']
 
 
@@ -29,3 +29,8 @@ class KerasWeightsError(KerasLayerError):
 
 class KerasPrecisionError(KerasLayerError):
   """A Keras layer's own dtype policy conflicts with the pipeline's."""
+
+
+class KerasLambdaError(UnsupportedKerasLayerError):
+  """A Lambda layer whose function cannot be named in Params (a lambda, a
+  nested function): write it as a module-level or registered function."""

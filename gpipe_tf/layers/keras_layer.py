@@ -16,6 +16,12 @@ draws its masks from a stateful seed generator, so a recomputed forward would
 drop other units than the forward it replays. The project's layers defer the
 moving statistics to one update per mini-batch and draw stateless masks from
 (step seed, micro-batch, layer), so the pipeline stays exact.
+
+Every other Keras layer that draws random numbers (attention dropout, RNN
+dropout, SpatialDropout, GaussianNoise, keras_hub's Transformer layers) is
+called inside keras_random.StatelessDraws: its seed generators give seeds
+derived from the same (step seed, micro-batch, layer), so its recomputed
+forward redraws the same numbers too.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import keras_flops
 from gpipe_tf.layers import keras_native
+from gpipe_tf.layers import keras_random
+from gpipe_tf.layers.keras_classes import FromConfig
 from gpipe_tf.layers.keras_classes import KerasClassPath
 from gpipe_tf.layers.keras_classes import ResolveKerasClass
 from gpipe_tf.layers.keras_errors import KerasInputShapeError
@@ -126,7 +134,7 @@ def _Route(p: hyperparams.Params, xs: Sequence[Any]) -> tuple[list, dict]:
 
 def _CheckRouting(p: hyperparams.Params, num_inputs: int) -> None:
   used = _Indices(list(p.inputs or [])) + _Indices(dict(p.input_kwargs))
-  used += list(p.passthrough)
+  used += list(p.passthrough) + [i for pair in p.input_masks for i in pair]
   bad = [i for i in used if isinstance(i, bool) or not isinstance(i, int)
          or not 0 <= i < num_inputs]
   if bad:
@@ -218,12 +226,16 @@ class KerasLayer(base_layer.BaseLayer):
   ``precision``) the Keras layer computes under the Keras dtype policy of
   the same name for the call (its variables stay float32).
 
-  This layer deliberately does NOT run: Keras layers with stateful randomness
-  (seed generators: GaussianNoise, SpatialDropout, attention dropout > 0), any
-  layer holding a BatchNormalization inside (a nested model: bring its layers
+  Random draws (seed generators: GaussianNoise, SpatialDropout, attention
+  and RNN dropout) are stateless seeds from (step seed, micro-batch, layer),
+  repeated by a recompute (keras_random).
+
+  This layer deliberately does NOT run: any layer holding a BatchNormalization inside (a nested model: bring its layers
   one by one), regularisers or constraints (losses and projections a pipeline
   does not apply), or ``trainable=False``; they raise
-  UnsupportedKerasLayerError. Keras masks are not propagated.
+  UnsupportedKerasLayerError. A Keras mask reaches the layer through
+  ``input_masks`` (FromKeras sets them for every masked argument), since
+  the attribute Keras attaches to a tensor does not cross cells.
   """
 
   @classmethod
@@ -253,6 +265,12 @@ class KerasLayer(base_layer.BaseLayer):
              "{'use_causal_mask': True}.")
     p.Define('passthrough', [],
              'FProp input indices returned unchanged after the outputs.')
+    p.Define('input_masks', [],
+             '[input, mask] pairs of FProp input indices: before the call, '
+             "input `input` carries input `mask` as its Keras mask, as "
+             'Keras tensors carry theirs (Embedding mask_zero, Masking), so '
+             'the layer gets it as Keras gives it (mask=, query_mask=, '
+             'value_mask=, or read off the tensor).')
     p.Define('share', None,
              'The name of an earlier KerasLayer under the same parent whose '
              'Keras layer (and so variables) this one calls again: a layer '
@@ -290,13 +308,15 @@ class KerasLayer(base_layer.BaseLayer):
             f'KerasLayer of class {p.keras_class} built before it under the '
             'same parent: list the first call of a shared layer first.')
       self._keras = owner._keras  # pylint: disable=protected-access
+      self._loop = owner._loop  # pylint: disable=protected-access
       self.keras_weights = list(owner.keras_weights)  # Tracked: read here.
       return
     with _BuildScope(self.path), _SeededInitializers(self.layer_seed):
-      layer = self._cls.from_config(dict(config, name=self.name))
+      layer = FromConfig(self._cls, dict(config, name=self.name))
       args, kwargs = _Symbolic(p, self._shapes)
       layer(*args, **kwargs)  # Builds the variables for these shapes.
     _CheckBuilt(p.name, layer)
+    self._loop = _HasLoop(p.name, layer)
     self._keras = _Hidden(layer)
     self.keras_weights = [v.value for v in layer.weights]
     _OWNERS[self.path] = self
@@ -312,6 +332,8 @@ class KerasLayer(base_layer.BaseLayer):
     _CheckShapes(p, self._cls, self._shapes,
                  [getattr(x, 'shape', None) for x in inputs], self.path)
     args, kwargs = _Route(p, inputs)
+    for i, j in p.input_masks:
+      keras.src.backend.set_keras_mask(inputs[i], inputs[j])
     if self.keras_layer is None and self.KEEP_FLOAT32:
       # float32 statistics for 16-bit inputs; a float64 model keeps float64.
       wide = tf.float64 if args[0].dtype == tf.float64 else tf.float32
@@ -321,7 +343,11 @@ class KerasLayer(base_layer.BaseLayer):
       y = self.native.FProp(*args, training=training)
     else:
       with _KerasPolicy(self.keras_layer, precision.CurrentPolicy(),
-                        self.path):
+                        self.path), keras_random.StatelessDraws(
+                            self.keras_layer, self.layer_seed), (
+                                _WeightValues(self.keras_layer)
+                                if self._loop
+                                else contextlib.nullcontext()):
         y = self.keras_layer(*args, training=training, **kwargs)
     outs = tuple(tf.nest.flatten(y)) + tuple(inputs[i] for i in p.passthrough)
     return core.FromTuple(outs)
@@ -345,7 +371,7 @@ class KerasLayer(base_layer.BaseLayer):
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)
     # The state of Python's random is restored after Keras draws seeds.
     with tf.Graph().as_default(), _SeededInitializers(0):
-      layer = kcls.from_config(dict(config, name=re.sub(r'\W', '_', p.name)))
+      layer = FromConfig(kcls, dict(config, name=re.sub(r'\W', '_', p.name)))
       args, kwargs = _Symbolic(p, shapes)
       outs = [tuple(t.shape) for t in tf.nest.flatten(layer(*args, **kwargs))]
       num_params = sum(base_layer.NumElements(w.shape) for w in layer.weights)
@@ -408,16 +434,50 @@ def _Symbolic(p: hyperparams.Params, shapes: Sequence[Shape]
   return _Route(p, [keras.KerasTensor(s) for s in shapes])
 
 
+def _HasLoop(name: str, layer: keras.layers.Layer) -> bool:
+  """Whether `layer` runs a recurrent layer (a tf.while_loop over time).
+
+  A pipeline cell's programs are pruned out of one traced function
+  (cell_program), and TensorFlow cannot prune a tf.while_loop that reads
+  variables (lift_to_graph fails on the loop's resource outputs), so such a
+  layer is called with its weights read first (_WeightValues).
+
+  Raises:
+    UnsupportedKerasLayerError: a stateful RNN (its state would carry from
+      one micro-batch to the next).
+  """
+  rnns = [l for l in layer._flatten_layers(include_self=True)  # pylint: disable=protected-access
+          if isinstance(l, keras.layers.RNN)]
+  for rnn in rnns:
+    if rnn.stateful:
+      raise UnsupportedKerasLayerError(
+          f"KerasLayer '{name}' ({type(layer).__name__}): '{rnn.name}' is "
+          'stateful, so its state would pass from one micro-batch to the '
+          'next: set stateful=False and feed the state as initial_state.')
+  return bool(rnns)
+
+
+def _WeightValues(layer: keras.layers.Layer) -> Any:
+  """A scope in which `layer`'s weights are the tensors read from them
+  before the call (keras.StatelessScope), so that a tf.while_loop inside
+  captures tensors, not variables; gradients flow through the reads."""
+  return keras.StatelessScope(
+      [(w, tf.convert_to_tensor(w.value)) for w in layer.weights])
+
+
 def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:
-  """Refuses stateful randomness and BatchNorm inside; checks the variables
-  are tf.Variables."""
+  """Refuses BatchNorm inside and variables that are neither weights nor
+  seed generator states; checks the weights are tf.Variables."""
   where = f"KerasLayer '{name}' ({type(layer).__name__})"
-  if len(layer.variables) != len(layer.weights):
+  states = {id(g.state) for g in keras_random.SeedGenerators(layer)}
+  weights = {id(w) for w in layer.weights}
+  other = [v for v in layer.variables
+           if id(v) not in weights and id(v) not in states]
+  if other:
     raise UnsupportedKerasLayerError(
-        f'{where} draws random numbers from a Keras seed generator, so a '
-        'recomputed forward would not repeat them: remove the randomness '
-        '(e.g. dropout=0.0) and use keras.layers.Dropout as its own layer, '
-        "which runs as gpipe_tf's DropoutLayer.")
+        f"{where} holds variable '{other[0].path}', which is neither a "
+        'weight nor a seed generator\'s state (a metric?): a pipeline would '
+        'neither train nor update it. Keep it out of the layer.')
   sublayers = layer._flatten_layers(include_self=False)  # pylint: disable=protected-access
   inner = [l for l in sublayers
            if isinstance(l, keras.layers.BatchNormalization)]

@@ -26,11 +26,12 @@ def NativeParams(p: hyperparams.Params, cls: type, shapes: Sequence[Shape]
                   ) -> hyperparams.InstantiableParams | None:
   """This project's layer standing in for Keras BatchNormalization or
   Dropout (module docstring), or None for every other class."""
-  if not issubclass(cls, (keras.layers.BatchNormalization,
-                          keras.layers.Dropout)):
-    return None
+  if cls is not keras.layers.Dropout and not issubclass(
+      cls, keras.layers.BatchNormalization):
+    return None  # Dropout's subclasses (SpatialDropout*) run as Keras's.
   where = f"KerasLayer '{p.name}' ({cls.__name__})"
-  if cls not in (keras.layers.BatchNormalization, keras.layers.Dropout):
+  if cls is not keras.layers.Dropout and (
+      cls is not keras.layers.BatchNormalization):
     raise UnsupportedKerasLayerError(
         f'{where} subclasses {cls.__mro__[1].__name__}, which is run as this '
         "project's own layer; a subclass's changes would be lost. Use the "

@@ -6,7 +6,10 @@ and ``get_config()``) called on tensors and constants. ``KerasOpLayer`` runs
 one such call as a layer of a chain: Params hold the operation's class path,
 its config, and its call's arguments as a text-writable template in which an
 input tensor is ``{'__input__': i}`` (FProp input i), a slice
-``{'__slice__': [start, stop, step]}`` and ``...`` ``{'__ellipsis__': 1}``::
+``{'__slice__': [start, stop, step]}``, ``...`` ``{'__ellipsis__': 1}`` and
+a NumPy or tensor constant (Gemma's embedding scale, at most
+MAX_ARRAY_ELEMENTS elements) its numbers,
+``{'__array__': {'value': [...], 'dtype': 'float32'}}``::
 
     x * 2.0              op 'keras.src.ops.numpy.Multiply',
                          args [{'__input__': 0}, 2.0]
@@ -46,6 +49,10 @@ LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
 
 _INPUT, _SLICE, _ELLIPSIS = '__input__', '__slice__', '__ellipsis__'
+_ARRAY = '__array__'
+# The most elements an array constant is written out with; a bigger one
+# belongs in a weight.
+MAX_ARRAY_ELEMENTS = 4096
 _LITERALS = (type(None), bool, int, float, str)
 
 
@@ -91,6 +98,9 @@ def EncodeArguments(value: Any, index: Any, where: str) -> Any:
     return {_ELLIPSIS: 1}
   if isinstance(value, np.generic):
     return value.item()
+  if isinstance(value, (np.ndarray, tf.Tensor)) and not isinstance(
+      value, keras.KerasTensor):
+    return _EncodeArray(value, where)
   if isinstance(value, (list, tuple)):
     return type(value)(EncodeArguments(v, index, where) for v in value)
   if isinstance(value, dict) and all(isinstance(k, str) for k in value):
@@ -103,6 +113,21 @@ def EncodeArguments(value: Any, index: Any, where: str) -> Any:
       'an array constant a keras.Input or a layer weight).')
 
 
+def _EncodeArray(value: Any, where: str) -> dict:
+  try:
+    array = np.asarray(value)
+  except (TypeError, ValueError, NotImplementedError) as e:  # Symbolic.
+    raise keras_layer.UnsupportedKerasLayerError(
+        f'{where} holds a {type(value).__name__} with no value ({e}): make '
+        'it a keras.Input or a layer weight.') from e
+  if array.size > MAX_ARRAY_ELEMENTS:
+    raise keras_layer.UnsupportedKerasLayerError(
+        f'{where} holds a constant array of {array.size} elements, more than '
+        f'the {MAX_ARRAY_ELEMENTS} Params write out as numbers: make it a '
+        'keras.Input or a layer weight.')
+  return {_ARRAY: {'value': array.tolist(), 'dtype': array.dtype.name}}
+
+
 def DecodeArguments(template: Any, xs: Sequence[Any]) -> Any:
   """The argument `template` (EncodeArguments) stands for, inputs `xs`."""
   if isinstance(template, dict):
@@ -112,6 +137,9 @@ def DecodeArguments(template: Any, xs: Sequence[Any]) -> Any:
       return slice(*[DecodeArguments(v, xs) for v in template[_SLICE]])
     if set(template) == {_ELLIPSIS}:
       return Ellipsis
+    if set(template) == {_ARRAY}:
+      return np.asarray(template[_ARRAY]['value'],
+                        dtype=template[_ARRAY]['dtype'])
     return {k: DecodeArguments(v, xs) for k, v in template.items()}
   if isinstance(template, (list, tuple)):
     return type(template)(DecodeArguments(v, xs) for v in template)

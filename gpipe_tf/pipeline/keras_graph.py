@@ -47,6 +47,9 @@ class Call(NamedTuple):
     args, kwargs: the call's arguments, each Keras tensor replaced by a Key.
     outputs: the Keys of its outputs, flat.
     first: for a later call of a shared layer, the name of its first call.
+    masks: the Key of each argument that carries a Keras mask -> the Key of
+      its mask (Keras hands it to the layer: as ``mask``, as
+      ``query_mask``/``value_mask``, or read off the tensor in ``call``).
   """
   operation: Any
   name: str
@@ -54,6 +57,7 @@ class Call(NamedTuple):
   kwargs: dict
   outputs: list
   first: str | None
+  masks: dict
 
 
 class Graph(NamedTuple):
@@ -183,15 +187,24 @@ class _Walker:
       name, first = self._Name(op)
       outs = [_Key(t) for t in node.outputs]
       self.tensors.update(zip(outs, node.outputs))
+      masks = {_Key(t): _Key(_Mask(t)) for t in node.arguments.keras_tensors
+               if _Mask(t) is not None}
       self.calls.append(Call(op, name, _Map(tuple(node.arguments.args), _Key),
                              _Map(dict(node.arguments.kwargs), _Key), outs,
-                             first))
+                             first, masks))
     return _Map(graph._outputs_struct, _Key)  # pylint: disable=protected-access
 
   def _Nested(self, op: Any, inner: Any, node: Any, scope: tuple,
               key: Callable[[Any], Key], alias: dict) -> None:
     """Inlines the call of nested model `op` (graph `inner`) at `node`."""
     given = _Tensors(node.arguments.args)
+    masked = [t.name for t in given if _Mask(t) is not None]
+    if masked:
+      raise KerasModelError(
+          f"nested model '{op.name}' is called on {masked}, which carry Keras "
+          'masks; the layers inside it were built without them: pass the '
+          'mask as an input of the nested model (as keras_hub backbones take '
+          'padding_mask), or build the model flat.')
     wanted = keras.tree.flatten(inner._inputs_struct)  # pylint: disable=protected-access
     extra = [k for k, v in node.arguments.kwargs.items()
              if _Tensors(v) and k != 'training']
@@ -236,6 +249,13 @@ def _Nodes(graph: Any) -> list:
         order.append(node)
       continue
     stack.append((tensor, True))
-    stack.extend((t, False) for t in reversed(node.arguments.keras_tensors)
-                 if id(t) not in is_input)
+    # A Keras mask an argument carries is read too (Call.masks).
+    reads = list(node.arguments.keras_tensors)
+    reads += [_Mask(t) for t in reads if _Mask(t) is not None]
+    stack.extend((t, False) for t in reversed(reads) if id(t) not in is_input)
   return order
+
+
+def _Mask(tensor: Any) -> Any:
+  """The Keras mask a Keras tensor carries (a Keras tensor), or None."""
+  return getattr(tensor, '_keras_mask', None)

@@ -37,8 +37,17 @@ the sum of the gradients of every call, as in Keras.
 SequentialLayer or PipeliningLayer (or any tf.Module holding KerasLayers)
 over those Params.
 
+A layer's config comes from keras_config.Config: its get_config() when that
+round-trips, else its constructor arguments (recorded by Keras, or read back
+from its attributes and checked by its outputs).
+
+A Keras mask rides beside its tensor: each call reads the masks its
+arguments carry (keras_graph.Call.masks) like any other tensor, and a
+KerasLayer's ``input_masks`` hands them to the Keras layer on its inputs.
+
 This module deliberately does NOT convert a subclassed model (it has no
-graph: its layers can be imported one by one), Keras masks, or a call with
+graph: its layers can be imported one by one), a nested model called on a
+masked tensor, or a call with
 constant positional arguments to a layer (not an operation); it raises
 KerasModelError saying what to change.
 """
@@ -53,11 +62,10 @@ import tensorflow as tf
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import keras_layer
 from gpipe_tf.layers import keras_ops
+from gpipe_tf.pipeline import keras_config
 from gpipe_tf.pipeline import keras_graph
 
 __all__ = ['FromKeras', 'KerasModelError', 'LoadKerasWeights']
-
-_LITERALS = (type(None), bool, int, float, str)
 
 KerasModelError = keras_graph.KerasModelError
 
@@ -89,7 +97,7 @@ def FromKeras(model: keras.Model, skips: bool = True
   flat_outputs = keras.tree.flatten(graph.outputs)
   last_use, uses = {}, {}
   for i, call in enumerate(graph.calls):
-    for k in _Keys((call.args, call.kwargs)):
+    for k in _Reads(call):
       last_use[k] = i
       uses.setdefault(k, []).append(i)
   for k in flat_outputs:
@@ -108,8 +116,7 @@ def FromKeras(model: keras.Model, skips: bool = True
         by_name_only=graph.dict_inputs, input_shapes=_Shapes(live, tensors),
         input_dtypes=[_Dtype(tensors[k]) for k in live]))
   for i, call in enumerate(graph.calls):
-    popped = [k for k in _Unique(_Keys((call.args, call.kwargs)))
-              if k in stashed]
+    popped = [k for k in _Unique(_Reads(call)) if k in stashed]
     pop = [stashed.pop(k) for k in popped]
     live = live + popped
     index = {}
@@ -124,17 +131,12 @@ def FromKeras(model: keras.Model, skips: bool = True
              for j, k in enumerate(stash)]
     stashed.update(zip(stash, names))
     where = f"Keras model '{model.name}': '{call.name}'"
-    if any(getattr(tensors[k], '_keras_mask', None) is not None
-           for k in call.outputs):
-      raise KerasModelError(
-          f'{where} makes a Keras mask (mask_zero, Masking), which a '
-          'pipeline does not carry. Pass the mask (or paddings) as an input '
-          'tensor of the layers that use it, or drop mask_zero.')
     common = dict(name=call.name, input_shapes=_Shapes(live, tensors),
                   passthrough=[index[k] for k in keep + stash],
                   stash=names, pop=pop)
     if isinstance(call.operation, keras.layers.Layer):
-      params.append(_LayerParams(call, index, where).Set(**common))
+      params.append(_LayerParams(call, index, where, tensors).Set(
+          **common))
     else:
       params.append(_OpParams(call, index, where, live, tensors).Set(
           **common))
@@ -154,6 +156,16 @@ def FromKeras(model: keras.Model, skips: bool = True
         name='outputs', input_shapes=_Shapes(live, tensors),
         structure=_Template(graph.outputs, index), pop=pop))
   return params
+
+
+def _Reads(call: keras_graph.Call) -> list:
+  """The Keys a call reads: its arguments', and a layer's the masks they
+  carry (Keras hands a layer the masks of its inputs; operations ignore
+  them)."""
+  keys = _Keys((call.args, call.kwargs))
+  if isinstance(call.operation, keras.layers.Layer):
+    keys += list(call.masks.values())
+  return keys
 
 
 def _Unique(keys: list) -> list:
@@ -198,8 +210,8 @@ def _Dtype(tensor: Any) -> str:
   return keras.backend.standardize_dtype(tensor.dtype)
 
 
-def _LayerParams(call: keras_graph.Call, index: dict, where: str
-                 ) -> hyperparams.InstantiableParams:
+def _LayerParams(call: keras_graph.Call, index: dict, where: str,
+                 tensors_of: dict) -> hyperparams.InstantiableParams:
   """A KerasLayer's Params for a layer call."""
   layer = call.operation
 
@@ -215,22 +227,19 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str
   args = [_Index(a, 'positional argument') for a in call.args]
   tensors, constants = {}, {}
   for key, value in call.kwargs.items():
-    if key == 'training' or (key == 'mask' and value is None):
+    if key == 'training' or (key.endswith('mask') and value is None):
       continue  # The pipeline passes training; Keras adds mask=None.
-    if key == 'mask':
-      raise KerasModelError(
-          f'{where} takes a mask; a pipeline does not carry Keras masks. '
-          'Pass the mask as an input tensor of a layer that applies it.')
     if _Keys(value):
       tensors[key] = _Index(value, f'keyword argument {key}')
     else:
-      _CheckLiteral(call.name, value, f'keyword argument {key}')
+      value = keras_config.Plain(value)
+      keras_config.CheckLiteral(call.name, value, f'keyword argument {key}')
       constants[key] = value
-  config = {k: v for k, v in layer.get_config().items() if k != 'name'}
-  _CheckLiteral(call.name, config, 'config')
+  config = keras_config.Config(layer, call, tensors_of, where)
   return keras_layer.KerasLayer.Params().Set(
       keras_class=keras_layer.KerasClassPath(type(layer)), config=config,
       inputs=args, input_kwargs=tensors, call_kwargs=constants,
+      input_masks=[[index[k], index[m]] for k, m in call.masks.items()],
       share=call.first)
 
 
@@ -258,7 +267,7 @@ def _OpParams(call: keras_graph.Call, index: dict, where: str, live: list,
   """A KerasOpLayer's Params for an operation node."""
   op = call.operation
   config = op.get_config()
-  _CheckLiteral(call.name, config, 'config')
+  keras_config.CheckLiteral(call.name, config, 'config')
   try:
     path = keras_layer.KerasClassPath(type(op))
   except keras_layer.UnknownKerasClassError:
@@ -317,19 +326,3 @@ def LoadKerasWeights(layer: tf.Module, model: keras.Model
   for m in found:
     pairs += m.LoadKerasWeights(by_name[m.p.name])
   return pairs
-
-
-def _CheckLiteral(name: str, value: Any, where: str) -> None:
-  """Raises unless `value` is built of literals Params can write as text."""
-  if isinstance(value, dict):
-    for k, v in value.items():
-      _CheckLiteral(name, k, where)
-      _CheckLiteral(name, v, where)
-  elif isinstance(value, (list, tuple)):
-    for v in value:
-      _CheckLiteral(name, v, where)
-  elif not isinstance(value, _LITERALS):
-    raise keras_layer.UnsupportedKerasLayerError(
-        f"Keras layer '{name}': its {where} holds a {type(value).__name__}, "
-        'which Params cannot hold as text; give the layer a config of '
-        'literals (register custom objects and serialise them by name).')

@@ -243,8 +243,6 @@ class KerasLayerTest(tf.test.TestCase):
          keras_layer.UnknownKerasClassError, 'not a Keras layer class'),
         (_Keras('x', 'Dense', None, units=2),
          keras_layer.KerasInputShapeError, r'\[\(None, 28, 28, 1\)\]'),
-        (_Keras('x', 'GaussianNoise', [(None, 3)], stddev=0.1),
-         keras_layer.UnsupportedKerasLayerError, 'seed generator'),
         (_Keras('x', 'Dense', [(None, 3)], units=2, kernel_regularizer='l2'),
          keras_layer.UnsupportedKerasLayerError, 'Set it to None'),
         (_Keras('x', 'Dense', [(None, 3)], units=2, trainable=False),

@@ -496,15 +496,18 @@ class FromKerasTest(tf.test.TestCase):
     inputs = keras.Input((4,))
     ids = keras.Input((5,), dtype='int32')
     masked = keras.layers.Embedding(10, 4, mask_zero=True, name='embed')(ids)
+    inner = keras.Input((5, 4))
+    block = keras.Model(inner, keras.layers.Dense(2)(inner), name='block')
     with self.assertRaisesRegex(pipeline.KerasModelError,
-                                "'embed' makes a Keras mask.*drop mask_zero"):
-      pipeline.FromKeras(keras.Model(ids, keras.layers.Dense(2)(masked)))
+                                "nested model 'block' is called on .*masks"):
+      pipeline.FromKeras(keras.Model(ids, block(masked)))
     with self.assertRaisesRegex(pipeline.KerasModelError,
                                 'no layer or operation'):
       pipeline.FromKeras(keras.Model(inputs, inputs))
     with self.assertRaisesRegex(layers.keras_layer.UnsupportedKerasLayerError,
-                                "'add.*ndarray.*keras.Input"):
-      pipeline.FromKeras(keras.Model(inputs, inputs + np.ones([4], 'f4')))
+                                "'add.*5000 elements.*keras.Input"):
+      pipeline.FromKeras(keras.Model(inputs,
+                                     inputs + np.ones([1250, 4], 'f4')))
     self.assertTrue(issubclass(pipeline.KerasModelError, errors.Error))
 
   def _HeavyOpDtypes(self, pipe, x, y):

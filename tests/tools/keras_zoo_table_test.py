@@ -9,6 +9,7 @@ from tools import keras_zoo_table
 
 _RESULTS = os.path.join(os.path.dirname(keras_zoo_table.DOCS), os.pardir,
                         'benchmarks', 'keras_zoo', 'results.csv')
+_HUB = os.path.join(os.path.dirname(_RESULTS), 'keras_hub.csv')
 
 
 class KerasZooTableTest(tf.test.TestCase):
@@ -36,18 +37,33 @@ class KerasZooTableTest(tf.test.TestCase):
                           pipeline_error)
       self.assertEqual(keras_zoo_table.Verdict(row), verdict)
     self.assertEqual(keras_zoo_table.Verdict(row._replace(keras_error=None)), '-')
+    # With random draws, the pipelined step must equal the unpipelined one
+    # under the same seeds within the same bound.
+    row = row._replace(pipeline_error=0.06)
+    self.assertEqual(keras_zoo_table.Verdict(row._replace(seeded_diff=0.01)),
+                     'exact')
+    self.assertEqual(keras_zoo_table.Verdict(row._replace(seeded_diff=0.5)),
+                     'DIFFERS')
 
   def testTablesInTheDocsAreTheZoosResults(self):
     # Regenerate with: python -m tools.keras_zoo --zoo_write_docs
     #   --zoo_results=benchmarks/keras_zoo/results.csv
     with open(keras_zoo_table.DOCS) as f:
       text = f.read()
+    #   python -m tools.keras_zoo --zoo_write_docs --zoo_results=\
+    #   benchmarks/keras_zoo/results.csv,benchmarks/keras_zoo/keras_hub.csv
     rows = keras_zoo_table.ReadResults(_RESULTS)
+    hub = keras_zoo_table.ReadResults(_HUB)
     self.assertNotEmpty(rows)
-    self.assertEqual(keras_zoo_table.UpdateDocs(text, rows), text)
+    self.assertNotEmpty(hub)
+    self.assertEqual(
+        keras_zoo_table.UpdateDocs(text, keras_zoo_table.Merged(rows, hub)),
+        text)
     with open(keras_zoo_table.README) as f:
       text = f.read()
     self.assertEqual(keras_zoo_table.UpdateReadme(text, rows), text)
+    self.assertEqual(
+        keras_zoo_table.UpdateReadme(text, hub, 'keras_hub.csv'), text)
 
   def testTables(self):
     rows = [keras_zoo_table.Row('A', 10, 2, 'gpipe', 'converted', 1e-7, 3.0, '32x32',
@@ -61,7 +77,13 @@ class KerasZooTableTest(tf.test.TestCase):
     self.assertIn('| 2.0e-07 | 3.0e-03 | 4.0e-03 | exact | 4 |', table)
     support = keras_zoo_table.SupportTable(rows).splitlines()
     self.assertEqual(support[2], '| A | 32x32 | 10 | 2 gpipe, 4 gpipe | '
-                     '2.0e-07 | 3.0e-03 | 4.0e-03 | exact |')
+                     '2.0e-07 | 3.0e-03 | 4.0e-03 | - | exact |')
+    # A model's rows come from the last results file that has it.
+    newer = rows[0]._replace(k=4, schedule='zb_h1', seeded_diff=1e-7)
+    self.assertEqual(keras_zoo_table.Merged(rows, [newer]),
+                     [rows[2], newer])
+    self.assertIn('| 1.0e-07 | exact | 3 |',
+                  keras_zoo_table.Table([newer], seeded=True))
     self.assertIn("KerasModelError (0 -) | 'x' makes a / mask |", support[3])
     path = os.path.join(self.get_temp_dir(), 'rows.csv')
     keras_zoo_table.WriteResults(path, rows[:2])

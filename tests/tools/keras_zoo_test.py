@@ -1,4 +1,4 @@
-"""tools.keras_zoo: a keras_hub task model pipelined equals Keras's own step within float32 rounding (its verdict against the float64 truth).
+"""tools.keras_zoo: a keras_hub task model pipelined equals Keras's own step within float32 rounding (its verdict against the float64 truth), and at its own dropout the unpipelined step under the same seeds; the zoo has a row for every keras_hub backbone class.
 
 GPT2CausalLM (a backbone called with a dict of two inputs, a tied
 embedding read again by the output head) under 1f1b at K=2 equals Keras's
@@ -16,6 +16,7 @@ test_utils.SetUpDevices()
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from tools import keras_zoo  # pylint: disable=g-import-not-at-top
+from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
 from tools import keras_zoo_table  # pylint: disable=g-import-not-at-top
 
 
@@ -23,14 +24,34 @@ class KerasZooTest(tf.test.TestCase):
 
   def testHubModelEqualsKeras(self):
     # A keras_hub task model (a nested backbone called with a dict, tied
-    # embeddings) through the zoo's own path; several outputs and the rest
-    # are keras_import_test's, BertBackbone the zoo table's.
+    # embeddings, padding masks with padded tokens) through the zoo's own
+    # path; several outputs and the rest are keras_import_test's.
     [row] = keras_zoo.Run('GPT2CausalLM', [(2, '1f1b')], micro_batches=2)
     self.assertEqual(row.status, 'converted', row.detail)
     self.assertLess(row.max_grad_diff, 1e-5)
     self.assertEqual(keras_zoo_table.Verdict(row), 'exact')
     # The truth is float64: Keras's own float32 step is off it, a little.
     self.assertBetween(row.keras_error, 1e-9, 1e-5)
+    # At GPT-2's own dropout 0.1, pipelined (remat always) equals
+    # unpipelined under the same step seed.
+    self.assertIsNotNone(row.seeded_diff)
+    self.assertLess(row.seeded_diff, 1e-5)
+
+  def testEveryHubBackboneHasARow(self):
+    import inspect  # pylint: disable=g-import-not-at-top
+    import keras_hub  # pylint: disable=g-import-not-at-top
+    backbones = {n for n in dir(keras_hub.models) if n.endswith('Backbone')
+                 and inspect.isclass(getattr(keras_hub.models, n))}
+    names = set(keras_zoo_hub.Names())
+    self.assertEqual(backbones - names, {'Backbone', 'FeaturePyramidBackbone'})
+    self.assertContainsSubset(set(keras_zoo_hub.TASKS), names)
+    with self.assertRaisesRegex(keras_zoo_hub.NotBuiltError,
+                                "'vision_encoder'"):
+      keras_zoo_hub.Build('CLIPBackbone')
+    quiet = keras_zoo_hub.Build('BertBackbone')
+    self.assertFalse(keras_zoo_hub.HasRandomness(quiet))
+    self.assertTrue(keras_zoo_hub.HasRandomness(
+        keras_zoo_hub.Build('BertBackbone', randomness=True)))
 
 
 if __name__ == '__main__':

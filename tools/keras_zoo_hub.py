@@ -1,0 +1,172 @@
+"""The keras_hub part of the Keras zoo: every backbone class keras_hub exports, and a few task models, built from tiny configs (no presets, no downloads).
+
+A backbone's constructor arguments are taken by name from one pool of small
+values (``_POOL``: vocabulary 50, 2 layers, 2 heads, width 16, ...), with a
+few classes' own small values on top (``_OWN``: image shapes, stage lists).
+A class whose required arguments the pool does not hold (sub-models such as
+``vision_encoder``, long per-stage lists) is not built: ``Build`` raises
+NotBuiltError naming them, and the zoo's table says so.
+
+``Build(name, randomness=False)`` sets every constructor argument whose name
+says dropout to 0 (the exact comparison with Keras); ``randomness=True``
+keeps the class's defaults (its real settings: GPT-2's 0.1).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+__all__ = ['NotBuiltError', 'Build', 'Names', 'TASKS']
+
+# Task models: (task class, its backbone class, extra task arguments).
+TASKS = {
+    'GPT2CausalLM': ('GPT2Backbone', {}),
+    'BertTextClassifier': ('BertBackbone', {'num_classes': 3}),
+    'LlamaCausalLM': ('LlamaBackbone', {}),
+    'ViTImageClassifier': ('ViTBackbone', {'num_classes': 3}),
+}
+
+SEQ = 8  # Tokens per example.
+_IMAGE = (16, 16, 3)
+
+_POOL = dict(
+    vocabulary_size=50, vocab_size=50, num_layers=2, num_heads=2,
+    num_query_heads=2, num_key_value_heads=1, num_attention_heads=2,
+    hidden_dim=16, intermediate_dim=32, head_dim=8, head_size=8,
+    embedding_dim=16, max_sequence_length=16, num_experts=2, top_k=2,
+    moe_intermediate_dim=16, shared_expert_intermediate_dim=16,
+    shared_expert_intermediate_size=16, num_layers_enc=2, num_layers_dec=2,
+    num_groups=1, num_inner_repetitions=1, image_shape=_IMAGE,
+    patch_size=4, mlp_dim=32)
+
+# SmolLM and SmolLM3 take every attention setting as a required argument.
+_SMOLLM = dict(attention_bias=False, attention_dropout=0.1,
+               rope_layer_enabled_list=[True, True],
+               layer_types=['attention', 'attention'], mlp_bias=False,
+               layer_norm_epsilon=1e-6, max_position_embeddings=32,
+               rope_theta=10000.0, partial_rotary_factor=1.0)
+
+_OWN = {
+    'DINOV2Backbone': dict(patch_size=14, image_shape=(28, 28, 3)),
+    'DINOV3Backbone': dict(patch_size=16, image_shape=(32, 32, 3)),
+    'VGGBackbone': dict(stackwise_num_repeats=[1, 1],
+                        stackwise_num_filters=[4, 8]),
+    'ResNetBackbone': dict(input_conv_filters=[8], input_conv_kernel_sizes=[3],
+                           stackwise_num_filters=[64, 8],
+                           stackwise_num_blocks=[1, 1],
+                           stackwise_num_strides=[1, 2],
+                           block_type='basic_block'),
+    'DenseNetBackbone': dict(stackwise_num_repeats=[1, 1], growth_rate=2),
+    'MiTBackbone': dict(layerwise_depths=[1, 1], image_shape=(32, 32, 3),
+                        hidden_dims=[4, 8], layerwise_num_heads=[1, 2],
+                        layerwise_sr_ratios=[8, 4], max_drop_path_rate=0.0,
+                        layerwise_patch_sizes=[7, 3],
+                        layerwise_strides=[4, 2]),
+    'CSPNetBackbone': dict(stem_filters=8, stem_kernel_size=3, stem_strides=1,
+                           stackwise_strides=2, stackwise_depth=[1, 1],
+                           stackwise_num_filters=[8, 16],
+                           block_type='dark_block', stage_type='csp'),
+    'SwinTransformerBackbone': dict(embed_dim=8, depths=[1, 1],
+                                    num_heads=[2, 2], window_size=2,
+                                    image_shape=(16, 16, 3), patch_size=2),
+    'FalconBackbone': dict(num_attention_heads=2),
+    'RWKV7Backbone': dict(hidden_size=16, head_size=8),
+    'ViTDetBackbone': dict(hidden_size=16, global_attention_layer_indices=[1],
+                           image_shape=(32, 32, 3), patch_size=8,
+                           window_size=2, num_upscale_channels=[8],
+                           use_rel_pos=True),
+    'SmolLMBackbone': _SMOLLM,
+    'SmolLM3Backbone': _SMOLLM,
+    'PaliGemmaBackbone': dict(image_size=16, vit_patch_size=4, vit_num_heads=2,
+                              vit_hidden_dim=16, vit_num_layers=1),
+    'Gemma3Backbone': dict(image_size=16, vision_encoder=None),
+    'Gemma4Backbone': dict(image_size=16, vision_encoder=None),
+    'MoonshineBackbone': dict(filter_dim=16, encoder_num_layers=1,
+                              decoder_num_layers=1, encoder_num_heads=2,
+                              decoder_num_heads=2),
+    'XceptionBackbone': dict(stackwise_conv_filters=[[8, 8], [16, 16]],
+                             stackwise_pooling=[True, False]),
+}
+_ABSTRACT = ('Backbone', 'FeaturePyramidBackbone')
+
+
+class NotBuiltError(ValueError):
+  """The zoo has no tiny config for a keras_hub class (or Keras cannot build
+  it from one)."""
+
+
+def Names() -> list[str]:
+  """Every backbone class keras_hub exports (but its two base classes),
+  then the task models."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  names = sorted(n for n in dir(keras_hub.models)
+                 if n.endswith('Backbone') and n not in _ABSTRACT and
+                 inspect.isclass(getattr(keras_hub.models, n)))
+  return names + list(TASKS)
+
+
+def _IsRandomness(name: str, value: Any) -> bool:
+  return ('dropout' in name and isinstance(value, (int, float)) and
+          not isinstance(value, bool))
+
+
+def _Backbone(name: str, randomness: bool) -> Any:
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  cls = getattr(keras_hub.models, name)
+  params = inspect.signature(cls.__init__).parameters
+  config = {k: v for k, v in _POOL.items() if k in params}
+  config.update({k: v for k, v in _OWN.get(name, {}).items() if k in params})
+  missing = [k for k, p in params.items()
+             if k not in ('self', 'args', 'kwargs') and
+             p.default is p.empty and k not in config]
+  if missing:
+    raise NotBuiltError(f'no tiny config for its required arguments {missing}')
+  if not randomness:
+    for k, p in params.items():
+      value = config.get(k, p.default)
+      if _IsRandomness(k, value):
+        config[k] = 0.0
+  try:
+    return cls(**config)
+  except Exception as e:  # pylint: disable=broad-except
+    raise NotBuiltError(f'Keras cannot build it from the tiny config '
+                        f'{sorted(config)}: {type(e).__name__}: '
+                        f'{str(e).splitlines()[0][:200]}') from e
+
+
+def Build(name: str, randomness: bool = False) -> Any:
+  """keras_hub model `name` (a backbone class or a TASKS key), tiny.
+
+  Args:
+    name: one of Names().
+    randomness: keep the class's default dropout; False: every dropout 0.
+
+  Raises:
+    NotBuiltError: no tiny config, or Keras cannot build from it.
+  """
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  if name not in TASKS:
+    return _Backbone(name, randomness)
+  backbone_name, extra = TASKS[name]
+  backbone = _Backbone(backbone_name, randomness)
+  cls = getattr(keras_hub.models, name)
+  params = inspect.signature(cls.__init__).parameters
+  extra = dict(extra, preprocessor=None)
+  if 'dropout' in params and not randomness:
+    extra['dropout'] = 0.0
+  return cls(backbone=backbone, **extra)
+
+
+def HasRandomness(model: Any) -> bool:
+  """Whether `model` draws random numbers in training: a Dropout of rate >
+  0, or a layer holding a seed generator whose dropout-like attribute is
+  positive."""
+  import keras  # pylint: disable=g-import-not-at-top
+  for layer in model._flatten_layers():  # pylint: disable=protected-access
+    if isinstance(layer, keras.layers.Dropout) and layer.rate > 0:
+      return True
+    if getattr(layer, '_seed_generators', None):
+      if any(_IsRandomness(k, v) and v > 0 for k, v in vars(layer).items()):
+        return True
+  return False

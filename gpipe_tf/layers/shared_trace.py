@@ -1,11 +1,11 @@
-"""One trace per distinct layer: identical layers call one traced function with their own variables.
+"""One trace per kind of layer: identical layers call one traced function with their own variables.
 
 A deep model repeats one block L times. Traced as written, each block is a
 fresh Python trace of its forward and of its gradient, so building a step
 costs L traces. Here a layer whose class sets ``SHARE_TRACE = True`` is
-traced once per *kind* (class, Params apart from the name, input specs,
-training) into three functions, and every layer of that kind calls them with
-its own variables::
+traced once per *kind* (class, Params apart from the name, input specs and
+which inputs a tape differentiates, training) into three functions, and
+every layer of that kind calls them with its own variables::
 
     forward   F(step seed, layer seeds, x)      -> y, saved
     backward  B(x, y, saved, dy)                -> dx, wcut  (what it reads)
@@ -16,9 +16,10 @@ together they compute exactly the ops a traced layer computes (the cut is
 cell_program's: ``saved`` are the forward tensors the backward reads,
 ``wcut`` what the weight-gradient ops read from the input-gradient ones).
 A call records itself on the gradient tape as one operation whose gradient
-calls B then W, so a pipeline's pieces, which prune a cell's graph between
-its roles, find each layer's B and W as separate calls: a zero-bubble W
-still runs only the weight gradients, and a recomputing backward reruns F.
+calls B then W, so a graph pruned between a backward's roles (a pipeline
+piece) would find each layer's B and W as separate calls. Pipeline cells do
+not share yet (cell_program traces them under ``Off()``): their pieces ran
+2x slower with the calls, see docs/scale.md.
 
 The functions keep the variables the kind was traced with as captured
 inputs; a call passes the calling layer's variables in their place (the
@@ -32,11 +33,13 @@ so a layer's dropout masks are those it draws traced on its own.
 What is not shared (traced as written, as before): a layer whose class does
 not opt in; one with non-trainable variables (BatchNorm's moving
 statistics); one whose trace captures anything but its own variables; any
-layer outside a tf.function, under a distribution strategy, under a
-mixed-precision policy, or with no step seed in scope; and everything
-inside ``Off()``. A class opts in when its FProp is a function of its
-Params, its inputs and its variables only (no Python state that differs
-between two layers of the same Params), see docs/pipeline.md.
+layer outside a tf.function, under a distribution strategy or a
+mixed-precision policy; one drawing random numbers with no step seed in
+scope; and everything inside ``Off()``. A class opts in when its FProp is a
+function of its Params, its inputs and its variables only (no Python state
+that differs between two layers of the same Params), see docs/scale.md.
+Traced kinds are kept for the process (they hold the layer they were traced
+from); ``Stats.Reset()`` drops them.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 import tensorflow as tf
 
 from gpipe_tf import layers
-from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import PipeliningLayer
+
 
 def _Blocks(n, dropout=0.0):
   return [layers.TransformerEncoderLayer.Params().Set(

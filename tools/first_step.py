@@ -41,25 +41,32 @@ from absl import flags
 
 __all__ = ['GrapplerSeconds', 'main']
 
-_L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
-_SCHEDULES = flags.DEFINE_list(
-    'schedules', ['plain', '1f1b'],
-    "'plain' (SequentialLayer) and pipeline schedules.")
-_K = flags.DEFINE_list('partitions', ['4'], 'Values of K.')
-_M = flags.DEFINE_list('micro_batches', ['8'], 'Values of M.')
-_V = flags.DEFINE_integer('virtual_stages', 2,
-                          'V for interleaved_1f1b (other schedules: 1).')
-_SHARE = flags.DEFINE_list(
-    'share', ['on'], "'on': shared layer traces (the default); 'off': every "
-    'layer traced on its own (shared_trace.Off).')
-_REPOS = flags.DEFINE_list(
-    'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
-    'main beside this one).')
-_DIM = flags.DEFINE_integer('dim', 64, 'Model width.')
-_SEQ = flags.DEFINE_integer('seq_len', 16, 'Tokens per sequence.')
-_BATCH = flags.DEFINE_integer('batch_size', 64, 'Mini-batch (sequences).')
-_CHILD = flags.DEFINE_string('child', None, 'Internal: one configuration as '
-                             'JSON, run in this process.')
+
+def _DefineFlags() -> None:
+  """Defines the tool's flags: only when it runs as a program, so that tests
+  importing several tools define no flag twice."""
+  global _L, _SCHEDULES, _K, _M, _V, _SHARE, \
+      _REPOS, _DIM, _SEQ, _BATCH, _CHILD  # pylint: disable=global-variable-undefined
+  _L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
+  _SCHEDULES = flags.DEFINE_list(
+      'schedules', ['plain', '1f1b'],
+      "'plain' (SequentialLayer) and pipeline schedules.")
+  _K = flags.DEFINE_list('partitions', ['4'], 'Values of K.')
+  _M = flags.DEFINE_list('micro_batches', ['8'], 'Values of M.')
+  _V = flags.DEFINE_integer('virtual_stages', 2,
+                            'V for interleaved_1f1b (other schedules: 1).')
+  _SHARE = flags.DEFINE_list(
+      'share', ['on'], "'on': shared layer traces (the default); 'off': every "
+      'layer traced on its own (shared_trace.Off).')
+  _REPOS = flags.DEFINE_list(
+      'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
+      'main beside this one).')
+  _DIM = flags.DEFINE_integer('dim', 64, 'Model width.')
+  _SEQ = flags.DEFINE_integer('seq_len', 16, 'Tokens per sequence.')
+  _BATCH = flags.DEFINE_integer('batch_size', 64, 'Mini-batch (sequences).')
+  _CHILD = flags.DEFINE_string('child', None, 'Internal: one configuration as '
+                               'JSON, run in this process.')
+
 
 _GRAPPLER = re.compile(r'meta_optimizer\.cc:\d+\] .*time = ([0-9.]+)ms')
 
@@ -195,4 +202,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _DefineFlags()
   app.run(main)

@@ -30,8 +30,9 @@ Randomness: the step seed in scope (random_seeds.StepSeedScope) and the
 ``layer_seed`` of the layer and each of its sub-layers are arguments of F,
 so a layer's dropout masks are those it draws traced on its own.
 
-What is not shared (traced as written, as before): a layer whose class does
-not opt in; one with non-trainable variables (BatchNorm's moving
+What is not shared (traced as written, as before): a layer called in
+inference (training=False: no gradient to trace, and a served model keeps
+no shared call); a layer whose class does not opt in; one with non-trainable variables (BatchNorm's moving
 statistics); one whose trace captures anything but its own variables; any
 layer outside a tf.function, under a distribution strategy or a
 mixed-precision policy; one drawing random numbers with no step seed in
@@ -66,7 +67,7 @@ from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensor
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
 __all__ = ['CalledGraph', 'InlinedSize', 'NOT_SHARED', 'Off', 'SharedCall',
-           'Stats']
+           'SharedTraceSaveError', 'Stats']
 
 _OFF: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_shared_trace_off', default=False)
@@ -100,6 +101,10 @@ class Stats:
 
 
 _STATS = Stats()
+
+
+class SharedTraceSaveError(ValueError):
+  """A SavedModel was asked to keep a shared trace's gradient."""
 
 
 class _Unshareable(Exception):
@@ -337,6 +342,12 @@ _BY_NAME: dict = {}  # A forward function's name -> its _Kind.
 
 @tf.RegisterGradient(_FORWARD_GRADIENT)
 def _ForwardGradient(op: tf.Operation, *grads: Any) -> list:
+  if op is None:  # tf.saved_model.save tracing gradients to keep with ops.
+    raise SharedTraceSaveError(
+        'A SavedModel cannot keep the gradient of a layer trace shared by '
+        'several layers (gpipe_tf.layers.shared_trace): save with '
+        'tf.saved_model.SaveOptions(experimental_custom_gradients=False), '
+        'or trace the saved training function under shared_trace.Off().')
   kind = _BY_NAME[op.get_attr('f').name]
   num_args = len(op.inputs) - len(kind.forward.captured_inputs)
   index = {id(v.handle): i for i, v in enumerate(kind.variables)}
@@ -368,7 +379,7 @@ def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
   its own (module docstring). Not converted by AutoGraph: what it runs is
   library code and layers that opted in."""
   step_seed = random_seeds.CurrentStepSeed()
-  if (_OFF.get() or not tf.inside_function() or
+  if (_OFF.get() or not training or not tf.inside_function() or
       tf.distribute.has_strategy() or
       precision.CurrentPolicy() != 'float32' or
       not all(isinstance(x, tf.Tensor) for x in xs)):

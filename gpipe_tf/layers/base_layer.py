@@ -135,7 +135,7 @@ class BaseLayer(tf.Module):
     return tf.as_dtype(self._params.dtype)
 
   @property
-  def layer_seed(self) -> int:
+  def layer_seed(self) -> int | tf.Tensor:
     """Integer seed for this layer's stateless randomness (a tensor argument
     while a trace shared by layers of its kind is made: shared_trace.py)."""
     from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top

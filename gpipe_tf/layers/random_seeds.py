@@ -71,8 +71,9 @@ def NewStepSeed() -> tf.Tensor:
 
 def FoldIn(seed: tf.Tensor, data: int | tf.Tensor) -> tf.Tensor:
   """A new seed derived from `seed` and the integer `data` (a Python int, or
-  an integer tensor in [0, 2**31) such as a loop's micro-batch index: the
-  same value gives the same seed either way)."""
+  an int32 tensor in [0, 2**31) such as a loop's micro-batch index: the
+  same value gives the same seed either way; an int64 tensor of the same
+  value gives another seed, measured with TF 2.21)."""
   if not isinstance(data, tf.Tensor):
     data = int(data) % 2**31
   return tf.cast(tf.random.experimental.stateless_fold_in(seed, data),

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
+from gpipe_tf import errors
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 
@@ -103,7 +104,7 @@ class Stats:
 _STATS = Stats()
 
 
-class SharedTraceSaveError(ValueError):
+class SharedTraceSaveError(errors.Error, ValueError):
   """A SavedModel was asked to keep a shared trace's gradient."""
 
 

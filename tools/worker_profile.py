@@ -17,7 +17,7 @@ workers can:
   * ``Read`` takes a worker's ops from its file: start, duration, name and
     type, and when each call of the step's function began;
   * ``SendLags`` gives, for every Send of a tensor an action's piece made
-    (the engine names an action's ops ``stage{s}_{kind}_mb{m}``, or
+    (introspect.FindActionScope: ``stage{s}_{kind}_mb{m}``, or
     ``_t{col}`` inside a loop of ticks), the time from the end of the
     action's last op to the Send;
   * ``Summarize`` and ``Report``: per worker, the step, its busy time (the
@@ -35,13 +35,13 @@ import dataclasses
 import glob
 import math
 import os
-import re
 import statistics
 import threading
 import time
 from typing import Callable, Sequence
 
 from gpipe_tf import errors as errors_lib
+from gpipe_tf.pipeline import introspect
 from gpipe_tf.pipeline import trace as trace_lib
 
 __all__ = ['NoProfileError', 'Op', 'SendLag', 'WorkerProfile', 'Capture',
@@ -52,8 +52,6 @@ class NoProfileError(errors_lib.Error, RuntimeError):
   """The profiler wrote no profile file for a worker it was asked to trace."""
 
 
-# The engine's name scope of one action's ops (tick_graph.TickGraph._Tick).
-_ACTION = re.compile(r'(?:^|/)(stage\d+_[A-Z]+_(?:mb|t)\d+)/')
 # An action's piece is a function call; TensorFlow inlines it under this.
 _PIECE = '/StatefulPartitionedCall/'
 
@@ -76,8 +74,8 @@ class Op:
   def action(self) -> str | None:
     """The engine's action scope the op belongs to (``stage2_F_mb6``,
     ``stage0_BW_t11``), or None."""
-    found = _ACTION.search(self.name)
-    return found.group(1) if found else None
+    found = introspect.FindActionScope(self.name)
+    return found.name if found else None
 
 
 @dataclasses.dataclass(frozen=True)

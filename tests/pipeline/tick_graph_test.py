@@ -1,6 +1,5 @@
 """A built step waits for what its schedule says and nothing else (tick_graph.py)."""
 
-import re
 from unittest import mock
 
 import test_utils  # pylint: disable=g-bad-import-order
@@ -15,21 +14,21 @@ from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline import interpreter
+from gpipe_tf.pipeline import introspect
 from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.pipeline.schedule import library
 from gpipe_tf.pipeline.schedule import ticks as ticks_lib
 
-# A step's name scope, as tick_graph names a step built at its tick.
-_SCOPE = re.compile(r'(?:^|/)stage(\d+)_([A-Z]+)_mb(\d+)/')
 _CALLS = ('StatefulPartitionedCall', 'PartitionedCall')
 
 
 def _StepOf(op):
-  found = _SCOPE.search(op.name)
-  return found and action_lib.Action(found.group(2), int(found.group(1)),
-                                     int(found.group(3)))
+  found = introspect.FindActionScope(op.name)
+  if found is None or found.micro_batch is None:
+    return None
+  return action_lib.Action(found.kind, found.stage, found.micro_batch)
 
 
 def _Waits(graph):
@@ -58,7 +57,7 @@ def _Waits(graph):
   for op in graph.get_operations():
     step = _StepOf(op)
     if step is None or op.type not in _CALLS or '/' in op.name[
-        _SCOPE.search(op.name).end():]:
+        introspect.FindActionScope(op.name).end:]:
       continue  # Only the piece: a direct child of the step's scope.
     before = [x.op for x in op.inputs] + list(op.control_inputs)
     waits.setdefault(step, set()).update(*(_Reach(x) for x in before))

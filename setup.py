@@ -22,7 +22,7 @@ setuptools.setup(
         'sacrebleu',  # BLEU of translation experiments.
     ],
     extras_require={
-        # The tools' tests draw with matplotlib (tools.schedule_trace --out).
+        # The tools' tests draw with matplotlib (tools.trace.schedule --out).
         # pytest-xdist: the suite runs in two processes (-n 2), one per core.
         # keras-hub: tools.keras_zoo's GPT-2 and BERT (tiny configs, no
         # downloads; 0.32 installs beside tensorflow 2.21 and keras 3.15).

@@ -1,6 +1,6 @@
 """Times the benchmark's steps with each cell in a worker process of its own, and reads every worker's figures.
 
-``--devices=processes`` of tools.benchmark, tools.schedule_trace and
+``--devices=processes`` of tools.benchmark, tools.trace.schedule and
 tools.plan --compare: the K cells run on K local worker processes
 (gpipe_tf.runtime.local_workers: worker k pinned to core k, one intra-op
 thread), this process is the chief that drives the step. Besides the step

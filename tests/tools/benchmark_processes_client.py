@@ -5,7 +5,7 @@ repository root. Starts 2 local workers (gpipe_tf.runtime.local_workers),
 connects to them before any op, and for every configuration of CONFIGS runs
 STEPS training steps of SPEC through tools/benchmark_lib.MakeStep with cell
 k on worker k, writing their losses to OUT_DIR/losses.json; profiles the
-first configuration's steps on the workers (tools/worker_profile.py) into
+first configuration's steps on the workers (tools/trace/worker_profile.py) into
 OUT_DIR/profiles.json; then times the
 same configurations with tools/benchmark_processes.Measure (with the
 simulator's prediction from the pieces timed on the workers) and writes its
@@ -21,7 +21,7 @@ import sys
 from gpipe_tf.runtime import local_workers
 from tools import benchmark_lib as lib
 from tools import benchmark_processes as processes_lib
-from tools import worker_profile
+from tools.trace import worker_profile
 
 # Big enough that the weights' gradients (2 x 66 KB a device) outweigh the
 # boundary tensors (8 KB a micro-batch); a learning rate that moves the loss.

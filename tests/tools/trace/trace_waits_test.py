@@ -1,10 +1,10 @@
-"""tools/trace_waits.py: where a traced step's devices wait (pure, over a hand-made timeline)."""
+"""tools/trace/waits.py: where a traced step's devices wait (pure, over a hand-made timeline)."""
 
 import tensorflow as tf
 
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import trace as trace_lib
-from tools import trace_waits
+from tools.trace import waits as trace_waits
 
 Action = schedule_lib.Action
 F, B, W, BW = schedule_lib.F, schedule_lib.B, schedule_lib.W, schedule_lib.BW

@@ -1,4 +1,4 @@
-"""tools/schedule_trace.py: a real traced step of any schedule, its report, PNG and Chrome trace."""
+"""tools/trace/schedule.py: a real traced step of any schedule, its report, PNG and Chrome trace."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf.pipeline import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import trace as trace_lib  # pylint: disable=g-import-not-at-top
-from tools import schedule_trace  # pylint: disable=g-import-not-at-top
+from tools.trace import schedule as schedule_trace  # pylint: disable=g-import-not-at-top
 
 _TINY = dict(remat='always', num_blocks=4, dim=16, batch_size=32, steps=1)
 
@@ -88,7 +88,7 @@ class ScheduleTraceTest(tf.test.TestCase):
     schedule_lib.Dump(schedule_lib.Make('zb_h1', 2, 3), csv_path)
     png, trace = os.path.join(tmp, 'zb.png'), os.path.join(tmp, 'zb.json')
     out = subprocess.run(
-        [sys.executable, '-m', 'tools.schedule_trace',
+        [sys.executable, '-m', 'tools.trace.schedule',
          f'--schedule_csv={csv_path}', '--num_blocks=2', '--dim=8',
          '--batch_size=12', f'--out={png}', f'--chrome_trace={trace}'],
         cwd=test_utils.REPO_ROOT, capture_output=True, text=True, check=True,

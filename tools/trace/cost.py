@@ -18,10 +18,10 @@ configuration after another):
     the median of the same rounds): the work a step costs, which another
     process's load moves much less than wall time.
 
-    python -m tools.trace_cost                      # K=4, M in {4, 32}, 8 blocks
-    python -m tools.trace_cost --modes=loop,unrolled --micro_batches=4,8,32
-    python -m tools.trace_cost --schedule=1f1b --micro_batches=4,8,32
-    python -m tools.trace_cost --schedule=interleaved_1f1b --virtual_stages=2
+    python -m tools.trace.cost                      # K=4, M in {4, 32}, 8 blocks
+    python -m tools.trace.cost --modes=loop,unrolled --micro_batches=4,8,32
+    python -m tools.trace.cost --schedule=1f1b --micro_batches=4,8,32
+    python -m tools.trace.cost --schedule=interleaved_1f1b --virtual_stages=2
 
 Ratios within one run are what count on a shared machine (the targets: first
 step at M=32 within 1.5x of M=4; steady step no worse than the unrolled
@@ -67,36 +67,19 @@ _MODE_PARAMS = {mode: dict(execution=mode)
 def Build(k: int, m: int, mode: str) -> tuple[dict, object]:
   """Builds one configuration's step and times its building; returns its row
   (without the steady step) and the step."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
+  from tools.trace import transformer  # pylint: disable=g-import-not-at-top
 
   d, t, n = _DIM.value, _SEQ.value, _BATCH.value
-  blocks = [layers.TransformerEncoderLayer.Params().Set(
-      name=f'block{i}', model_dim=d, hidden_dim=4 * d, num_heads=4)
-            for i in range(_BLOCKS.value)]
   pipe = PipeliningLayer.Params().Set(
-      name='net', layers=blocks, num_partitions=k, num_micro_batches=m,
+      name='net', layers=transformer.Blocks(_BLOCKS.value, d),
+      num_partitions=k, num_micro_batches=m,
       remat=_REMAT.value, schedule=_SCHEDULE.value,
       num_virtual_stages=_V.value,
-      input_shapes=[(None, t, d), (None, t)], **_MODE_PARAMS[mode],
+      input_shapes=transformer.InputShapes(d, t), **_MODE_PARAMS[mode],
       **({} if _BUDGET.value is None else dict(loop_budget=_BUDGET.value))
   ).Instantiate()
-  x = tf.random.stateless_normal([n, t, d], [1, 2])
-  paddings = tf.zeros([n, t])
-  opt = tf.keras.optimizers.SGD(1e-4)
-
-  def _LossFn(outputs, _):
-    y = outputs[0] if isinstance(outputs, tuple) else outputs
-    return loss_lib.LossTerms(tf.reduce_mean(tf.square(y), axis=[1, 2]))
-
-  @tf.function
-  def _Step():
-    loss, _, grads = pipe.ComputeLossAndGradients(
-        (x, paddings), tf.zeros([n]), _LossFn)
-    opt.apply_gradients(zip(grads, pipe.trainable_variables))
-    return loss
+  _Step = transformer.TrainStep(pipe, d, t, n)  # pylint: disable=invalid-name
 
   start = time.perf_counter()
   _Step.get_concrete_function()

@@ -1,4 +1,4 @@
-"""tools/trace_cost.py: every mode builds and runs a real step; the loop's graph does not grow with M."""
+"""tools/trace/cost.py: every mode builds and runs a real step; the loop's graph does not grow with M."""
 
 import os
 import re
@@ -14,7 +14,7 @@ class TraceCostTest(tf.test.TestCase):
 
   def testTinyRunPrintsEveryModeAndRatio(self):
     out = subprocess.run(
-        [sys.executable, '-m', 'tools.trace_cost', '--partitions=2',
+        [sys.executable, '-m', 'tools.trace.cost', '--partitions=2',
          '--micro_batches=2,4', '--num_blocks=2', '--dim=8', '--seq_len=4',
          '--batch_size=16', '--steps=1', '--warmup=0', '--loop_budget=0'],
         cwd=test_utils.REPO_ROOT, capture_output=True, text=True, check=True,
@@ -36,7 +36,7 @@ class TraceCostTest(tf.test.TestCase):
 
   def testUnknownModeIsAUsageError(self):
     run = subprocess.run(
-        [sys.executable, '-m', 'tools.trace_cost', '--modes=fast'],
+        [sys.executable, '-m', 'tools.trace.cost', '--modes=fast'],
         cwd=test_utils.REPO_ROOT, capture_output=True, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
     self.assertNotEqual(run.returncode, 0)

@@ -24,19 +24,19 @@ a registered name (--schedule, --virtual_stages) or a CSV file
 (--schedule_csv, gpipe_tf.pipeline.schedule.Dump's format), which then sets K,
 M and V.
 
-    python -m tools.schedule_trace --schedule=1f1b --partitions=2 \\
+    python -m tools.trace.schedule --schedule=1f1b --partitions=2 \\
         --micro_batches=4 --out=schedule.png --chrome_trace=trace.json
-    python -m tools.schedule_trace --schedule=interleaved_1f1b \\
+    python -m tools.trace.schedule --schedule=interleaved_1f1b \\
         --virtual_stages=2 --micro_batches=4
-    python -m tools.schedule_trace --schedule_csv=my_schedule.csv
-    python -m tools.schedule_trace --schedule=zb_h1 --devices=processes
+    python -m tools.trace.schedule --schedule_csv=my_schedule.csv
+    python -m tools.trace.schedule --schedule=zb_h1 --devices=processes
 
 --devices=processes runs each device's cells in a local worker process of
 its own (gpipe_tf.runtime.local_workers: pinned to its own core, one
 intra-op thread), as accelerators run them, instead of on logical devices
 sharing the process's thread pool (--devices=shared, the default); the
 report then also gives each worker's CPU time over the wall time, and
---profile=DIR profiles the workers (tools/worker_profile.py: each worker's
+--profile=DIR profiles the workers (tools/trace/worker_profile.py: each worker's
 ops, and how long its sends waited after the action that made them).
 --execution builds the step another way (e.g. 'unrolled' beside the default
 'loop') to see where one build waits that another does not.
@@ -60,8 +60,8 @@ from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline import trace as trace_lib
-from tools import worker_profile
-from tools import trace_waits as waits_lib
+from tools.trace import worker_profile
+from tools.trace import waits as waits_lib
 
 __all__ = ['Draw', 'Report', 'Trace', 'Traced', 'main']
 
@@ -100,7 +100,7 @@ _PROFILE = flags.DEFINE_string(
     'profile', None, 'With --devices=processes: also profile the workers '
     "(TensorFlow's profiler) over a few more steps, write one .xplane.pb a "
     'worker under this directory, and print how long each worker\'s sends '
-    'waited after the action that made them (tools/worker_profile.py).')
+    'waited after the action that made them (tools/trace/worker_profile.py).')
 _EXECUTION = flags.DEFINE_enum(
     'execution', 'loop', ['loop', 'folded', 'switch', 'unrolled'],
     "How the step's graph is built (PipeliningLayer's execution): the "

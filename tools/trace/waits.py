@@ -1,6 +1,6 @@
 """Where a traced step's devices wait: the idle time before each action, what it waited for and when that ended.
 
-Pure Python over a gpipe_tf.pipeline.trace.Timeline (tools.schedule_trace
+Pure Python over a gpipe_tf.pipeline.trace.Timeline (tools.trace.schedule
 --waits=N prints it). The engine stamps every step it runs; an action that
 ran joined with another (a BW made of B and W, an FB made of F and its
 backward) shares their stamps, so the steps a device ran are the distinct

@@ -7,7 +7,7 @@ the op that makes it, and the executor runs that Send on the same thread as
 the device's compute: when it is not run at once, it waits until the thread
 has nothing else to do, so the neighbour waits for data that was ready long
 before (docs/performance.md, "Where a worker's sends wait"). The engine's
-trace stamps (tools.schedule_trace) cannot show this; a profile of the
+trace stamps (tools.trace.schedule) cannot show this; a profile of the
 workers can:
 
   * ``Capture`` records a TensorFlow profile of every worker (the profiler

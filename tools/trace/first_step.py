@@ -19,10 +19,10 @@ input shapes its cost estimate needs), takes one SGD step in a
   * next step: the median of the next three calls;
   * traces: the layer kinds traced by layers/shared_trace.py, and calls.
 
-    python -m tools.first_step                          # L=16,64 plain and 1f1b
-    python -m tools.first_step --layers=16,64,128 --schedules=gpipe,1f1b,zb_h1
-    python -m tools.first_step --share=on,off           # shared traces A/B
-    python -m tools.first_step --repos=.,/tmp/main      # this tree beside another
+    python -m tools.trace.first_step                          # L=16,64 plain and 1f1b
+    python -m tools.trace.first_step --layers=16,64,128 --schedules=gpipe,1f1b,zb_h1
+    python -m tools.trace.first_step --share=on,off           # shared traces A/B
+    python -m tools.trace.first_step --repos=.,/tmp/main      # this tree beside another
 
 Ratios within one run are what count on a shared machine.
 """
@@ -84,11 +84,9 @@ def _Child(config: dict) -> dict:
   v = config['v'] if config['schedule'] == 'interleaved_1f1b' else 1
   devices.SplitCpu(config['k'] if pipelined else 1)
   import contextlib  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
+  from tools.trace import transformer  # pylint: disable=g-import-not-at-top
   try:
     from gpipe_tf.layers import shared_trace  # pylint: disable=g-import-not-at-top
   except ImportError:  # A tree from before shared traces.
@@ -96,41 +94,19 @@ def _Child(config: dict) -> dict:
   imports = time.perf_counter() - start
 
   d, t, n = config['dim'], config['seq_len'], config['batch_size']
-  blocks = [layers.TransformerEncoderLayer.Params().Set(
-      name=f'block{i}', model_dim=d, hidden_dim=4 * d, num_heads=4)
-            for i in range(config['layers'])]
+  blocks = transformer.Blocks(config['layers'], d)
   start = time.perf_counter()
   if pipelined:
     net = PipeliningLayer.Params().Set(
         name='net', layers=blocks, num_partitions=config['k'],
         num_micro_batches=config['m'], schedule=config['schedule'],
-        num_virtual_stages=v, input_shapes=[(None, t, d), (None, t)]
+        num_virtual_stages=v, input_shapes=transformer.InputShapes(d, t)
     ).Instantiate()
   else:
     net = layers.SequentialLayer.Params().Set(
         name='net', layers=blocks).Instantiate()
   build = time.perf_counter() - start
-  x = tf.random.stateless_normal([n, t, d], [1, 2])
-  paddings = tf.zeros([n, t])
-  opt = tf.keras.optimizers.SGD(1e-4)
-
-  def _LossFn(outputs, _):
-    y = outputs[0] if isinstance(outputs, tuple) else outputs
-    return loss_lib.LossTerms(tf.reduce_mean(tf.square(y), axis=[1, 2]))
-
-  @tf.function
-  def _Step():
-    with random_seeds.StepSeedScope(tf.constant([1, 2], tf.int64)):
-      if pipelined:
-        loss, _, grads = net.ComputeLossAndGradients(
-            (x, paddings), tf.zeros([n]), _LossFn)
-      else:
-        with tf.GradientTape() as tape:
-          loss = tf.reduce_mean(_LossFn(net.FProp(x, paddings,
-                                                  training=True), None).loss)
-        grads = tape.gradient(loss, net.trainable_variables)
-    opt.apply_gradients(zip(grads, net.trainable_variables))
-    return loss
+  _Step = transformer.TrainStep(net, d, t, n, step_seed=True)  # pylint: disable=invalid-name
 
   off = config['share'] == 'off' and shared_trace is not None
   with shared_trace.Off() if off else contextlib.nullcontext():
@@ -156,8 +132,11 @@ def _Child(config: dict) -> dict:
 def _Run(config: dict, repo: str) -> dict:
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0',
              TF_CPP_VMODULE='meta_optimizer=1', PYTHONPATH=os.path.abspath(repo))
+  # A tree from before the tools moved into packages has tools/first_step.py.
+  tool = ('tools.trace.first_step' if os.path.exists(os.path.join(
+      repo, 'tools', 'trace', 'first_step.py')) else 'tools.first_step')
   proc = subprocess.run(
-      [sys.executable, '-m', 'tools.first_step', '--child', json.dumps(config)],
+      [sys.executable, '-m', tool, '--child', json.dumps(config)],
       cwd=repo, env=env, capture_output=True, text=True, check=False)
   lines = [l for l in proc.stdout.splitlines() if l.startswith('{')]
   if proc.returncode or not lines:

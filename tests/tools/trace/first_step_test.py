@@ -1,10 +1,10 @@
-"""Tests of tools/first_step.py: the Grappler sum and one real configuration."""
+"""Tests of tools/trace/first_step.py: the Grappler sum and one real configuration."""
 
 import unittest
 
 import test_utils
 
-from tools import first_step
+from tools.trace import first_step
 
 _LOG = """\
 I0000 00:00:1.0 1 meta_optimizer.cc:1059] Starting optimization for grappler item: __inference_step_1

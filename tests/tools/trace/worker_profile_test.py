@@ -1,11 +1,11 @@
-"""tools/worker_profile.py: a worker's ops from its profile, and how long its sends waited."""
+"""tools/trace/worker_profile.py: a worker's ops from its profile, and how long its sends waited."""
 
 from unittest import mock
 
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from tools import worker_profile as wp
+from tools.trace import worker_profile as wp
 
 _CALL = 'EagerLocalExecuteAsync: __inference_step_12_partitioned_34_1'
 

@@ -79,7 +79,7 @@ class Problem:
     forward, backward, weight: per stage, the duration of F, B (input
       gradient) and W (weight gradients); BW takes B + W, and a backward
       that recomputes its forward (remat) F longer, spread as
-      tools/plan_lib.py does.
+      tools/plan/lib.py does.
     stage_bytes: per stage, its schedule.memory.StageBytes.
     comm_time: added when an input comes from another device.
     remat: the remat policy (memory.REMATS) the memory model applies.
@@ -188,7 +188,7 @@ def Evaluate(problem: Problem, schedule: Schedule, source: str = 'custom',
   """Times a schedule and models its memory under the problem's costs.
 
   A backward of stage s takes B_s + r_s F_s, r_s the share of the stage's
-  micro-batches remat recomputes (memory.KeptForwards), as tools/plan_lib.py
+  micro-batches remat recomputes (memory.KeptForwards), as tools/plan/lib.py
   charges it.
 
   Raises:

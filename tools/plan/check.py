@@ -1,6 +1,6 @@
 """Puts the planner's estimates beside measured tools.benchmark rows: throughput ratios, ranks and memory.
 
-The check of tools/plan_lib.py's model against real steps (``python -m
+The check of tools/plan/lib.py's model against real steps (``python -m
 tools.plan --compare=ROWS.json``; docs/planning.md shows one). Pure Python
 over the rows' dicts.
 """
@@ -12,7 +12,7 @@ from typing import Sequence
 
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline.schedule import memory
-from tools import plan_lib
+from tools.plan import lib as plan_lib
 
 __all__ = ['Calibrate', 'Compare']
 

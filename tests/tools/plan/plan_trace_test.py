@@ -1,4 +1,4 @@
-"""tools/plan_trace.py: what each layer's backward keeps, from a trace of its training step."""
+"""tools/plan/trace.py: what each layer's backward keeps, from a trace of its training step."""
 
 from unittest import mock
 
@@ -7,8 +7,8 @@ import tensorflow as tf
 from gpipe_tf import layers
 from gpipe_tf.layers import core
 from gpipe_tf.layers import precision
-from tools import plan_lib
-from tools import plan_trace
+from tools.plan import lib as plan_lib
+from tools.plan import trace as plan_trace
 
 
 def _FC(i):

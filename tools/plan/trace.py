@@ -7,10 +7,10 @@ reads its attention probabilities, its 4d-wide hidden layer and its layer
 norms' inputs (16x its output in tools.benchmark's Transformer). Here each
 distinct layer (same Params but for the name, same input shapes) is built
 once and its training step traced as the engine traces a cell's
-(cell_program.CellProgram, one layer, a small batch): what its kept forward
-stashes for the backward, less its inputs, and what its B stashes for its W
-(the weight gradients' inputs), each buffer once (tools.benchmark_memory),
-divided by the batch.
+(gpipe_tf.pipeline.introspect.TraceCell, one layer, a small batch): what its
+kept forward stashes for the backward, less its inputs, and what its B
+stashes for its W (the weight gradients' inputs), each buffer once
+(introspect.ProgramBytes), divided by the batch.
 
 A layer that stashes or pops a skip (layers/skips.py) is traced as a cell of
 its own, as the pipeline runs it at a cell boundary: what it pops comes in
@@ -40,9 +40,7 @@ def _Trace(layer_params: Any, shapes: tuple, batch: int, policy: str
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf.layers import precision  # pylint: disable=g-import-not-at-top
   from gpipe_tf.layers import skips as skips_lib  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import cell as cell_lib  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import cell_program  # pylint: disable=g-import-not-at-top
-  from tools import benchmark_memory  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import introspect  # pylint: disable=g-import-not-at-top
   dtype = precision.ComputeDtype(policy)
   specs = [tf.TensorSpec([batch] + [int(d or 1) for d in s[1:]], dtype)
            for s in shapes]
@@ -50,16 +48,13 @@ def _Trace(layer_params: Any, shapes: tuple, batch: int, policy: str
   xs, skips = specs[:len(specs) - len(pops)], specs[len(specs) - len(pops):]
   try:
     with precision.Policy(policy):
-      cell = cell_lib.Cell(0, [layer_params.Copy().Instantiate()],
-                           '/device:CPU:0', skip_in=pops,
-                           skip_out=skips_lib.Names(layer_params, 'stash'))
-      program = cell_program.CellProgram(
-          cell, tuple(xs), xs, tf.TensorSpec([2], tf.int64), True,
-          skip_specs=skips)
+      program = introspect.TraceCell(
+          [layer_params.Copy().Instantiate()], xs, skip_in=pops,
+          skip_out=skips_lib.Names(layer_params, 'stash'), skip_specs=skips)
   except Exception:  # pylint: disable=broad-except
     # Anything the trace cannot build keeps the estimate (module docstring).
     return None
-  stage = benchmark_memory.ProgramBytes(program)
+  stage = introspect.ProgramBytes(program)
   if stage is None:
     return None
   return int(stage.activations // batch), int(stage.wcut // batch)
@@ -73,7 +68,7 @@ def KeptBytes(layer_params: Sequence[Any], input_shapes: Sequence,
   the trace cannot tell.
 
   Args:
-    layer_params: the layers' Params, in order (as tools.plan_lib.ModelOf).
+    layer_params: the layers' Params, in order (as tools.plan.lib.ModelOf).
     input_shapes: the first layer's input shapes (batch dimension None).
     batch: examples of the traced step.
     policy: the precision policy the layers run under

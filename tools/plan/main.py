@@ -1,10 +1,10 @@
 """Recommends K, R, M, schedule, V and remat for a registered model on D devices within a memory budget.
 
-Reads the experiment's layer Params and input shapes as tools/model_stats.py
+Reads the experiment's layer Params and input shapes as tools/plan/model_stats.py
 does (FPropMeta), traces each distinct layer's step once for what its
-backward keeps (tools/plan_trace.py; --activations=outputs builds nothing
+backward keeps (tools/plan/trace.py; --activations=outputs builds nothing
 and takes each layer's outputs instead), estimates every layout with the
-schedule simulator (tools/plan_lib.py says how), drops those over the
+schedule simulator (tools/plan/lib.py says how), drops those over the
 budget and prints the fastest as a table, with the reason for the winner::
 
   python -m tools.plan --model=lm.synthetic.TransformerL_103 --devices=8 \\
@@ -15,7 +15,7 @@ budget and prints the fastest as a table, with the reason for the winner::
   python -m tools.plan --synthesize_table   # synthesized vs library, on paper
 
 Bytes per parameter: weight + optimizer slots in the model's dtype (Adam 4 +
-8 in float32; tools.model_stats.BytesPerParam) + the gradient (4). The batch
+8 in float32; tools.plan.model_stats.BytesPerParam) + the gradient (4). The batch
 is the experiment's training batch unless --batch_size says otherwise.
 
 --compare=ROWS.json (a ``python -m tools.benchmark --json`` output) plans
@@ -38,9 +38,9 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
-from tools import plan_check
-from tools import plan_lib
-from tools import plan_synthesize
+from tools.plan import check as plan_check
+from tools.plan import lib as plan_lib
+from tools.plan import synthesize as plan_synthesize
 
 __all__ = ['BenchmarkModel', 'DefineFlags', 'ExperimentModel', 'Run', 'main']
 
@@ -75,7 +75,7 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
       'activations', 'traced', ['outputs', 'traced'],
       "A layer's activations in the memory estimate. 'traced': what its "
       "backward keeps, from a trace of each distinct layer's training step "
-      'on a small batch (tools/plan_trace.py; builds one of each, seconds '
+      'on a small batch (tools/plan/trace.py; builds one of each, seconds '
       "per kind of layer). 'outputs': its FPropMeta outputs (nothing is "
       'built; far under for a Transformer block).', **fv)
   flags.DEFINE_string(
@@ -91,7 +91,7 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool(
       'synthesize_table', False, 'Print synthesized against library '
       'schedules for 32 Transformer benchmark blocks (measured costs, '
-      'tools/plan_synthesize.TRANSFORMER) at --table_devices x '
+      'tools/plan/synthesize.TRANSFORMER) at --table_devices x '
       '--table_micro_batches x --table_budgets; no --model needed.', **fv)
   flags.DEFINE_list('table_devices', ['4', '8', '16'], 'K of the table.',
                     **fv)
@@ -116,7 +116,7 @@ def _Kept(model: plan_lib.Model, layers, shapes, activations: str,
           policy: str) -> plan_lib.Model:
   if activations != 'traced':
     return model
-  from tools import plan_trace  # pylint: disable=g-import-not-at-top
+  from tools.plan import trace as plan_trace  # pylint: disable=g-import-not-at-top
   return plan_lib.WithKeptBytes(
       model, plan_trace.KeptBytes(layers, shapes, policy=policy))
 
@@ -136,7 +136,7 @@ def ExperimentModel(experiment_params, activations: str = 'traced',
   `activations` as --activations, `policy` as --precision.
   """
   from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
-  from tools import model_stats  # pylint: disable=g-import-not-at-top
+  from tools.plan import model_stats  # pylint: disable=g-import-not-at-top
   layers, shapes = model_stats.LayersAndShapes(experiment_params)
   dtype = layers[0].dtype
   value = model_stats.DtypeBytes(dtype)
@@ -251,7 +251,7 @@ def Run(fv: flags.FlagValues) -> str:
     text += (f'\n\n--activations=traced: layers {shown} ({len(untraced)} of '
              f'{len(model.layers)}) keep the estimate from their outputs: the '
              'trace could not build them on float inputs of their shapes '
-             '(tools/plan_trace.py).')
+             '(tools/plan/trace.py).')
   if measured is not None:
     rows = [r for r in measured['rows']
             if r.get('dtype', 'float32') == policy]
@@ -293,11 +293,7 @@ def main(argv: Sequence[str],
   """Prints the plan; exits with status 1 and one line on bad input."""
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
-  from tools import model_stats  # pylint: disable=g-import-not-at-top
+  from tools.plan import model_stats  # pylint: disable=g-import-not-at-top
   model_stats.PrintOrExit('plan', lambda: Run(flag_values), (
       plan_lib.PlanError, OSError, json.JSONDecodeError))
 
-
-if __name__ == '__main__':
-  DefineFlags()
-  app.run(main)

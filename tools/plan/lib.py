@@ -1,6 +1,6 @@
 """Estimates the throughput and per-device memory of pipeline layouts (K, R, M, schedule, V, remat) and ranks them.
 
-tools/plan.py is the entry point; this module is the planning, pure Python
+tools/plan/main.py is the entry point; this module is the planning, pure Python
 over numbers (FLOPs, parameters and output sizes per layer, from FPropMeta by
 ``ModelOf``), tested without devices. For D devices and a global batch N:
 
@@ -72,7 +72,7 @@ class LayerCost:
   num_params: int
   output_bytes: int  # Bytes of its outputs.
   # Bytes its kept forward stashes for the backward beyond its inputs, and
-  # its B for its W (tools.plan_trace); None: estimated from its outputs.
+  # its B for its W (tools.plan.trace); None: estimated from its outputs.
   kept_bytes: int | None = None
   wcut_bytes: int | None = None
 
@@ -82,7 +82,7 @@ class Model:
   """The layers' costs and the bytes of a parameter."""
   layers: tuple[LayerCost, ...]
   input_bytes: int  # Bytes per example of the first layer's inputs.
-  bytes_per_param: int  # Weight + optimizer slots (tools.model_stats).
+  bytes_per_param: int  # Weight + optimizer slots (tools.plan.model_stats).
   grad_bytes_per_param: int = 4  # The gradient, held during the step.
 
 
@@ -154,7 +154,7 @@ def ModelOf(layer_params: Sequence, input_shapes: Sequence,
 def WithKeptBytes(model: Model, kept: Sequence[tuple[int, int] | None]
                   ) -> Model:
   """`model` with each layer's (kept_bytes, wcut_bytes)
-  (tools.plan_trace.KeptBytes; None leaves a layer's estimates from its
+  (tools.plan.trace.KeptBytes; None leaves a layer's estimates from its
   outputs)."""
   if len(kept) != len(model.layers):
     raise PlanError(f'give one kept size per layer: {len(model.layers)} '

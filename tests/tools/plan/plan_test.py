@@ -1,4 +1,4 @@
-"""tools/plan.py, plan_lib.py and plan_check.py: layouts estimated from FLOPs and the simulator, ranked within a budget, checked against rows."""
+"""tools/plan/main.py, lib.py and check.py: layouts estimated from FLOPs and the simulator, ranked within a budget, checked against rows."""
 
 import dataclasses
 import json
@@ -10,9 +10,9 @@ from absl import flags
 from absl.testing import absltest
 
 from gpipe_tf.pipeline.schedule import memory
-from tools import plan_check
-from tools import plan_lib
-from tools import plan_trace
+from tools.plan import check as plan_check
+from tools.plan import lib as plan_lib
+from tools.plan import trace as plan_trace
 
 # 8 equal layers of 1 MFLOP, 1000 parameters and 4 KiB of output per example.
 _LAYER = plan_lib.LayerCost(flops=1e6, num_params=1000, output_bytes=4096)
@@ -306,7 +306,7 @@ class PlanToolTest(absltest.TestCase):
   """The entry point on a registered experiment (FPropMeta, no devices)."""
 
   def _Run(self, *args):
-    from tools import plan  # pylint: disable=g-import-not-at-top
+    from tools.plan import main as plan  # pylint: disable=g-import-not-at-top
     flag_values = flags.FlagValues()
     plan.DefineFlags(flag_values)
     flag_values(['plan'] + list(args))
@@ -341,7 +341,7 @@ class PlanToolTest(absltest.TestCase):
   def testPrecisionPutsActivationsIn16Bits(self):
     from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
     from gpipe_tf.layers import precision  # pylint: disable=g-import-not-at-top
-    from tools import plan  # pylint: disable=g-import-not-at-top
+    from tools.plan import main as plan  # pylint: disable=g-import-not-at-top
     self.assertEqual(plan._POLICIES, tuple(precision.POLICIES))
     params = model_registry.GetParams('synthetic.mlp.TinyPipelined')
     full, _, _ = plan.ExperimentModel(params, 'outputs')

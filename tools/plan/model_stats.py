@@ -4,10 +4,10 @@ Everything comes from the layers' FPropMeta (shapes only, no variables), so
 the 83.9B-parameter Transformer-L of Table 1 is counted in seconds on a
 laptop::
 
-  python -m tools.model_stats --model=lm.synthetic.TransformerL_1663
-  python -m tools.model_stats --model=mt.multilingual.T_64_16384_32 \\
+  python -m tools.plan.model_stats --model=lm.synthetic.TransformerL_1663
+  python -m tools.plan.model_stats --model=mt.multilingual.T_64_16384_32 \\
       --num_partitions=8 --json
-  python -m tools.model_stats --model=lm.synthetic.TransformerL_103 \\
+  python -m tools.plan.model_stats --model=lm.synthetic.TransformerL_103 \\
       --model_params_override='model.num_partitions : 16'
 
 The layer list is ``task.model.layers`` (a PipeliningLayer or SequentialLayer)

@@ -1,4 +1,4 @@
-"""tools/plan_synthesize.py and tools.plan --synthesize / --synthesize_table: a model's schedule written and drawn, the table on paper."""
+"""tools/plan/synthesize.py and tools.plan --synthesize / --synthesize_table: a model's schedule written and drawn, the table on paper."""
 
 import os
 import tempfile
@@ -9,8 +9,8 @@ from absl.testing import absltest
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline.schedule import layout
 from gpipe_tf.pipeline.schedule import memory
-from tools import plan_lib
-from tools import plan_synthesize
+from tools.plan import lib as plan_lib
+from tools.plan import synthesize as plan_synthesize
 
 _LAYER = plan_lib.LayerCost(flops=1e6, num_params=1000, output_bytes=4096)
 _MODEL = plan_lib.Model(layers=(_LAYER,) * 8, input_bytes=2048,
@@ -58,7 +58,7 @@ class TableTest(absltest.TestCase):
 class PlanSynthesizeToolTest(absltest.TestCase):
 
   def _Run(self, *args):
-    from tools import plan  # pylint: disable=g-import-not-at-top
+    from tools.plan import main as plan  # pylint: disable=g-import-not-at-top
     flag_values = flags.FlagValues()
     plan.DefineFlags(flag_values)
     flag_values(['plan'] + list(args))

@@ -1,4 +1,4 @@
-"""Tests of tools/model_stats.py: counts of registered models without building them."""
+"""Tests of tools/plan/model_stats.py: counts of registered models without building them."""
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -17,7 +17,7 @@ from gpipe_tf import model_registry
 from gpipe_tf.tasks import optimizers
 from gpipe_tf.layers import core
 from gpipe_tf.pipeline import partition
-from tools import model_stats
+from tools.plan import model_stats
 
 _ROOT = test_utils.REPO_ROOT
 _L1663 = 'lm.synthetic.TransformerL_1663'
@@ -97,7 +97,7 @@ class ModelStatsTest(tf.test.TestCase):
 
   def testCommandLine(self):
     result = subprocess.run(
-        [sys.executable, '-m', 'tools.model_stats',
+        [sys.executable, '-m', 'tools.plan.model_stats',
          '--model=lm.synthetic.TransformerL_13', '--json'],
         capture_output=True, text=True, cwd=_ROOT, timeout=120, check=False)
     self.assertEqual(result.returncode, 0, result.stderr[-2000:])

@@ -14,7 +14,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
 from gpipe_tf.data import synthetic_text  # pylint: disable=g-import-not-at-top
 from gpipe_tf.train import keras_model  # pylint: disable=g-import-not-at-top
-from tools import export  # pylint: disable=g-import-not-at-top
+from tools.export import main as export  # pylint: disable=g-import-not-at-top
 
 _VOCAB, _SEQ = 24, 12
 

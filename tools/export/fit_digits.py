@@ -2,7 +2,7 @@
 
 ::
 
-  python -m tools.fit_digits --epochs=5
+  python -m tools.export.fit_digits --epochs=5
 
 The model is image.digits.AmoebaNetTiny's layer list (AmoebaNet-D(3, 32) on
 16x16 digits) in a PipeliningLayer of K cells (--num_partitions, default 2)

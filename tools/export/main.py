@@ -276,7 +276,3 @@ def main(argv: Sequence[str]) -> None:
   except errors.Error as e:
     raise SystemExit(f'export: error: {type(e).__name__}: {e}') from None
 
-
-if __name__ == '__main__':
-  DefineFlags()
-  app.run(main)

@@ -1,4 +1,4 @@
-"""Tests of tools/export.py: a trained pipeline's SavedModel, served by a process without gpipe_tf."""
+"""Tests of tools/export/main.py: a trained pipeline's SavedModel, served by a process without gpipe_tf."""
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -24,7 +24,7 @@ from gpipe_tf.train import checkpoints
 from gpipe_tf.train import loop
 from params.mt import multilingual
 from params.synthetic import mlp
-from tools import export
+from tools.export import main as export
 
 # Runs in a fresh interpreter: loads both SavedModels with TensorFlow alone
 # and writes what their signatures return.

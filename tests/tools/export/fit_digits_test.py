@@ -1,4 +1,4 @@
-"""Tests of tools/fit_digits.py: one short epoch of model.fit on a pipelined AmoebaNet, run as a script."""
+"""Tests of tools/export/fit_digits.py: one short epoch of model.fit on a pipelined AmoebaNet, run as a script."""
 
 import os
 import re
@@ -17,7 +17,7 @@ class FitDigitsTest(tf.test.TestCase):
     root = tempfile.mkdtemp()
     logdir = os.path.join(root, 'logs')
     run = subprocess.run(
-        [sys.executable, '-m', 'tools.fit_digits', '--epochs=1',
+        [sys.executable, '-m', 'tools.export.fit_digits', '--epochs=1',
          '--steps_per_epoch=3', '--normal_cells=1', '--filters=8',
          # M=2 traces half the micro-batch steps of the default 4 (35 s
          # instead of 50 s for the script).

@@ -12,7 +12,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import keras_random  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
-from tools import keras_zoo  # pylint: disable=g-import-not-at-top
+from tools.keras_zoo import main as keras_zoo  # pylint: disable=g-import-not-at-top
 
 _STEP_SEED = (11, 5)
 

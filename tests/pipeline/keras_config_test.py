@@ -12,7 +12,7 @@ from gpipe_tf import errors  # pylint: disable=g-import-not-at-top
 from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
 from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import keras_errors  # pylint: disable=g-import-not-at-top
-from tools import keras_zoo  # pylint: disable=g-import-not-at-top
+from tools.keras_zoo import main as keras_zoo  # pylint: disable=g-import-not-at-top
 
 
 class ExtraKeys(keras.layers.Layer):

@@ -31,7 +31,7 @@ from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule
 from gpipe_tf.pipeline import transfers
-from tools import keras_zoo
+from tools.keras_zoo import main as keras_zoo
 
 
 
@@ -589,7 +589,7 @@ class FromKerasTest(tf.test.TestCase):
                      ['beta', 'moving_mean', 'moving_variance'])
 
   def testFloat64ModelWithBatchNormIsKerasToFloat64Rounding(self):
-    # The zoo's truth (tools/keras_zoo.py): over a model built under Keras's
+    # The zoo's truth (tools/keras_zoo/main.py): over a model built under Keras's
     # float64 policy the pipeline computes in float64, BatchNorm included,
     # so it equals Keras's float64 step far below float32 rounding. Only the
     # BatchNorm scale and offset (float32 variables here) round to float32.

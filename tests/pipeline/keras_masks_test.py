@@ -11,7 +11,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
 from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
-from tools import keras_zoo  # pylint: disable=g-import-not-at-top
+from tools.keras_zoo import main as keras_zoo  # pylint: disable=g-import-not-at-top
 
 _LENGTHS = np.array([6, 3, 2, 5, 1, 4, 6, 2])
 

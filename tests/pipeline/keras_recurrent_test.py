@@ -11,7 +11,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from gpipe_tf import errors  # pylint: disable=g-import-not-at-top
 from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
 from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
-from tools import keras_zoo  # pylint: disable=g-import-not-at-top
+from tools.keras_zoo import main as keras_zoo  # pylint: disable=g-import-not-at-top
 
 
 def _Recurrent(dropout=0.0, recurrent_dropout=0.0):

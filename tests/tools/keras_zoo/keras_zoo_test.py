@@ -15,9 +15,9 @@ test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from tools import keras_zoo  # pylint: disable=g-import-not-at-top
-from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
-from tools import keras_zoo_table  # pylint: disable=g-import-not-at-top
+from tools.keras_zoo import main as keras_zoo  # pylint: disable=g-import-not-at-top
+from tools.keras_zoo import hub as keras_zoo_hub  # pylint: disable=g-import-not-at-top
+from tools.keras_zoo import table as keras_zoo_table  # pylint: disable=g-import-not-at-top
 
 
 class KerasZooTest(tf.test.TestCase):

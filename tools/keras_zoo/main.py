@@ -3,7 +3,7 @@
 Every keras.applications architecture is built with random weights
 (weights=None) at the smallest of 32, 64, 75 and 96 pixels it accepts, and
 every keras_hub backbone class and four task models from tiny configs
-(keras_zoo_hub; no presets, no downloads). Each is converted with
+(tools/keras_zoo/hub.py; no presets, no downloads). Each is converted with
 ``pipeline.FromKeras``, run at each K and schedule for one training step
 (``ComputeLossAndGradients``, M = 4 micro-batches of 4 examples), and
 compared with Keras's own ``tf.GradientTape`` step over the same
@@ -20,7 +20,7 @@ time under Keras's ``float64`` policy with the same weights, and its tape
 step over the same micro-batches is the truth. Keras's own float32 step is
 ``keras_error`` off it (the rounding floor: large for a deep BatchNorm net
 normalising 4 examples on 1 x 1 maps), the pipeline's float32 step
-``pipeline_error``; the verdict (keras_zoo_table.Verdict) is 'exact' when
+``pipeline_error``; the verdict (tools/keras_zoo/table.py's Verdict) is 'exact' when
 the pipeline's error is at most 4 times Keras's own (or below 1e-6), else
 'DIFFERS'. Errors are the largest element difference over
 every gradient, relative to the largest truth gradient. The two Keras steps
@@ -41,7 +41,7 @@ Keras's float32 ones, relative to the largest Keras gradient), Keras's and
 the pipeline's error against the float64 truth, the verdict, and the
 seconds the row took (pipeline build, trace and step). The rows, the CSV
 file and the tables (docs/keras.md's support table too) are
-tools/keras_zoo_table.py's; tests/tools/keras_zoo_table_test.py fails when
+tools/keras_zoo/table.py's; tests/tools/keras_zoo/keras_zoo_table_test.py fails when
 the page is stale.
 """
 
@@ -56,7 +56,7 @@ from absl import flags
 
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
 from gpipe_tf.runtime import devices as devices_lib
-from tools import keras_zoo_table as table_lib
+from tools.keras_zoo import table as table_lib
 
 Row = table_lib.Row
 
@@ -104,7 +104,7 @@ APPLICATIONS = ('ConvNeXtBase', 'ConvNeXtLarge', 'ConvNeXtSmall', 'ConvNeXtTiny'
 
 
 def _HubNames() -> list[str]:
-  from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
+  from tools.keras_zoo import hub as keras_zoo_hub  # pylint: disable=g-import-not-at-top
   return keras_zoo_hub.Names()
 
 
@@ -133,7 +133,7 @@ def Build(name: str, size: int | None = None, randomness: bool = False
   """
   import keras  # pylint: disable=g-import-not-at-top
   if _IsHub(name):
-    from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
+    from tools.keras_zoo import hub as keras_zoo_hub  # pylint: disable=g-import-not-at-top
     model = keras_zoo_hub.Build(name, randomness=randomness)
     ints = [t for t in model.inputs if 'int' in str(t.dtype)]
     return model, (f'tiny config, {_SEQ} tokens' if ints else
@@ -444,7 +444,7 @@ def _Noisy(name: str, quiet: Any) -> Any:
   when it draws random numbers there; else None."""
   if not _IsHub(name):
     return None
-  from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
+  from tools.keras_zoo import hub as keras_zoo_hub  # pylint: disable=g-import-not-at-top
   noisy, _ = Build(name, randomness=True)
   if not keras_zoo_hub.HasRandomness(noisy):
     return None
@@ -497,6 +497,3 @@ def main(argv: Sequence[str]) -> None:
     rows += Run(name, runs, _Log, _MICRO_BATCHES.value)
   print(table_lib.Table(rows, True))
 
-
-if __name__ == '__main__':
-  app.run(main)

@@ -4,7 +4,7 @@ What "within float32 rounding" means (docs/keras.md): Keras's own float32
 step is ``keras_error`` off the float64 truth (the model's rounding floor),
 the pipeline's ``pipeline_error``; ``Verdict`` says 'exact' when the
 pipeline's error is at most ``FACTOR`` times Keras's own (or below
-``FLOOR``), else 'DIFFERS'. tools/keras_zoo.py makes the rows.
+``FLOOR``), else 'DIFFERS'. tools/keras_zoo/main.py makes the rows.
 """
 
 from __future__ import annotations

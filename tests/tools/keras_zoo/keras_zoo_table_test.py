@@ -1,11 +1,11 @@
-"""tools.keras_zoo_table: the verdict flags a gradient off by more than float32 rounding, the tables and the CSV round-trip, and docs/keras.md's support table is the zoo's results."""
+"""tools.keras_zoo.table: the verdict flags a gradient off by more than float32 rounding, the tables and the CSV round-trip, and docs/keras.md's support table is the zoo's results."""
 
 import os
 
 import numpy as np
 import tensorflow as tf
 
-from tools import keras_zoo_table
+from tools.keras_zoo import table as keras_zoo_table
 
 _RESULTS = os.path.join(os.path.dirname(keras_zoo_table.DOCS), os.pardir,
                         'benchmarks', 'keras_zoo', 'results.csv')

@@ -10,7 +10,9 @@ count follows what a reader has to understand, not how much is explained::
 The default modules are the engine's TensorFlow half (docs/pipeline.md):
 engine, interpreter, tick_graph, cell_program, slots, tensor_loop,
 graph_edit, leaves and tf_internals under gpipe_tf/pipeline/ (transfers.py,
-the processes mode's bytes-sent reading, is a tool's helper and left out).
+the processes mode's bytes-sent reading, is a tool's helper and left out, as
+is introspect.py, the tools' API, which reads a built step and builds
+nothing).
 A module missing at a revision counts 0. benchmarks/code_lines has the
 table of record.
 """

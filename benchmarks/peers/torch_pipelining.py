@@ -4,7 +4,7 @@ The peer of ``python -m tools.benchmark --devices=processes``: K processes on
 this host, process k pinned to core k (round-robin past the cores) with one
 intra-op and one inter-op thread, talking over gloo on localhost, each
 running its stages of PyTorch's pipeline schedules. The models are the
-benchmark's (tools/benchmark_lib.py):
+benchmark's (tools/benchmark/lib.py):
 
   fc           32 x (Linear 256 -> 256, ReLU), batch 2048
   transformer  8 x pre-layer-norm encoder blocks (d=256, 4 heads, hidden

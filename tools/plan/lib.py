@@ -240,7 +240,7 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
       measures it.
     stage_bytes: one schedule.memory.StageBytes per stage, in place of the
       ones the layers' output sizes give (memory.StageBytesOf): e.g. the
-      sizes a traced step holds (tools.benchmark_memory).
+      sizes a traced step holds (gpipe_tf.pipeline.introspect).
 
   Raises:
     PlanError: stage_bytes given, but not one per stage.

@@ -175,7 +175,7 @@ def BenchmarkModel(measured: dict, activations: str = 'traced',
   Raises:
     plan_lib.PlanError: rows of several dtypes and no `policy`.
   """
-  from tools import benchmark_lib  # pylint: disable=g-import-not-at-top
+  from tools.benchmark import lib as benchmark_lib  # pylint: disable=g-import-not-at-top
   fields = {f.name for f in dataclasses.fields(benchmark_lib.ModelSpec)}
   spec = benchmark_lib.ModelSpec(**{k: v for k, v in measured.items()
                                     if k in fields})

@@ -69,7 +69,7 @@ class EvaluateTest(absltest.TestCase):
     self.assertEqual(plan.step_bytes, (2 * 4000 * 4 + 4 * 8 * 5 * 4096,) * 2)
 
   def testGivenStageBytesReplaceTheEstimate(self):
-    # Sizes read from a traced step (tools/benchmark_memory.py): GPipe at
+    # Sizes read from a traced step (gpipe_tf/pipeline/introspect.py): GPipe at
     # M = 4 holds 4 micro-batches of each stage's input + activations, the
     # sums and a running backward's gradients; device 1's first backward
     # runs while device 0 still holds all 4.

@@ -29,7 +29,7 @@ import sys
 from typing import Callable, Sequence, TextIO
 
 from gpipe_tf.runtime import devices as devices_lib
-from tools import benchmark_lib as lib
+from tools.benchmark import lib
 
 __all__ = ['BaselineError', 'Command', 'Configs', 'MeasureWithBaseline',
            'Serve', 'SingleCoreBaseline']
@@ -89,7 +89,7 @@ def MeasureWithBaseline(
 
   Args:
     measure: times the grid instead of lib.Measure (e.g. on worker
-      processes, tools/benchmark_processes.py): called with the callables to
+      processes, tools/benchmark/processes.py): called with the callables to
       run first in every round (lib.Measure's ``also_time``), returns rows.
 
   Returns:

@@ -1,4 +1,4 @@
-"""tools/benchmark*: the grids, the measured rows, the single-core baseline and the tables."""
+"""tools/benchmark/: the grids, the measured rows, the single-core baseline and the tables."""
 
 import importlib.util
 import json
@@ -13,12 +13,12 @@ test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from tools import benchmark_baseline as baseline_lib  # pylint: disable=g-import-not-at-top
+from tools.benchmark import baseline as baseline_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
-from tools import benchmark_lib as lib  # pylint: disable=g-import-not-at-top
-from tools import benchmark_predict as predict_lib  # pylint: disable=g-import-not-at-top
-from tools import benchmark_processes as processes_lib  # pylint: disable=g-import-not-at-top
-from tools import benchmark_tables as tables  # pylint: disable=g-import-not-at-top
+from tools.benchmark import lib  # pylint: disable=g-import-not-at-top
+from tools.benchmark import predict as predict_lib  # pylint: disable=g-import-not-at-top
+from tools.benchmark import processes as processes_lib  # pylint: disable=g-import-not-at-top
+from tools.benchmark import tables  # pylint: disable=g-import-not-at-top
 
 # Tiny: the rows, not the timings, are under test.
 _TINY = lib.ModelSpec(num_blocks=4, dim=8, batch_size=16)

@@ -23,7 +23,7 @@ time of every configuration, each row then holds per-device figures:
   * with ``predict``, ``prediction``: every stage's F, B, W and BW pieces
     (the engine's) timed on its worker by the worker's CPU time, the step
     and bubble the schedule replayed on them predicts, and the measured
-    bubble from the busy times (tools/benchmark_predict.py).
+    bubble from the busy times (tools/benchmark/predict.py).
 
 The shared mode (``--devices=shared``, the default) runs every cell in ONE
 process, on logical devices that share one thread pool and one allocator;
@@ -32,6 +32,7 @@ process, on logical devices that share one thread pool and one allocator;
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import sys
@@ -39,8 +40,8 @@ import time
 from typing import Callable, Sequence
 
 from gpipe_tf.pipeline import schedule as schedule_lib
-from tools import benchmark_lib as lib
-from tools import benchmark_predict as predict_lib
+from tools.benchmark import lib
+from tools.benchmark import predict as predict_lib
 
 __all__ = ['SHARED', 'PROCESSES', 'MODES', 'Mode', 'BoundaryBytes',
            'Measure', 'Prediction']
@@ -142,24 +143,26 @@ def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
     step().numpy()
     return [a['peak'] - b['current'] for a, b in zip(workers.Memory(), before)]
 
-  steps, peaks, sizes = lib.Build(spec, configs, devices, log, _WorkerPeaks)
-  times = [[] for _ in configs]
   cpu = [[0.0] * len(devices) for _ in configs]
   sent = [[0] * len(devices) for _ in configs]
   chief = [0.0 for _ in configs]
-  for _ in range(rounds):
-    for time_round in also_time:
-      time_round()
-    for i, step in enumerate(steps):
-      cpu0, sent0 = workers.CpuSeconds(), workers.BytesSent()
-      own = time.process_time()
-      times[i].append(lib.TimeRound(step, steps_per_round))
-      chief[i] += time.process_time() - own
-      cpu[i] = [t + b - a for t, a, b in zip(cpu[i], cpu0,
-                                               workers.CpuSeconds())]
-      sent[i] = [t + b - a for t, a, b in zip(sent[i], sent0,
-                                               workers.BytesSent())]
-  rows = lib.Rows(spec, configs, times, [sum(p) for p in peaks], sizes)
+
+  @contextlib.contextmanager
+  def _Counting(i):
+    """Adds the workers' CPU time and bytes sent, and this process's CPU
+    time, over one timed round of configuration i."""
+    cpu0, sent0 = workers.CpuSeconds(), workers.BytesSent()
+    own = time.process_time()
+    yield
+    chief[i] += time.process_time() - own
+    cpu[i] = [t + b - a for t, a, b in zip(cpu[i], cpu0,
+                                             workers.CpuSeconds())]
+    sent[i] = [t + b - a for t, a, b in zip(sent[i], sent0,
+                                             workers.BytesSent())]
+
+  rows, peaks = lib.TimedRows(spec, configs, devices, rounds,
+                              steps_per_round, log, also_time, _WorkerPeaks,
+                              _Counting)
   total_steps = rounds * steps_per_round
   for row, cfg, p, c, s, own in zip(rows, configs, peaks, cpu, sent, chief):
     row.update(devices=PROCESSES, device_peak_memory_bytes=[int(x) for x in p],

@@ -1,6 +1,6 @@
 """Formats the benchmark's result rows as the markdown tables and target checks it prints.
 
-Pure functions of the rows tools/benchmark_lib.Measure returns (and of the
+Pure functions of the rows tools/benchmark/lib.Measure returns (and of the
 grid they came from); they run no TensorFlow op.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from tools import benchmark_lib as lib
+from tools.benchmark import lib
 
 __all__ = ['Find', 'Ideal', 'ReplicaTable', 'ScheduleTable', 'Schedules',
            'SingleCoreTargets', 'Table1', 'Table2', 'Targets', 'WithSpeedups',

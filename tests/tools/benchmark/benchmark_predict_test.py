@@ -1,4 +1,4 @@
-"""tools/benchmark_predict: the step predicted from F, B, W and BW pieces measured as the engine runs them."""
+"""tools/benchmark/predict: the step predicted from F, B, W and BW pieces measured as the engine runs them."""
 
 import os
 import time
@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from gpipe_tf import layers
 from gpipe_tf.pipeline import schedule as schedule_lib
-from tools import benchmark_predict as predict_lib
+from tools.benchmark import predict as predict_lib
 
 F, B, W, BW, FB = (schedule_lib.F, schedule_lib.B, schedule_lib.W,
                    schedule_lib.BW, schedule_lib.FB)

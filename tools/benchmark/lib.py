@@ -1,6 +1,6 @@
 """Builds the benchmark's training and inference steps and times them, interleaved round by round.
 
-The entry point (tools/benchmark.py) owns the flags and the tables; this
+The entry point (tools/benchmark/main.py) owns the flags and the tables; this
 module turns a ModelSpec and a list of configurations into result rows:
 
   * a configuration is a dict with the keys ``pipeline`` (False: a plain
@@ -21,11 +21,11 @@ module turns a ModelSpec and a list of configurations into result rows:
         ...        -> mean of the R gradients -> one SGD update
 
   * ``single_core`` marks the single-core baseline (a SequentialLayer timed
-    in its own one-thread process, tools/benchmark_baseline.py);
+    in its own one-thread process, tools/benchmark/baseline.py);
   * a row is the configuration plus ``examples_per_sec`` (global examples
     over the median step time), ``peak_memory_bytes``,
     ``model_peak_bytes`` (ModelPlan over the sizes the traced step's
-    stages hold, tools/benchmark_memory.py: the memory model's figure to
+    stages hold, gpipe_tf/pipeline/introspect.py: the memory model's figure to
     compare with the measured peak; None where it has none),
     ``device_model_peak_bytes`` (each device's own modelled peak, the same
     sizes) and ``plan_peak_bytes`` (the same model over tools.plan's
@@ -42,7 +42,7 @@ import dataclasses
 import statistics
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import tensorflow as tf
 
@@ -57,7 +57,8 @@ from gpipe_tf.pipeline import schedule as schedule_lib
 __all__ = ['Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
            'Measure', 'Merge', 'ModelPeakBytes', 'ModelPlan', 'ModelSpec',
            'PipelineConfigs', 'ReplicaConfigs', 'Rows', 'ScheduleLabel',
-           'StepAndModel', 'StageBalance', 'StageInputs', 'TimeRound']
+           'StepAndModel', 'StageBalance', 'StageInputs', 'TimeRound',
+           'TimedRows']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,16 +207,43 @@ def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
             rounds: int, steps_per_round: int,
             log: Callable[[str], None] | None = None,
             also_time: Sequence[Callable[[], None]] = ()) -> list[dict]:
-  """Builds every configuration's step, then times them round by round.
-
-  ``rounds`` times, every step runs ``steps_per_round`` times in turn; the
-  time per step is the median round (see Build for the peak memory).
+  """Builds every configuration's step, then times them round by round, on
+  the first ``num_devices`` (D) default devices: TimedRows's rows.
 
   Args:
     spec: the model and global batch.
     configs: configurations (Config dicts).
-    num_devices: D, the logical devices replicas and cells are placed on
-      (the first D of the default devices).
+    num_devices: D, the logical devices replicas and cells are placed on.
+    rounds, steps_per_round, log, also_time: as TimedRows.
+
+  Returns:
+    One row per configuration, in order: the configuration plus
+    ``examples_per_sec`` and ``peak_memory_bytes`` (Rows).
+  """
+  rows, _ = TimedRows(spec, configs,
+                      devices_lib.DefaultDevices()[:num_devices], rounds,
+                      steps_per_round, log, also_time)
+  return rows
+
+
+def TimedRows(spec: ModelSpec, configs: Sequence[dict],
+              all_devices: Sequence[str], rounds: int, steps_per_round: int,
+              log: Callable[[str], None] | None = None,
+              also_time: Sequence[Callable[[], None]] = (),
+              peak: Callable[[Callable[[], tf.Tensor]], Any] | None = None,
+              around: Callable[[int], ContextManager] | None = None
+              ) -> tuple[list[dict], list]:
+  """The measuring loop of both modes (shared CPU and --devices=processes):
+  builds every configuration's step (Build), then times them round by
+  round.
+
+  ``rounds`` times, every step runs ``steps_per_round`` times in turn; the
+  time per step is the median round.
+
+  Args:
+    spec: the model and global batch.
+    configs: configurations (Config dicts).
+    all_devices: the devices replicas and cells are placed on.
     rounds: timed rounds per configuration.
     steps_per_round: steps per timed round.
     log: called with a line after each configuration is built.
@@ -223,20 +251,27 @@ def Measure(spec: ModelSpec, configs: Sequence[dict], num_devices: int,
       something measured elsewhere (the single-core baseline in its own
       process), so that it sees the same machine as the grid. They keep
       their own results.
+    peak: reads a step's peak memory (Build's; default the process's
+      allocator); one that gives a list (a value per device) counts its
+      sum as the row's ``peak_memory_bytes``.
+    around: given a configuration's index, a context manager entered around
+      each of its timed rounds (processes mode reads its workers' counters
+      there).
 
   Returns:
-    One row per configuration, in order: the configuration plus
-    ``examples_per_sec`` and ``peak_memory_bytes``.
+    (Rows's rows, each configuration's peak as ``peak`` read it).
   """
-  steps, peaks, sizes = Build(spec, configs,
-                              devices_lib.DefaultDevices()[:num_devices], log)
+  steps, peaks, sizes = Build(spec, configs, all_devices, log,
+                              peak or _ProcessPeak)
   times = [[] for _ in configs]
   for _ in range(rounds):
     for time_round in also_time:
       time_round()
     for i, step in enumerate(steps):
-      times[i].append(TimeRound(step, steps_per_round))
-  return Rows(spec, configs, times, peaks, sizes)
+      with around(i) if around else contextlib.nullcontext():
+        times[i].append(TimeRound(step, steps_per_round))
+  totals = [sum(p) if isinstance(p, (list, tuple)) else p for p in peaks]
+  return Rows(spec, configs, times, totals, sizes), peaks
 
 
 def _ProcessPeak(step: Callable[[], tf.Tensor]) -> int:
@@ -253,14 +288,14 @@ def Build(spec: ModelSpec, configs: Sequence[dict], all_devices: Sequence[str],
           peak: Callable[[Callable[[], tf.Tensor]], Any] = _ProcessPeak
           ) -> tuple[list[Callable[[], tf.Tensor]], list, list]:
   """Every configuration's step, traced and warmed up, its peak memory, and
-  the sizes its stages hold (tools.benchmark_memory.TracedStageBytes: None
+  the sizes its stages hold (gpipe_tf.pipeline.introspect.TracedStageBytes: None
   for a row that is not a pipeline, or whose sizes are not known).
 
   The peak is `peak(step)`'s, read over one more step: by default the most
   the (process-wide) allocator held during it beyond what it held before
-  (tools.benchmark_processes reads each worker's).
+  (tools.benchmark.processes reads each worker's).
   """
-  from tools import benchmark_memory  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import introspect  # pylint: disable=g-import-not-at-top
   log = log or (lambda line: print(line, file=sys.stderr, flush=True))
   steps, peaks, sizes = [], [], []
   for cfg in configs:
@@ -268,7 +303,7 @@ def Build(spec: ModelSpec, configs: Sequence[dict], all_devices: Sequence[str],
     step().numpy()  # Trace and warm up.
     peaks.append(peak(step))
     steps.append(step)
-    sizes.append(benchmark_memory.TracedStageBytes(model.cells)
+    sizes.append(introspect.TracedStageBytes(model.cells)
                  if cfg['pipeline'] else None)
     log(f'built {Label(cfg)}')
   return steps, peaks, sizes
@@ -319,7 +354,7 @@ def ModelPlan(spec: ModelSpec, cfg: dict,
   counts them on one shared allocator; its ``step_bytes`` each device's own
   worst moment, as each worker's allocator holds it (--devices=processes).
   The sizes are ``stage_bytes`` (one schedule.memory.StageBytes per stage:
-  tools.benchmark_memory.TracedStageBytes) when given, else those tools.plan
+  gpipe_tf.pipeline.introspect.TracedStageBytes) when given, else those tools.plan
   estimates from the layers' FPropMeta (4 bytes a value). None for rows it
   does not model: not pipelined, inference, R > 1 or a dtype other than
   float32. Runs no TensorFlow op.
@@ -327,7 +362,7 @@ def ModelPlan(spec: ModelSpec, cfg: dict,
   if (not cfg['pipeline'] or cfg['mode'] != 'train' or
       cfg['num_replicas'] > 1 or cfg.get('dtype', 'float32') != 'float32'):
     return None
-  from tools import plan_lib  # pylint: disable=g-import-not-at-top
+  from tools.plan import lib as plan_lib  # pylint: disable=g-import-not-at-top
   blocks, shapes = LayersOf(spec)
   model = plan_lib.ModelOf(blocks, shapes, bytes_per_param=4)
   layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
@@ -405,7 +440,7 @@ def StageBalance(spec: ModelSpec, cfg: dict) -> tuple[int, ...]:
   """Blocks per stage of a pipelined row, as its PipeliningLayer cuts them
   (FLOPs weighted by each stage's recompute share: tools.plan_lib.Evaluate).
   Runs no TensorFlow op."""
-  from tools import plan_lib  # pylint: disable=g-import-not-at-top
+  from tools.plan import lib as plan_lib  # pylint: disable=g-import-not-at-top
   blocks, shapes = LayersOf(spec)
   layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
                            cfg['schedule'], cfg['num_virtual_stages'],

@@ -1,13 +1,13 @@
 """The chief of benchmark_test's processes-mode check: steps and per-device rows with the cells on 2 local workers.
 
-Run as ``python tests/tools/benchmark_processes_client.py OUT_DIR`` from the
+Run as ``python tests/tools/benchmark/benchmark_processes_client.py OUT_DIR`` from the
 repository root. Starts 2 local workers (gpipe_tf.runtime.local_workers),
 connects to them before any op, and for every configuration of CONFIGS runs
-STEPS training steps of SPEC through tools/benchmark_lib.MakeStep with cell
+STEPS training steps of SPEC through tools/benchmark/lib.MakeStep with cell
 k on worker k, writing their losses to OUT_DIR/losses.json; profiles the
 first configuration's steps on the workers (tools/trace/worker_profile.py) into
 OUT_DIR/profiles.json; then times the
-same configurations with tools/benchmark_processes.Measure (with the
+same configurations with tools/benchmark/processes.Measure (with the
 simulator's prediction from the pieces timed on the workers) and writes its
 rows to OUT_DIR/rows.json. The test computes the losses again in its own
 process on logical devices.
@@ -19,8 +19,8 @@ import os
 import sys
 
 from gpipe_tf.runtime import local_workers
-from tools import benchmark_lib as lib
-from tools import benchmark_processes as processes_lib
+from tools.benchmark import lib
+from tools.benchmark import processes as processes_lib
 from tools.trace import worker_profile
 
 # Big enough that the weights' gradients (2 x 66 KB a device) outweigh the

@@ -8,8 +8,8 @@ training row:
     weighted by each stage's recompute share);
   * **piece costs** (``MeasureCosts``, on the worker that runs the stage,
     pinned to its core): one micro-batch (N / M examples) through the
-    stage's blocks, each piece the engine's own (the stage's
-    ``cell_program.CellProgram``, pruned as the engine prunes it): F, B
+    stage's blocks, each piece the engine's own (the stage's program,
+    traced and pruned as the engine does: introspect.TraceCell): F, B
     (the input gradient, stashing what W reads), W (the weight gradients
     from what B stashed), BW (both in one pass), and with remat the B and
     BW that recompute their forward. Each piece is timed by the **worker's
@@ -298,16 +298,12 @@ def PieceRuns(layers: Sequence, inputs: Sequence, device: str,
   Tensors (to check what it computes).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import cell as cell_lib  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import cell_program as program_lib  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import introspect  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import roles  # pylint: disable=g-import-not-at-top
   R = roles.Role
 
-  cell = cell_lib.Cell(0, list(layers), device)
-  seed_spec = tf.TensorSpec([2], tf.int64)
-  program = program_lib.CellProgram(
-      cell, tuple(inputs), [tf.TensorSpec(x.shape, x.dtype) for x in inputs],
-      seed_spec, training=True, defers_w=True)
+  program = introspect.TraceCell(
+      layers, [tf.TensorSpec(x.shape, x.dtype) for x in inputs], device)
   with tf.device(device):
     seed = tf.constant([1, 2], tf.int64)
     x = roles.Tensors({R.SEED: (seed,), R.X: inputs})

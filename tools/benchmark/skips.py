@@ -24,9 +24,9 @@ loss inside (``ComputeLossAndGradients``), and for each the tool reports:
   * the median step time over --skips_steps steps, both variants
     interleaved.
 
-    python -m tools.skips                                # K=4, 1f1b and gpipe
-    python -m tools.skips --skips_schedules=1f1b --skips_micro_batches=8
-    python -m tools.skips --skips_devices=processes      # each device's peak
+    python -m tools.benchmark.skips                                # K=4, 1f1b and gpipe
+    python -m tools.benchmark.skips --skips_schedules=1f1b --skips_micro_batches=8
+    python -m tools.benchmark.skips --skips_devices=processes      # each device's peak
 """
 
 from __future__ import annotations

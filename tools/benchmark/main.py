@@ -13,12 +13,12 @@ update) and the peak memory the step allocates, for:
 all in ONE process, interleaved round by round (so a busy neighbour slows every
 configuration alike), with the CPU split into --num_devices logical devices,
 each given its share of the cores (intra-op threads = cores // devices,
-inter-op threads = devices). tools/benchmark_lib.py builds and times the steps.
+inter-op threads = devices). tools/benchmark/lib.py builds and times the steps.
 
 Every configuration is also compared with a single-core baseline: a plain
 SequentialLayer on one device with one thread in total (intra-op = inter-op =
 1), timed in a child process of its own (thread pools are fixed per process)
-whose rounds are interleaved with the grid's (tools/benchmark_baseline.py).
+whose rounds are interleaved with the grid's (tools/benchmark/baseline.py).
 Each row's examples/sec over the baseline's (of the same mode, training or
 inference) is its ``x single-core``; on C cores C x is the physical limit.
 The target checks also give the best row's ratio in every round (baseline
@@ -67,11 +67,11 @@ its own instead (gpipe_tf.runtime.local_workers: pinned to its own core, one
 intra-op thread; --intra_op_threads and --inter_op_threads set the workers'),
 this process driving every step as the cluster's chief: a device that waits
 then leaves its core idle, as an accelerator does. One replica only. Every
-row then also has per-device figures (tools/benchmark_processes.py: busy
+row then also has per-device figures (tools/benchmark/processes.py: busy
 time, peak memory of each worker's own allocator, bytes sent, the schedule's
 boundary bytes), printed as a per-device table. --predict adds the
 simulator's step from each row's measured F, B and W costs beside the
-measured step, and the bubbles (tools/benchmark_predict.py).
+measured step, and the bubbles (tools/benchmark/predict.py).
 
     python -m tools.benchmark                      # 32 FC blocks, K in {1,2}
     python -m tools.benchmark --block=transformer  # 32 Transformer blocks
@@ -102,10 +102,10 @@ import tensorflow as tf
 # Imports TensorFlow but runs no op: main splits the CPU before the first one.
 from gpipe_tf.runtime import devices
 from gpipe_tf.runtime import local_workers
-from tools import benchmark_baseline as baseline_lib
-from tools import benchmark_lib as lib
-from tools import benchmark_processes as processes_lib
-from tools import benchmark_tables as tables
+from tools.benchmark import baseline as baseline_lib
+from tools.benchmark import lib
+from tools.benchmark import processes as processes_lib
+from tools.benchmark import tables
 
 __all__ = ['main']
 
@@ -164,7 +164,7 @@ _PREDICT = flags.DEFINE_bool(
     'With --devices=processes: time every pipelined training row\'s F, B '
     'and W pieces on its workers after the rounds and print the simulator\'s '
     'step and bubble from them beside the measured ones '
-    '(tools/benchmark_predict.py).')
+    '(tools/benchmark/predict.py).')
 _DTYPES = flags.DEFINE_list(
     'dtype', ['float32'],
     "Precision policies of the rows, side by side: 'float32', "
@@ -273,6 +273,3 @@ def _Run(spec, workers, worker_devices, threads):
 def _Ints(flag):
   return [int(v) for v in flag.value]
 
-
-if __name__ == '__main__':
-  app.run(main)

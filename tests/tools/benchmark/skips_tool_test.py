@@ -1,4 +1,4 @@
-"""tools.skips: the benchmark's rows on a tiny U-Net: stash/pop receives less on the middle devices than tuple carrying, and the table shows every row."""
+"""tools.benchmark.skips: the benchmark's rows on a tiny U-Net: stash/pop receives less on the middle devices than tuple carrying, and the table shows every row."""
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -6,7 +6,7 @@ DEVICES = test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from tools import skips  # pylint: disable=g-import-not-at-top
+from tools.benchmark import skips  # pylint: disable=g-import-not-at-top
 
 
 class _Workers:

@@ -1,5 +1,6 @@
 """tools/benchmark/: the grids, the measured rows, the single-core baseline and the tables."""
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -14,6 +15,7 @@ test_utils.SetUpDevices()
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from tools.benchmark import baseline as baseline_lib  # pylint: disable=g-import-not-at-top
+from gpipe_tf.pipeline import introspect  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
 from tools.benchmark import lib  # pylint: disable=g-import-not-at-top
 from tools.benchmark import predict as predict_lib  # pylint: disable=g-import-not-at-top
@@ -100,6 +102,38 @@ class MeasureTest(tf.test.TestCase):
     table = tables.ReplicaTable(rows, 2, [1, 2], [1, 2], ['always'])
     self.assertIn('| always | 1 x 2 | 1.00 (', table)
     self.assertIn('| always | 2 x 1 | ', table)
+
+  def testTimedRowsSumsAPeakPerDeviceAndCountsAroundEveryRound(self):
+    # The loop of both modes: processes mode reads a peak per worker and
+    # its workers' counters around each timed round.
+    entered = []
+
+    @contextlib.contextmanager
+    def _Around(i):
+      entered.append(i)
+      yield
+
+    configs = [lib.Config(False), lib.Config(True, 2, 2, 'never')]
+    rows, peaks = lib.TimedRows(
+        _TINY, configs, test_utils.devices.LogicalCpus()[:2], rounds=3,
+        steps_per_round=1, log=lambda line: None, peak=lambda step: [1, 2],
+        around=_Around)
+    self.assertEqual(sorted(entered), [0, 0, 0, 1, 1, 1])
+    self.assertEqual(peaks, [[1, 2], [1, 2]])
+    self.assertEqual([r['peak_memory_bytes'] for r in rows], [3, 3])
+    self.assertEqual([len(r['seconds_per_step_rounds']) for r in rows], [3, 3])
+
+  def testTheModelOverTracedSizesHoldsEveryMicroBatchInGPipe(self):
+    cfg = lib.Config(True, 2, 2, 'never', schedule='1f1b', loss_inside=True)
+    step, model = lib.StepAndModel(_TINY, cfg,
+                                   test_utils.devices.LogicalCpus()[:2])
+    step()
+    first, _ = introspect.TracedStageBytes(model.cells)
+    gpipe = lib.ModelPeakBytes(_TINY, lib.Config(
+        True, 2, 2, 'never', schedule='gpipe', loss_inside=True),
+                               introspect.TracedStageBytes(model.cells))
+    self.assertGreaterEqual(
+        gpipe, 2 * (first.input + first.activations) + first.gradients)
 
   def testTwoReplicasTakeTheSameStepsAsOne(self):
     # A large step size, so that summed instead of averaged replica gradients

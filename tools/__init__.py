@@ -18,10 +18,11 @@
 * ``tools.code_lines`` and ``tools.support_doc``: the repository's own
   measures and generated pages.
 
-A package's command is a thin absl main (``<package>/main.py``, run by its
-``__main__.py``) over the package's library modules. What the tools read
-from the engine goes through its public API, gpipe_tf.pipeline.introspect
-(docs/pipeline.md, "What tools read from a step"), not its internals.
+A package's command is its ``main.py`` (flags and output; run by the
+package's ``__main__.py``) over the package's library modules. What the
+tools read from the engine goes through its public API,
+gpipe_tf.pipeline.introspect (docs/pipeline.md, "What tools read from a
+step"), not its internals.
 """
 
 __all__ = []

@@ -19,10 +19,10 @@ input shapes its cost estimate needs), takes one SGD step in a
   * next step: the median of the next three calls;
   * traces: the layer kinds traced by layers/shared_trace.py, and calls.
 
-    python -m tools.trace.first_step                          # L=16,64 plain and 1f1b
+    python -m tools.trace.first_step                     # L=16,64 plain and 1f1b
     python -m tools.trace.first_step --layers=16,64,128 --schedules=gpipe,1f1b,zb_h1
-    python -m tools.trace.first_step --share=on,off           # shared traces A/B
-    python -m tools.trace.first_step --repos=.,/tmp/main      # this tree beside another
+    python -m tools.trace.first_step --share=on,off      # shared traces A/B
+    python -m tools.trace.first_step --repos=.,/tmp/main # this tree beside another
 
 Ratios within one run are what count on a shared machine.
 """

@@ -5,8 +5,8 @@ a skip that crosses cells, K=2 logical devices, M=4) as a ``tf.function``
 and counts the ops of its traced graph and of every function in that graph's
 library (the pruned cell pieces and the loops' bodies)::
 
-    python -m tools.trace.step_ops                     # the working tree's engine
-    cd /tmp/old && python -m tools.trace.step_ops      # an older checkout, to compare
+    python -m tools.trace.step_ops             # the working tree's engine
+    cd /tmp/old && python -m tools.step_ops    # a checkout from before tools/trace/
 
 Rows: gpipe, 1f1b, interleaved_1f1b (V=2), zb_h1 and zbv trained with the loss
 inside (ComputeLossAndGradients), and gpipe trained through a tape (FProp),

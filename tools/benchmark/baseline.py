@@ -35,7 +35,8 @@ __all__ = ['BaselineError', 'Command', 'Configs', 'MeasureWithBaseline',
            'Serve', 'SingleCoreBaseline']
 
 _PREFIX = 'single-core-baseline: '
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 class BaselineError(RuntimeError):

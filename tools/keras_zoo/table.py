@@ -19,7 +19,7 @@ __all__ = ['DOCS', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'Merged',
            'SupportTable', 'Table', 'UpdateDocs', 'UpdateReadme', 'Verdict',
            'WriteResults']
 
-_ROOT = os.path.dirname(os.path.dirname(__file__))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 DOCS = os.path.join(_ROOT, 'docs', 'keras.md')
 README = os.path.join(_ROOT, 'benchmarks', 'keras_zoo', 'README.md')
 _BEGIN = '<!-- keras_zoo support table: python -m tools.keras_zoo --zoo_write_docs -->'

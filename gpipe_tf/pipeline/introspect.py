@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any, Protocol, Sequence
 
 from gpipe_tf.pipeline import roles
 from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.schedule import memory as memory_lib
+from gpipe_tf.pipeline.schedule import ticks
 
 __all__ = ['ActionScope', 'FindActionScope', 'Program', 'ProgramBytes',
            'TraceCell', 'TracedStageBytes', 'TrainingPrograms']
@@ -169,11 +169,6 @@ def TracedStageBytes(cells: Sequence[Any]) -> list | None:
   return None if any(s is None for s in stages) else stages
 
 
-# An action's name scope with its micro-batch ('mb3') or tick program column
-# ('t7'); schedule.ticks.Scope writes it.
-_ACTION = re.compile(r'(?:^|/)(stage(\d+)_([A-Z]+)_(mb|t)(\d+))/')
-
-
 @dataclasses.dataclass(frozen=True)
 class ActionScope:
   """One action's name scope in an op's name.
@@ -198,10 +193,14 @@ def FindActionScope(op_name: str) -> ActionScope | None:
   """The first action scope with a micro-batch or column in `op_name` (a
   switch branch's scope, ``stage1_FB``, names no action and is skipped), or
   None."""
-  found = _ACTION.search(op_name)
-  if not found:
-    return None
-  n = int(found.group(5))
-  mb = found.group(4) == 'mb'
-  return ActionScope(found.group(1), int(found.group(2)), found.group(3),
-                     n if mb else None, None if mb else n, found.end())
+  found = ticks.SCOPE.search(op_name)
+  while found and found.group(3) is None:  # Search on from its last '/'.
+    found = ticks.SCOPE.search(op_name, found.end() - 1)
+  if found:
+    n = int(found.group(4))
+    mb = found.group(3) == 'mb'
+    start = found.start() + (found.group(0)[0] == '/')
+    return ActionScope(op_name[start:found.end() - 1], int(found.group(1)),
+                       found.group(2), n if mb else None,
+                       None if mb else n, found.end())
+  return None

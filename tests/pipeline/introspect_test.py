@@ -111,6 +111,10 @@ class FindActionScopeTest(tf.test.TestCase):
     self.assertIsNone(introspect.FindActionScope(
         f'while/{ticks.Scope(step)}/MatMul'))  # A switch branch: no action.
     self.assertIsNone(introspect.FindActionScope('stage3_BW_mb6'))
+    # A step scope inside a scope that names no action.
+    nested = introspect.FindActionScope(
+        f'{ticks.Scope(step)}/{ticks.Scope(step, column=2)}/x')
+    self.assertEqual((nested.name, nested.column), ('stage3_BW_t2', 2))
 
 
 if __name__ == '__main__':

@@ -56,7 +56,7 @@ from gpipe_tf.pipeline.schedule import ascii as ascii_lib
 from gpipe_tf.pipeline.schedule import replay
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['FB', 'PHASES', 'FindScope', 'FuseLast', 'Fusable', 'JoinBackward',
+__all__ = ['FB', 'PHASES', 'SCOPE', 'FindScope', 'FuseLast', 'Fusable', 'JoinBackward',
            'Lower', 'Naming', 'Scope', 'StagesDeferringW', 'Step', 'StepError',
            'TickProgram', 'Unjoined']
 
@@ -308,7 +308,8 @@ def Lower(schedule: table.Schedule, *, phase: str = 'all',
 # A step's name scope in a built step's graph (tick_graph): its stage, kind
 # and micro-batch ('mb3') when built at its own tick, or its tick program
 # column ('t7') when built in a loop's body; a switch loop's branch has none.
-_SCOPE = re.compile(r'(?:^|/)stage(\d+)_([A-Z]+)(?:_(mb|t)(\d+))?/')
+# Groups: stage, kind, 'mb' or 't', the number. Scope writes it.
+SCOPE = re.compile(r'(?:^|/)stage(\d+)_([A-Z]+)(?:_(mb|t)(\d+))?/')
 
 
 def Scope(step: Step, micro_batch: int | None = None,
@@ -322,7 +323,7 @@ def Scope(step: Step, micro_batch: int | None = None,
 def FindScope(text: str) -> tuple[int, str, int | None, int | None] | None:
   """(stage, kind, micro-batch or None, column or None) of the first step
   scope (Scope) in `text` (an op's name, an error message), or None."""
-  found = _SCOPE.search(text)
+  found = SCOPE.search(text)
   if not found:
     return None
   n = None if found.group(4) is None else int(found.group(4))

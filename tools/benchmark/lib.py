@@ -348,7 +348,7 @@ def ModelPlan(spec: ModelSpec, cfg: dict,
               stage_bytes: Sequence[object] | None = None) -> Any:
   """The memory model of a pipelined training row, to set beside the measured peaks.
 
-  tools.plan_lib.Evaluate's Plan (schedule.memory.Profile over the
+  tools.plan.lib.Evaluate's Plan (schedule.memory.Profile over the
   simulated step): its ``total_step_bytes`` are the gradient sums and
   activations all devices hold at the worst moment, as the measured peak
   counts them on one shared allocator; its ``step_bytes`` each device's own
@@ -438,7 +438,7 @@ def StepAndModel(spec: ModelSpec, cfg: dict, all_devices: Sequence[str]
 
 def StageBalance(spec: ModelSpec, cfg: dict) -> tuple[int, ...]:
   """Blocks per stage of a pipelined row, as its PipeliningLayer cuts them
-  (FLOPs weighted by each stage's recompute share: tools.plan_lib.Evaluate).
+  (FLOPs weighted by each stage's recompute share: tools.plan.lib.Evaluate).
   Runs no TensorFlow op."""
   from tools.plan import lib as plan_lib  # pylint: disable=g-import-not-at-top
   blocks, shapes = LayersOf(spec)

@@ -4,7 +4,7 @@
 training row:
 
   * **stages**: the row's cut of the blocks into K x V stages, as its
-    PipeliningLayer makes it (tools.plan_lib.Evaluate's balance: FLOPs,
+    PipeliningLayer makes it (tools.plan.lib.Evaluate's balance: FLOPs,
     weighted by each stage's recompute share);
   * **piece costs** (``MeasureCosts``, on the worker that runs the stage,
     pinned to its core): one micro-batch (N / M examples) through the

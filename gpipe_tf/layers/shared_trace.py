@@ -17,9 +17,9 @@ cell_program's: ``saved`` are the forward tensors the backward reads,
 ``wcut`` what the weight-gradient ops read from the input-gradient ones).
 A call records itself on the gradient tape as one operation whose gradient
 calls B then W, so a graph pruned between a backward's roles (a pipeline
-piece) would find each layer's B and W as separate calls. Pipeline cells do
-not share yet (cell_program traces them under ``Off()``): their pieces ran
-2x slower with the calls, see docs/scale.md.
+piece) finds each layer's B and W as separate calls: a pipeline cell's
+pieces are pruned from such calls, and ``InlinedSize`` weighs a piece by the
+ops of each call that make what the piece reads (docs/scale.md).
 
 The functions keep the variables the kind was traced with as captured
 inputs; a call passes the calling layer's variables in their place (the
@@ -142,10 +142,30 @@ def CalledGraph(op: tf.Operation) -> tf.Graph | None:
 
 def InlinedSize(graph: tf.Graph) -> int:
   """The ops of `graph` once the calls of shared traces in it are inlined
-  (what a piece of a cell's program adds to a step)."""
-  return sum(1 if CalledGraph(op) is None else
-             len(CalledGraph(op).get_operations())
-             for op in graph.get_operations())
+  (what a piece of a cell's program adds to a step): of a call, the ops of
+  its trace that make the outputs the piece uses, as TensorFlow keeps them
+  after inlining. Counting whole traces would count a forward's saved
+  tensors where only its outputs are read, twice a piece's real size, and
+  a step's plan (periods.Plan) would fold what it builds whole."""
+  fetched = {id(t) for t in getattr(graph, 'outputs', ())}
+  total = 0
+  for op in graph.get_operations():
+    called = CalledGraph(op)
+    if called is None:
+      total += 1
+      continue
+    used = tuple(i for i, y in enumerate(op.outputs)
+                 if y.consumers() or id(y) in fetched)
+    key = (op.get_attr('f').name, used)
+    if key not in _SIZES:
+      outputs = [called.outputs[i] for i in used]
+      _SIZES[key] = len(_Ancestors(outputs, set(called.get_operations())))
+    total += _SIZES[key]
+  return total
+
+
+# (a traced function's name, the outputs a call uses) -> the ops kept.
+_SIZES: dict = {}
 
 
 def _SubLayers(layer: Any) -> list:
@@ -327,7 +347,16 @@ def _Backward(kind: _Kind, xs: Sequence[Any], ys: Sequence[tf.Tensor],
   dx, rest = iter(got[:num_dx]), got[num_dx:]
   dws = (rest if kind.weights is None else
          _Call(kind.weights, rest, kind, handles))
-  return [next(dx) if p else None for p in kind.dx_present], list(dws)
+  # An input gradient has its input's shape, as far as the caller knows it
+  # (B's trace may know less: a switch loop's slots need it).
+  return [_Like(next(dx), x) if p else None
+          for p, x in zip(kind.dx_present, xs)], list(dws)
+
+
+def _Like(dx: tf.Tensor, x: Any) -> tf.Tensor:
+  if isinstance(x, tf.Tensor) and dx.shape.is_compatible_with(x.shape):
+    dx.set_shape(x.shape)
+  return dx
 
 
 # Symbolic gradients (tf.gradients, and TensorFlow differentiating a

@@ -140,10 +140,9 @@ _NO_PIECE = Piece(lambda: ())
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
              xs: Sequence[Any], skips: Sequence[Any], training: bool
              ) -> tuple[tuple, tuple]:
-  # Cells trace their layers as written: where a piece runs inside a
-  # folded loop, TensorFlow leaves the shared traces' calls un-inlined and
-  # the step ran 2x slower (docs/scale.md).
-  with random_seeds.StepSeedScope(seed), shared_trace.Off():
+  # Layers of one kind share one trace (layers/shared_trace.py), here as in
+  # a plain model: a cell of L/K identical blocks traces one block.
+  with random_seeds.StepSeedScope(seed):
     return cell.Forward(structure, xs, skips, training)
 
 

@@ -120,9 +120,10 @@ class SharedTraceTest(tf.test.TestCase):
                if getattr(k, piece) is not None]
       self.assertEqual(sum(called.count(n) for n in names), calls, piece)
 
-  def testPipelineCellsTraceTheirLayersAsWritten(self):
-    """A pipeline's cells do not share traces yet (docs/scale.md); it still
-    equals the SequentialLayer, which does."""
+  def testPipelineCellsShareTracesAndEqualTheSequentialLayer(self):
+    """A pipeline's cells share their layers' traces (one kind for the
+    blocks of every cell) and equal the SequentialLayer traced layer by
+    layer."""
     blocks = _Blocks(4)
     pipe = PipeliningLayer.Params().Set(
         name='net', layers=blocks, num_partitions=2, num_micro_batches=2,
@@ -130,12 +131,14 @@ class SharedTraceTest(tf.test.TestCase):
     seq = layers.SequentialLayer.Params().Set(
         name='net', layers=blocks).Instantiate()
     got = _Step(pipe, self._Inputs())
-    self.assertEqual(shared_trace.Stats.Get().calls, 0)
-    want = _Step(seq, self._Inputs())
-    self.assertEqual(shared_trace.Stats.Get().calls, 4)
+    self.assertGreater(shared_trace.Stats.Get().calls, 0)
+    self.assertLessEqual(shared_trace.Stats.Get().traces, 3)
+    with shared_trace.Off():
+      want = _Step(seq, self._Inputs())
     self.assertAllClose(got[0], want[0], rtol=1e-5)
     for a, b in zip(got[1][1:], want[1][1:]):
       self.assertAllClose(a, b, rtol=1e-4, atol=1e-5)
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -65,6 +65,16 @@ def _Step(kind, keep=False):
   return ticks.Step(kind, 0, keep)
 
 
+def _Blocks(n, width=16):
+  from gpipe_tf.layers import transformer  # pylint: disable=g-import-not-at-top
+  blocks = [transformer.TransformerEncoderLayer.Params().Set(
+      name=f'block{i}', model_dim=width, hidden_dim=4 * width, num_heads=2)
+            for i in range(n)]
+  seq = core.SequentialLayer.Params().Set(name='net',
+                                          layers=blocks).Instantiate()
+  return cell_lib.Cell(0, seq.layers, '/device:CPU:0')
+
+
 class CellProgramTest(tf.test.TestCase):
 
   def setUp(self):
@@ -99,6 +109,32 @@ class CellProgramTest(tf.test.TestCase):
     first = _Program(self.cell, False)
     self.assertEqual(_MatMuls(first.Piece(_Step(ticks.B, True))), 0)
     self.assertEqual(_MatMuls(first.Piece(_Step(ticks.W))), 2 * n - 1)
+
+  def testPieceSizesCountWhatInliningKeeps(self):
+    """A piece's op count (what the step's plan weighs, periods.Plan) is
+    about the same whether its blocks call a shared trace or are traced
+    as written: of a shared call only the ops making the outputs the piece
+    reads count. Counting whole traces (a forward's saved tensors with its
+    outputs) made B pieces 2x and folded what should be built whole."""
+    cell = _Blocks(2)
+    specs = [tf.TensorSpec([2, 4, 16], tf.float32),
+             tf.TensorSpec([2, 4], tf.float32)]
+
+    def _Sizes():
+      program = cell_program.CellProgram(
+          cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
+          input_grads=True, defers_w=True)
+      return {(kind, keep): program.Piece(_Step(kind, keep)).num_ops
+              for kind, keep in ((ticks.F, False), (ticks.B, False),
+                                 (ticks.BW, False), (ticks.W, False))}
+
+    shared_trace.Stats.Reset()
+    shared = _Sizes()
+    self.assertGreater(shared_trace.Stats.Get().calls, 0)
+    with shared_trace.Off():
+      alone = _Sizes()
+    for key, size in shared.items():
+      self.assertBetween(size / alone[key], 0.5, 1.4, key)
 
   def testBAndWTogetherEqualTheWholeBackward(self):
     p = self.program

@@ -600,8 +600,12 @@ def _Build(spec, cfg, all_devices=None):
 
 
 def _PipelineParams(spec, cfg, all_devices=None):
-  """The PipeliningLayer Params of a pipelined row."""
+  """The PipeliningLayer Params of a pipelined row. AUTO's input shapes
+  carry the batch N: its memory model counts micro-batches of N / M
+  examples (without it, PipeliningLayer.AutoChoice's default)."""
   blocks, shapes = LayersOf(spec)
+  if cfg['schedule'] == AUTO:
+    shapes = [(spec.batch_size,) + tuple(s[1:]) for s in shapes]
   return pipeline_lib.PipeliningLayer.Params().Set(
       name='net', layers=blocks, num_partitions=cfg['num_partitions'],
       num_micro_batches=cfg['num_micro_batches'], remat=cfg['remat'],

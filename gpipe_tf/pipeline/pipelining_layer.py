@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
+from absl import logging
 
 from gpipe_tf.runtime import devices as devices_lib
 from gpipe_tf.runtime import distribute
@@ -268,6 +269,14 @@ class PipeliningLayer(base_layer.BaseLayer):
     """
     p = params
     shapes = _InputShapes(p) or cost_lib.InferInputShapes(p.layers)
+    if p.profile_batch_size is None and not any(
+        len(s) and s[0] is not None for s in shapes):
+      logging.warning(
+          "PipeliningLayer '%s' schedule='auto': no batch size known, so the "
+          'memory model counts micro-batches of %d examples; set the batch '
+          'dimension of input_shapes to the mini-batch size N (or '
+          'profile_batch_size to N / num_micro_batches) for the sizes the '
+          'step holds.', path or p.name, cost_lib.DEFAULT_PROFILE_BATCH_SIZE)
     value_bytes = 2 if p.precision in ('mixed_bfloat16', 'mixed_float16') else 4
     layers = auto_schedule.LayerCosts(p.layers, p.cost, shapes,
                                       p.profile_batch_size,

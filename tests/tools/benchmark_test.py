@@ -260,8 +260,9 @@ class AutoTest(tf.test.TestCase):
       plan = lib.ModelPlan(self._SPEC, cfg)
       one = lib.ModelPlan(self._SPEC, dict(cfg, schedule='1f1b'))
       with self.subTest(m=m, remat=remat):
-        self.assertAllClose(max(fields['budget_step_bytes']),
-                            max(one.step_bytes), rtol=1e-6)
+        if remat == 'never':  # Under remat 1F1B's own balance differs.
+          self.assertAllClose(max(fields['budget_step_bytes']),
+                              max(one.step_bytes), rtol=1e-6)
         for got, budget in zip(plan.step_bytes, fields['budget_step_bytes']):
           self.assertLessEqual(got, budget * (1 + 1e-9))
         self.assertLessEqual(plan.makespan, one.makespan * (1 + 1e-9))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
+from absl import logging
 
 from gpipe_tf.runtime import devices as devices_lib
 from gpipe_tf.runtime import distribute
@@ -248,13 +249,40 @@ class PipeliningLayer(base_layer.BaseLayer):
           f"PipeliningLayer '{self.path}': schedule='auto' chooses the "
           'balance; drop balance, or name a schedule.')
     partition.CheckDevices(p.num_partitions, num_devices)
+    return self.AutoChoice(p, self.path)
+
+  @staticmethod
+  def AutoChoice(params, path: str = ''):
+    """What schedule='auto' picks for these Params, building nothing.
+
+    The schedule.layout.Choice (balance, V, schedule, predicted step and
+    per-device peaks, budget) that a PipeliningLayer of ``params`` with
+    schedule='auto' runs: the same costs (``cost``), sizes and
+    ``memory_budget`` (None: 1F1B's modelled peak). A tool that predicts or
+    tables such a layer reads it here instead of re-deriving it. Logs the
+    choice (auto_schedule.Choose), as the layer does; ``path`` names the
+    layer in that line.
+
+    Raises:
+      cost.CostEstimateError: the costs cannot be estimated.
+      schedule.MemoryBudgetError: nothing fits the budget.
+    """
+    p = params
     shapes = _InputShapes(p) or cost_lib.InferInputShapes(p.layers)
+    if p.profile_batch_size is None and not any(
+        len(s) and s[0] is not None for s in shapes):
+      logging.warning(
+          "PipeliningLayer '%s' schedule='auto': no batch size known, so the "
+          'memory model counts micro-batches of %d examples; set the batch '
+          'dimension of input_shapes to the mini-batch size N (or '
+          'profile_batch_size to N / num_micro_batches) for the sizes the '
+          'step holds.', path or p.name, cost_lib.DEFAULT_PROFILE_BATCH_SIZE)
     value_bytes = 2 if p.precision in ('mixed_bfloat16', 'mixed_float16') else 4
     layers = auto_schedule.LayerCosts(p.layers, p.cost, shapes,
                                       p.profile_batch_size,
                                       p.num_micro_batches, value_bytes)
     return auto_schedule.Choose(layers, p.num_partitions, p.num_micro_batches,
-                                p.remat, p.memory_budget, self.path)
+                                p.remat, p.memory_budget, path or p.name)
 
   def _Balance(self, num_devices: int) -> list[int]:
     """Layers per cell: K x V cells (V = num_virtual_stages)."""

@@ -20,6 +20,7 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline.schedule import controllable
 
 _TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'testdata')
 
@@ -76,6 +77,14 @@ class VShapeTransparencyTest(tf.test.TestCase):
         # Cells 0 and 2K-1 share device 0.
         self.assertEqual(pipe.cells[0].device, pipe.cells[-1].device)
         self._AssertSequential(pipe)
+
+  def testControllableMemorySchedules(self):
+    # V-Half and V-Min (schedule/controllable.py), given as Schedule objects.
+    for (make, k, m), remat in itertools.product(
+        [(controllable.VHalf, 2, 4), (controllable.VMin, 3, 5)],
+        ('always', 'never')):
+      with self.subTest(schedule=make.__name__, k=k, m=m, remat=remat):
+        self._AssertSequential(_Pipe(make(k, m), k, m, remat))
 
   def testPyTorchCsv(self):
     # Hand-written in PyTorch's format: ZB-V and DualPipeV (with

@@ -6,7 +6,10 @@ module turns a ModelSpec and a list of configurations into result rows:
   * a configuration is a dict with the keys ``pipeline`` (False: a plain
     SequentialLayer), ``num_partitions`` (K), ``num_micro_batches`` (M),
     ``remat``, ``mode`` ('train' or 'inference'), ``num_replicas`` (R),
-    ``schedule`` and ``num_virtual_stages`` (V; gpipe_tf.pipeline.schedule)
+    ``schedule`` and ``num_virtual_stages`` (V; gpipe_tf.pipeline.schedule;
+    schedule ``AUTO``: PipeliningLayer's schedule='auto', which picks the
+    balance, V and schedule within 1F1B's modelled peak; RowLayout says what
+    it picked)
     and ``loss_inside``: how a pipelined training step gets its gradients,
     True through ``PipeliningLayer.ComputeLossAndGradients`` with a
     per-example loss (needed by every schedule but 'gpipe'), False through
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -54,11 +58,14 @@ from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 
-__all__ = ['Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
+__all__ = ['AUTO', 'Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
            'Measure', 'Merge', 'ModelPeakBytes', 'ModelPlan', 'ModelSpec',
-           'PipelineConfigs', 'ReplicaConfigs', 'Rows', 'ScheduleLabel',
-           'StepAndModel', 'StageBalance', 'StageInputs', 'TimeRound',
-           'TimedRows']
+           'PipelineConfigs', 'ReplicaConfigs', 'RowLayout', 'Rows',
+           'ScheduleLabel', 'StepAndModel', 'StageBalance', 'StageInputs',
+           'TimeRound', 'TimedRows']
+
+
+AUTO = 'auto'  # PipeliningLayer's schedule='auto'.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +122,11 @@ def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
   Raises:
     ValueError: a schedule that is not registered.
   """
-  unknown = [name for name in schedules if name not in schedule_lib.Names()]
+  known = schedule_lib.Names() + [AUTO]
+  unknown = [name for name in schedules if name not in known]
   if unknown:
     raise ValueError(f"Unknown schedule(s) {', '.join(unknown)}; use names "
-                     f"from {', '.join(schedule_lib.Names())}.")
+                     f"from {', '.join(known)}.")
   inside = LossInside(schedules)
   configs = [Config(False, dtype=dtype) for dtype in dtypes]
   configs += [Config(True, k, m, remat, schedule=name,
@@ -341,7 +349,35 @@ def Rows(spec: ModelSpec, configs: Sequence[dict],
                                  [int(b) for b in traced.step_bytes]),
         plan_peak_bytes=_Total(estimated),
         seconds_per_step_rounds=[float(t) for t in ts]))
+    if cfg['pipeline'] and cfg['schedule'] == AUTO:
+      rows[-1]['auto'] = AutoFields(spec, cfg)
   return rows
+
+
+def AutoFields(spec: ModelSpec, cfg: dict) -> dict:
+  """What an 'auto' row's PipeliningLayer chose (RowLayout): the candidate
+  it came from, V, the balance, its simulated step in the layer's cost units,
+  and per device the budget, the weights and the peak of the library's
+  memory model (bytes, weights included; the measured peaks leave the
+  weights out, so a device keeps within the budget when its measured peak
+  is at most ``budget_step_bytes``, the budget less its weights)."""
+  choice = _AutoChoice(spec, cfg['num_partitions'], cfg['num_micro_batches'],
+                       cfg['remat'])
+  best = choice.synthesized.best
+  weights = [sum(b.weights for s, b in enumerate(choice.problem.stage_bytes)
+                 if best.schedule.DeviceOf(s) == d)
+             for d in range(best.schedule.num_devices)]
+  library = choice.synthesized.best_library
+  return dict(source=best.source,
+              num_virtual_stages=choice.num_virtual_stages,
+              balance=list(choice.balance),
+              simulated_step=best.makespan,
+              best_library=None if library is None else library.source,
+              budget_bytes=list(choice.synthesized.budget),
+              weight_bytes=weights,
+              budget_step_bytes=[b - w for b, w in
+                                 zip(choice.synthesized.budget, weights)],
+              model_peak_bytes=list(best.peaks))
 
 
 def ModelPlan(spec: ModelSpec, cfg: dict,
@@ -365,11 +401,14 @@ def ModelPlan(spec: ModelSpec, cfg: dict,
   from tools.plan import lib as plan_lib  # pylint: disable=g-import-not-at-top
   blocks, shapes = LayersOf(spec)
   model = plan_lib.ModelOf(blocks, shapes, bytes_per_param=4)
+  schedule, balance = RowLayout(spec, cfg)
   layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
-                           cfg['schedule'], cfg['num_virtual_stages'],
+                           cfg['schedule'],
+                           schedule.num_stages // schedule.num_devices,
                            cfg['remat'])
   return plan_lib.Evaluate(model, layout, spec.batch_size,
-                           stage_bytes=stage_bytes)
+                           stage_bytes=stage_bytes, schedule=schedule,
+                           balance=balance)
 
 
 def ModelPeakBytes(spec: ModelSpec, cfg: dict,
@@ -436,10 +475,34 @@ def StepAndModel(spec: ModelSpec, cfg: dict, all_devices: Sequence[str]
   return _Step, model
 
 
+def RowLayout(spec: ModelSpec, cfg: dict
+              ) -> tuple[schedule_lib.Schedule, tuple[int, ...]]:
+  """(the schedule, blocks per stage) a pipelined row's PipeliningLayer runs:
+  the registered schedule on StageBalance's cut, or for AUTO what
+  PipeliningLayer.AutoChoice picks. Runs no TensorFlow op."""
+  if cfg['schedule'] == AUTO:
+    choice = _AutoChoice(spec, cfg['num_partitions'],
+                         cfg['num_micro_batches'], cfg['remat'])
+    return choice.schedule, tuple(choice.balance)
+  return (schedule_lib.Make(cfg['schedule'], cfg['num_partitions'],
+                            cfg['num_micro_batches'],
+                            cfg['num_virtual_stages']),
+          StageBalance(spec, cfg))
+
+
+@functools.lru_cache(maxsize=16)
+def _AutoChoice(spec, num_partitions, num_micro_batches, remat):
+  return pipeline_lib.PipeliningLayer.AutoChoice(_PipelineParams(
+      spec, Config(True, num_partitions, num_micro_batches, remat,
+                   schedule=AUTO)))
+
+
 def StageBalance(spec: ModelSpec, cfg: dict) -> tuple[int, ...]:
   """Blocks per stage of a pipelined row, as its PipeliningLayer cuts them
-  (FLOPs weighted by each stage's recompute share: tools.plan.lib.Evaluate).
-  Runs no TensorFlow op."""
+  (FLOPs weighted by each stage's recompute share: tools.plan.lib.Evaluate;
+  for AUTO, RowLayout's). Runs no TensorFlow op."""
+  if cfg['schedule'] == AUTO:
+    return RowLayout(spec, cfg)[1]
   from tools.plan import lib as plan_lib  # pylint: disable=g-import-not-at-top
   blocks, shapes = LayersOf(spec)
   layout = plan_lib.Layout(cfg['num_partitions'], 1, cfg['num_micro_batches'],
@@ -563,10 +626,20 @@ def LayersOf(spec: ModelSpec) -> tuple[list, list]:
 def _Build(spec, cfg, all_devices=None):
   """The model of ``cfg``; a pipeline's cells on the first K of
   ``all_devices`` (default: the default devices)."""
-  blocks, shapes = LayersOf(spec)
   if not cfg['pipeline']:
+    blocks, _ = LayersOf(spec)
     return layers.SequentialLayer.Params().Set(name='net',
                                                layers=blocks).Instantiate()
+  return _PipelineParams(spec, cfg, all_devices).Instantiate()
+
+
+def _PipelineParams(spec, cfg, all_devices=None):
+  """The PipeliningLayer Params of a pipelined row. AUTO's input shapes
+  carry the batch N: its memory model counts micro-batches of N / M
+  examples (without it, PipeliningLayer.AutoChoice's default)."""
+  blocks, shapes = LayersOf(spec)
+  if cfg['schedule'] == AUTO:
+    shapes = [(spec.batch_size,) + tuple(s[1:]) for s in shapes]
   return pipeline_lib.PipeliningLayer.Params().Set(
       name='net', layers=blocks, num_partitions=cfg['num_partitions'],
       num_micro_batches=cfg['num_micro_batches'], remat=cfg['remat'],
@@ -575,4 +648,4 @@ def _Build(spec, cfg, all_devices=None):
       execution=cfg.get('execution', 'loop'),
       jit_compile=cfg.get('jit_compile', False),
       input_shapes=shapes,
-      devices=list(all_devices) if all_devices else None).Instantiate()
+      devices=list(all_devices) if all_devices else None)

@@ -132,7 +132,9 @@ _REMAT = flags.DEFINE_list('remat', ['never', 'always', 'except_last'],
                            'Remat policies.')
 _SCHEDULES = flags.DEFINE_list(
     'schedules', ['gpipe'],
-    "Pipeline schedules (gpipe_tf.pipeline.schedule.Names()). With any but "
+    "Pipeline schedules (gpipe_tf.pipeline.schedule.Names()), or 'auto' "
+    "(PipeliningLayer schedule='auto' within 1F1B's modelled peak; each "
+    "row's 'auto' field says what it chose). With any but "
     "'gpipe', every pipelined training row takes the loss-inside path "
     '(ComputeLossAndGradients), gpipe\'s too.')
 _VIRTUAL_STAGES = flags.DEFINE_integer(

@@ -102,10 +102,9 @@ def RowBoundaryBytes(spec: lib.ModelSpec, cfg: dict) -> int | None:
   """BoundaryBytes of a pipelined training row (None for any other row)."""
   if not cfg['pipeline'] or cfg['mode'] != 'train':
     return None
-  k, m = cfg['num_partitions'], cfg['num_micro_batches']
-  schedule = schedule_lib.Make(cfg['schedule'], k, m,
-                               cfg['num_virtual_stages'])
-  return BoundaryBytes(schedule, spec.batch_size // m * ExampleBytes(spec))
+  schedule, _ = lib.RowLayout(spec, cfg)
+  return BoundaryBytes(schedule, spec.batch_size // cfg['num_micro_batches']
+                       * ExampleBytes(spec))
 
 
 def Measure(spec: lib.ModelSpec, configs: Sequence[dict], workers,
@@ -199,13 +198,12 @@ def Prediction(spec: lib.ModelSpec, cfg: dict, devices: Sequence[str],
   size and device, for the next rows; with ``remat`` their recomputing
   backwards too, default: when the row recomputes)."""
   k, m = cfg['num_partitions'], cfg['num_micro_batches']
-  schedule = schedule_lib.Make(cfg['schedule'], k, m,
-                               cfg['num_virtual_stages'])
+  schedule, balance = lib.RowLayout(spec, cfg)
   n = spec.batch_size // m
   if remat is None:
     remat = cfg['remat'] != 'never'
   stage_pieces, stage_walls = [], []
-  for s, blocks in enumerate(lib.StageBalance(spec, cfg)):
+  for s, blocks in enumerate(balance):
     d = schedule.DeviceOf(s)
     key = (blocks, n, devices[d])
     if key not in pieces or (remat and pieces[key][0].backward_remat is None):

@@ -224,7 +224,9 @@ def _Fits(name: str, k: int, m: int, v: int) -> bool:
 def Evaluate(model: Model, layout: Layout, batch_size: int,
              flops_per_second: float = 1e12,
              layer_pass_seconds: float = 0.0,
-             stage_bytes: Sequence[memory.StageBytes] | None = None) -> Plan:
+             stage_bytes: Sequence[memory.StageBytes] | None = None,
+             schedule: schedule_lib.Schedule | None = None,
+             balance: Sequence[int] | None = None) -> Plan:
   """The estimated step time, bubble and per-device memory of one layout.
 
   Args:
@@ -241,6 +243,10 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
     stage_bytes: one schedule.memory.StageBytes per stage, in place of the
       ones the layers' output sizes give (memory.StageBytesOf): e.g. the
       sizes a traced step holds (gpipe_tf.pipeline.introspect).
+    schedule, balance: a schedule and the layers per stage to run it on
+      (e.g. PipeliningLayer.AutoChoice's), in place of layout.schedule's
+      registered one and the FLOPs balance; layout.schedule then only
+      labels the plan.
 
   Raises:
     PlanError: stage_bytes given, but not one per stage.
@@ -249,7 +255,8 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
   n = batch_size // layout.num_replicas
   b = -(-n // layout.num_micro_batches)  # The largest micro-batch.
   layers = model.layers
-  sched = _Schedule(layout.schedule, k, layout.num_micro_batches, v)
+  sched = schedule or _Schedule(layout.schedule, k, layout.num_micro_batches,
+                                v)
   kept = memory.KeptForwards(sched, layout.remat)
   recomputed = {(s, m) for s in range(sched.num_stages)
                 for m in range(sched.num_micro_batches)} - kept
@@ -257,8 +264,9 @@ def Evaluate(model: Model, layout: Layout, batch_size: int,
             / sched.num_micro_batches for s in range(sched.num_stages)]
   # As PipeliningLayer does: a stage that recomputes more takes fewer layers.
   weights = partition.RecomputeWeights(shares)
-  balance = _Balance(tuple(c.flops for c in layers), k * v,
-                     None if weights is None else tuple(weights))
+  if balance is None:
+    balance = _Balance(tuple(c.flops for c in layers), sched.num_stages,
+                       None if weights is None else tuple(weights))
   stages = partition.SplitByBalance(list(layers), balance)
   # Simulate needs positive times: a stage without FLOPs takes a tiny one.
   fwd = [max(sum(c.flops for c in st) * b / flops_per_second, 1e-12)

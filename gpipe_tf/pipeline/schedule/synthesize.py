@@ -11,6 +11,8 @@ is compared with), drops those over the budget and returns the fastest:
     candidates
       library    every registered schedule that exists for K, M, V
                  (gpipe, 1f1b, zb_h1; interleaved_1f1b, zbv, dualpipe_v)
+      blocks     for V = 2, the controllable-memory building blocks
+                 (controllable.Families: V-Half, V-Min and their kin)
       greedy     greedy.Build, the zero-bubble paper's list scheduling
                  under the memory limit, over a grid of its choices:
                  placement (stage s on s % K; for V = 2 also the V shape),
@@ -25,8 +27,8 @@ is compared with), drops those over the budget and returns the fastest:
 The library schedules are candidates, so the result is never slower in the
 simulator than the best of them that fits. With a budget of 1F1B's peak the
 greedy pass finds ZB-H1-like schedules (W fills the cool-down), with half of
-it schedules that hold fewer micro-batches (the controllable-memory
-V-shaped schedules of Qi et al. 2024 play the same game by hand). A budget
+it schedules that hold fewer micro-batches, beside the controllable-memory
+V-shaped schedules of Qi et al. 2024 (controllable.py). A budget
 nothing fits raises MemoryBudgetError with the smallest budget a candidate
 needs.
 
@@ -42,6 +44,7 @@ import math
 import numbers
 
 from gpipe_tf.pipeline.schedule import action as action_lib
+from gpipe_tf.pipeline.schedule import controllable
 from gpipe_tf.pipeline.schedule import greedy
 from gpipe_tf.pipeline.schedule import library
 from gpipe_tf.pipeline.schedule import memory
@@ -346,6 +349,11 @@ def Synthesize(problem: Problem,
   found = {}
   for cand in LibraryCandidates(problem):
     found.setdefault((cand.schedule.actions, cand.schedule.stage_devices), cand)
+  if search and problem.num_virtual_stages == 2:
+    for name, sched in controllable.Families(problem.num_devices,
+                                             problem.num_micro_batches):
+      found.setdefault((sched.actions, sched.stage_devices),
+                       Evaluate(problem, sched, name))
   built = {}
   for choices, limits, options in (_GreedyChoices(problem, budget) if search
                                    else ()):

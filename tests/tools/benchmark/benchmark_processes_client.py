@@ -31,7 +31,10 @@ CONFIGS = (lib.Config(True, 2, 4, 'never', schedule='1f1b', loss_inside=True),
            # Folded: two while loops, the second entered by the first's
            # outputs (what each device's loop variables must not leave).
            lib.Config(True, 2, 4, 'never', schedule='gpipe', loss_inside=True,
-                      execution='folded'))
+                      execution='folded'),
+           # schedule='auto': its row predicts the layout the layer chose.
+           lib.Config(True, 2, 4, 'never', schedule=lib.AUTO,
+                      loss_inside=True))
 STEPS = 3
 
 

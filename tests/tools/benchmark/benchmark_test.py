@@ -258,6 +258,60 @@ class ModelPeakTest(tf.test.TestCase):
                   '1.00 / 1.00 | 2.00 |', tables.DeviceTable([row]))
 
 
+class AutoTest(tf.test.TestCase):
+  """--schedules=auto: the row runs, models and predicts what the layer chose."""
+
+  # 32 examples a micro-batch (not PipeliningLayer's default of 8), so the
+  # memory model's sizes depend on the batch the row gives the layer.
+  _SPEC = lib.ModelSpec(num_blocks=8, dim=16, batch_size=256)
+
+  def _Cfg(self, m=8, remat='never'):
+    return lib.Config(True, 2, m, remat, schedule=lib.AUTO, loss_inside=True)
+
+  def testTheRowRunsWhatItsLayerChose(self):
+    devices = test_utils.devices.LogicalCpus()[:2]
+    for m in (4, 8):
+      cfg = self._Cfg(m)
+      _, model = lib.StepAndModel(self._SPEC, cfg, devices)
+      schedule, balance = lib.RowLayout(self._SPEC, cfg)
+      with self.subTest(m=m):
+        self.assertEqual(schedule.actions, model.schedule.actions)
+        self.assertEqual(schedule.stage_devices, model.schedule.stage_devices)
+        self.assertEqual(list(balance), model.balance)
+        self.assertEqual(lib.StageBalance(self._SPEC, cfg), balance)
+        fields = lib.AutoFields(self._SPEC, cfg)
+        self.assertEqual(fields['balance'], model.balance)
+        self.assertEqual(fields['num_virtual_stages'],
+                         len(model.balance) // 2)
+
+  def testTheChoiceFitsOneFOneBsPeakAtTheRowsBatch(self):
+    # The budget is 1F1B's modelled peak; the row's memory model (the
+    # layers' sizes at N / M examples a micro-batch) keeps the chosen
+    # schedule within it on every device, weights left out of both.
+    for m, remat in ((4, 'never'), (8, 'never'), (8, 'always')):
+      cfg = self._Cfg(m, remat)
+      fields = lib.AutoFields(self._SPEC, cfg)
+      plan = lib.ModelPlan(self._SPEC, cfg)
+      one = lib.ModelPlan(self._SPEC, dict(cfg, schedule='1f1b'))
+      with self.subTest(m=m, remat=remat):
+        if remat == 'never':  # Under remat 1F1B's own balance differs.
+          self.assertAllClose(max(fields['budget_step_bytes']),
+                              max(one.step_bytes), rtol=1e-6)
+        for got, budget in zip(plan.step_bytes, fields['budget_step_bytes']):
+          self.assertLessEqual(got, budget * (1 + 1e-9))
+        self.assertLessEqual(plan.makespan, one.makespan * (1 + 1e-9))
+
+  def testAutoIsAcceptedBesideTheRegisteredNames(self):
+    configs = lib.PipelineConfigs([2], [4], ['never'], False,
+                                  ['1f1b', lib.AUTO])
+    self.assertEqual([c['schedule'] for c in configs if c['pipeline']],
+                     ['1f1b', lib.AUTO])
+    self.assertEqual(processes_lib.RowBoundaryBytes(_TINY, configs[-1]),
+                     processes_lib.BoundaryBytes(
+                         lib.RowLayout(_TINY, configs[-1])[0],
+                         _TINY.batch_size // 4 * 4 * _TINY.dim))
+
+
 class SingleCoreTablesTest(tf.test.TestCase):
   """Pure functions of made-up rows: no TensorFlow op runs."""
 
@@ -430,7 +484,7 @@ class ProcessesTest(tf.test.TestCase):
         self.assertLess(sent, inside['boundary_bytes_per_step'] // 2 + 2**14,
                         inside['execution'])
     for cfg, row in zip(client.CONFIGS, measured['rows']):
-      self._CheckPrediction(cfg, row)
+      self._CheckPrediction(client.SPEC, cfg, row)
     prediction_table = tables.PredictionTable(measured['rows'])
     self.assertIn('| K=2 M=4 remat=never | 1f1b | ', prediction_table)
     table = tables.DeviceTable(measured['rows'])
@@ -470,16 +524,15 @@ class ProcessesTest(tf.test.TestCase):
         for s in lags:
           self.assertBetween(s['lag'], 0, step_ms)
 
-  def _CheckPrediction(self, cfg, row):
+  def _CheckPrediction(self, client_spec, cfg, row):
     """The step predicted from the row's pieces (timed on the workers by
     their CPU time): every device does all its work (F and every backward
     piece counted over the schedule as the engine runs it, B and BW of a
     recomputed forward the recomputing piece), and the step is of the
     measured one's order."""
     p = row['prediction']
-    schedule = schedule_lib.Make(cfg['schedule'], cfg['num_partitions'],
-                                 cfg['num_micro_batches'],
-                                 cfg['num_virtual_stages'])
+    schedule, balance = lib.RowLayout(client_spec, cfg)
+    self.assertLen(p['forward_seconds'], len(balance))
     pieces = [predict_lib.PieceCosts(*costs) for costs in zip(
         p['forward_seconds'], p['backward_seconds'], p['weight_seconds'],
         p['backward_weight_seconds'], p['backward_remat_seconds'],

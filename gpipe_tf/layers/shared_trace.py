@@ -124,6 +124,8 @@ class _Kind:
   names: tuple  # Their paths below the layer, shapes and dtypes.
   kept: tuple  # Per tensor B reads: its index in inputs + outputs, or None
   #              for the next of the forward's saved outputs.
+  w_reads: tuple  # Per tensor W reads: its index in B's arguments (W is
+  #                 given it by the caller), or None for B's next output.
   out_struct: Any  # The nest FProp returned.
   random: bool  # Whether the forward reads the seeds (draws random numbers).
 
@@ -272,17 +274,24 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
   dws = [d for d in got['dws'] if d is not None]
   if len(dws) != len(variables):
     raise _Unshareable()  # A variable the layer does not differentiate.
+  w_reads = ()  # W's arguments are what B returns (or its own).
   if not dxs:  # No input gradient: W differentiates the whole layer.
     backward_fn = None
     weights = wrapped.prune(feeds=read + got['dys'], fetches=dws)
   else:
+    # What W reads of B's own arguments (the layer's input, say) the
+    # caller hands W, as a traced layer's W reads that very tensor: B
+    # returns only what it computes, and a stash keeps no copy.
+    args = {id(x): i for i, x in enumerate(read + got['dys'])}
+    w_reads = tuple(args.get(id(x)) for x in wcut)
     try:
       weights = wrapped.prune(feeds=wcut, fetches=dws)
-      backward_fn = wrapped.prune(feeds=read + got['dys'],
-                                  fetches=dxs + wcut)
+      backward_fn = wrapped.prune(
+          feeds=read + got['dys'],
+          fetches=dxs + [x for x, i in zip(wcut, w_reads) if i is None])
     except (op_selector.UnliftableError, KeyError, ValueError):
       # W reads what the cut cannot feed: B computes the weight gradients.
-      weights = None
+      weights, w_reads = None, ()
       backward_fn = wrapped.prune(feeds=read + got['dys'],
                                   fetches=dxs + dws)
   for fn in (forward, backward_fn, weights):
@@ -294,7 +303,7 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
   _BY_NAME[tf.compat.as_str(forward.name)] = kind = _Kind(
       forward, backward_fn, weights, len(got['ys']),
       tuple(x is not None for x in got['dxs']), tuple(variables),
-      _Relative(layer, variables), kept, got['struct'],
+      _Relative(layer, variables), kept, w_reads, got['struct'],
       any(x.consumers() for x in forward.inputs[:2]))
   return kind
 
@@ -340,11 +349,14 @@ def _Backward(kind: _Kind, xs: Sequence[Any], ys: Sequence[tf.Tensor],
   dys = [tf.zeros_like(y) if g is None else g
          for g, y in zip(dys, ys) if y.dtype.is_floating]
   mine, rest = list(xs) + list(ys), iter(saved)
-  read = [next(rest) if k is None else mine[k] for k in kind.kept]
-  got = (read + dys if kind.backward is None else
-         _Call(kind.backward, read + dys, kind, handles))
+  args = [next(rest) if k is None else mine[k] for k in kind.kept] + dys
+  got = (args if kind.backward is None else
+         _Call(kind.backward, args, kind, handles))
   num_dx = sum(kind.dx_present)
   dx, rest = iter(got[:num_dx]), got[num_dx:]
+  if kind.w_reads:
+    made = iter(rest)
+    rest = [next(made) if i is None else args[i] for i in kind.w_reads]
   dws = (rest if kind.weights is None else
          _Call(kind.weights, rest, kind, handles))
   # An input gradient has its input's shape, as far as the caller knows it

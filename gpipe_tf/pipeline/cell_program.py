@@ -349,7 +349,9 @@ class CellProgram:
       for op in sorted(consumers, key=lambda o: o.name):
         # Every output of a producer: a prune fed one output of an op drops
         # the op, so its others (tf.custom_gradient's IdentityN) must be fed.
-        for x in [y for x in op.inputs for y in x.op.outputs]:
+        # Not a shared trace's call: a B's input gradients are not its W's.
+        for x in [y for x in op.inputs for y in (
+            [x] if shared_trace.CalledGraph(x.op) else x.op.outputs)]:
           if (x.op not in consumers and id(x) not in seen and
               x.dtype != tf.resource and x.op.type != 'Const' and
               not _ReadsTrainable(x)):

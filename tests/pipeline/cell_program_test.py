@@ -134,7 +134,7 @@ class CellProgramTest(tf.test.TestCase):
     with shared_trace.Off():
       alone = _Sizes()
     for key, size in shared.items():
-      self.assertBetween(size / alone[key], 0.5, 1.4, key)
+      self.assertBetween(size / alone[key], 0.25, 1.4, key)
 
   def testBAndWTogetherEqualTheWholeBackward(self):
     p = self.program

@@ -393,9 +393,12 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
   m = micro_batches
   x = _Inputs(model, m * _PER_MICRO_BATCH)
   try:
+    # A micro-batch's outputs: CLIP's logits are micro-batch x micro-batch.
+    first = tf.nest.map_structure(lambda t: t[:_PER_MICRO_BATCH], x)
     targets = tf.nest.map_structure(
-        lambda o: tf.random.stateless_normal(o.shape, [7, 7]),
-        model(x, training=False))
+        lambda o: tf.random.stateless_normal([m * o.shape[0]] + o.shape[1:],
+                                             [7, 7]),
+        model(first, training=False))
     _, keras32 = KerasStep(model, x, targets, m)
   except Exception as e:  # pylint: disable=broad-except
     return _Refused('skipped', ValueError(
@@ -407,11 +410,14 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
                          _AsFloat64(targets), m)
   except Exception:  # pylint: disable=broad-except
     truth, truth_kind = _Float32Truth(model, x, targets)
-  noisy = _Noisy(name, model)
-  if noisy is not None:
-    noisy_params = pipeline.FromKeras(noisy)
-    _, seeded_want = UnpipelinedStep(noisy, noisy_params, x, targets, m,
-                                     SEED)
+  try:
+    noisy = _Noisy(name, model)
+    if noisy is not None:
+      noisy_params = pipeline.FromKeras(noisy)
+      _, seeded_want = UnpipelinedStep(noisy, noisy_params, x, targets, m,
+                                       SEED)
+  except Exception as e:  # pylint: disable=broad-except
+    return _Refused(_Status(e), e, len(params))
   rows = []
   for k, sched in runs:
     start = time.time()

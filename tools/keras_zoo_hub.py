@@ -52,7 +52,8 @@ _OWN = {
     'DINOV3Backbone': dict(patch_size=16, image_shape=(32, 32, 3)),
     'VGGBackbone': dict(stackwise_num_repeats=[1, 1],
                         stackwise_num_filters=[4, 8]),
-    'ResNetBackbone': dict(input_conv_filters=[8], input_conv_kernel_sizes=[3],
+    # keras_hub's basic block needs 64 filters in and out of stage one.
+    'ResNetBackbone': dict(input_conv_filters=[64], input_conv_kernel_sizes=[3],
                            stackwise_num_filters=[64, 8],
                            stackwise_num_blocks=[1, 1],
                            stackwise_num_strides=[1, 2],
@@ -63,10 +64,51 @@ _OWN = {
                         layerwise_sr_ratios=[8, 4], max_drop_path_rate=0.0,
                         layerwise_patch_sizes=[7, 3],
                         layerwise_strides=[4, 2]),
+    # The ratios are keras_hub's own test's (cspnet_backbone_test.py).
     'CSPNetBackbone': dict(stem_filters=8, stem_kernel_size=3, stem_strides=1,
                            stackwise_strides=2, stackwise_depth=[1, 1],
-                           stackwise_num_filters=[8, 16],
+                           stackwise_num_filters=[8, 16], down_growth=True,
+                           bottle_ratio=(0.5, 1.0), block_ratio=(1.0, 0.5),
+                           expand_ratio=(2.0, 1.0), stem_padding='same',
                            block_type='dark_block', stage_type='csp'),
+    'EfficientNetBackbone': dict(
+        stackwise_kernel_sizes=[3, 3], stackwise_num_repeats=[1, 1],
+        stackwise_input_filters=[8, 8], stackwise_output_filters=[8, 16],
+        stackwise_expansion_ratios=[1, 4],
+        stackwise_squeeze_and_excite_ratios=[0.0, 0.25],
+        stackwise_strides=[1, 2], stackwise_block_types=['fused', 'unfused'],
+        stackwise_force_input_filters=[0, 0],
+        stackwise_nores_option=[False, False], num_features=32,
+        stackwise_width_coefficients=[1.0, 1.0],
+        stackwise_depth_coefficients=[1.0, 1.0], input_shape=_IMAGE),
+    'HGNetV2Backbone': dict(
+        embedding_size=8, stem_channels=[3, 4, 8], hidden_act='relu',
+        use_learnable_affine_block=False, depths=[1, 1], hidden_sizes=[16, 32],
+        stackwise_stage_filters=[[8, 4, 16, 1, 1, 3], [16, 8, 32, 1, 1, 3]],
+        apply_downsample=[False, True],
+        use_lightweight_conv_block=[False, False]),
+    'VideoPrismBackbone': dict(num_frames=2, num_spatial_layers=1,
+                               num_temporal_layers=1, num_auxiliary_layers=1),
+    'T5GemmaBackbone': dict(
+        encoder_hidden_dim=16, encoder_intermediate_dim=32,
+        encoder_num_layers=2, encoder_num_attention_heads=2,
+        encoder_num_key_value_heads=1, encoder_head_dim=8,
+        encoder_layer_types=['sliding_attention', 'full_attention'],
+        decoder_hidden_dim=16, decoder_intermediate_dim=32,
+        decoder_num_layers=2, decoder_num_attention_heads=2,
+        decoder_num_key_value_heads=1, decoder_head_dim=8,
+        decoder_layer_types=['sliding_attention', 'full_attention'],
+        sliding_window=4, cross_attention_hidden_size=16),
+    'SegFormerBackbone': dict(projection_filters=8),
+    'DeepLabV3Backbone': dict(low_level_feature_key='P2',
+                              spatial_pyramid_pooling_key='P4',
+                              dilation_rates=[1, 2], upsampling_size=4,
+                              projection_filters=8, image_shape=(32, 32, 3)),
+    'BASNetBackbone': dict(num_classes=1, image_shape=(32, 32, 3)),
+    'RetinaNetBackbone': dict(min_level=3, max_level=5, use_p5=True,
+                              image_shape=(32, 32, 3)),
+    'CLIPBackbone': dict(projection_dim=16),
+    'MetaCLIP2Backbone': dict(projection_dim=16),
     'SwinTransformerBackbone': dict(embed_dim=8, depths=[1, 1],
                                     num_heads=[2, 2], window_size=2,
                                     image_shape=(16, 16, 3), patch_size=2),
@@ -89,6 +131,44 @@ _OWN = {
                              stackwise_pooling=[True, False]),
 }
 _ABSTRACT = ('Backbone', 'FeaturePyramidBackbone')
+
+
+def _ResNet(stages: int, filters: int = 8) -> Any:
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  return keras_hub.models.ResNetBackbone(
+      input_conv_filters=[64], input_conv_kernel_sizes=[3],
+      stackwise_num_filters=[64] + [filters] * (stages - 1),
+      stackwise_num_blocks=[1] * stages,
+      stackwise_num_strides=[1] + [2] * (stages - 1), block_type='basic_block')
+
+
+def _Encoders(prefix: str, projection: bool = False) -> dict[str, Any]:
+  """A tiny vision and text encoder pair (CLIP, SigLIP, MetaCLIP2)."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  vision = getattr(keras_hub.models, prefix + 'VisionEncoder')
+  text = getattr(keras_hub.models, prefix + 'TextEncoder')
+  return dict(
+      vision_encoder=vision(4, 16, 2, 2, 32, image_shape=_IMAGE),
+      text_encoder=text(50, 16, 16, 2, 2, 32, max_sequence_length=SEQ))
+
+
+def _MiT() -> Any:
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  return keras_hub.models.MiTBackbone(**dict(_OWN['MiTBackbone'],
+                                             num_layers=2))
+
+
+# Sub-model arguments, made afresh for every build (keras_hub's own backbone
+# tests build their composite backbones so, from small sub-models).
+_PARTS = {
+    'CLIPBackbone': lambda: _Encoders('CLIP'),
+    'SigLIPBackbone': lambda: _Encoders('SigLIP'),
+    'MetaCLIP2Backbone': lambda: _Encoders('MetaCLIP2'),
+    'SegFormerBackbone': lambda: dict(image_encoder=_MiT()),
+    'DeepLabV3Backbone': lambda: dict(image_encoder=_ResNet(3)),
+    'BASNetBackbone': lambda: dict(image_encoder=_ResNet(4, 64)),
+    'RetinaNetBackbone': lambda: dict(image_encoder=_ResNet(4)),
+}
 
 
 class NotBuiltError(ValueError):
@@ -117,6 +197,8 @@ def _Backbone(name: str, randomness: bool) -> Any:
   params = inspect.signature(cls.__init__).parameters
   config = {k: v for k, v in _POOL.items() if k in params}
   config.update({k: v for k, v in _OWN.get(name, {}).items() if k in params})
+  if name in _PARTS:
+    config.update(_PARTS[name]())
   missing = [k for k, p in params.items()
              if k not in ('self', 'args', 'kwargs') and
              p.default is p.empty and k not in config]

@@ -177,7 +177,8 @@ def _Inputs(model: Any, n: int) -> Any:
   import keras  # pylint: disable=g-import-not-at-top
 
   def _One(t, i):
-    shape = [n] + [_SEQ if d is None else d for d in t.shape[1:]]
+    seq = _Lengths().get(t.name.split(':')[0], _SEQ)
+    shape = [n] + [seq if d is None else d for d in t.shape[1:]]
     if 'int' in keras.backend.standardize_dtype(t.dtype) or (
         keras.backend.standardize_dtype(t.dtype) == 'bool'):
       if 'mask' in t.name:  # Padding: example j keeps its first L_j tokens.
@@ -195,6 +196,11 @@ def _Inputs(model: Any, n: int) -> Any:
     return {k: _One(t, i) for i, (k, t) in enumerate(sorted(struct.items()))}
   xs = [_One(t, i) for i, t in enumerate(model.inputs)]
   return xs[0] if len(xs) == 1 else tuple(xs)
+
+
+def _Lengths() -> dict[str, int]:
+  from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
+  return keras_zoo_hub.LENGTHS
 
 
 def SquaredError(outputs: Any, targets: Any) -> Any:

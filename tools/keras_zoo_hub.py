@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ['NotBuiltError', 'Build', 'Names', 'TASKS']
+__all__ = ['LENGTHS', 'NotBuiltError', 'Build', 'Names', 'TASKS']
 
 # Task models: (task class, its backbone class, extra task arguments).
 TASKS = {
@@ -107,6 +107,15 @@ _OWN = {
     'BASNetBackbone': dict(num_classes=1, image_shape=(32, 32, 3)),
     'RetinaNetBackbone': dict(min_level=3, max_level=5, use_p5=True,
                               image_shape=(32, 32, 3)),
+    'MobileNetBackbone': dict(
+        stackwise_expansion=[[16], [24]], stackwise_num_blocks=[1, 1],
+        stackwise_num_filters=[[8], [16]], stackwise_kernel_size=[[3], [3]],
+        stackwise_num_strides=[[2], [1]], stackwise_se_ratio=[[None], [0.25]],
+        stackwise_activation=[['relu'], ['hard_swish'], ['hard_swish']],
+        stackwise_padding=[[1], [1]], output_num_filters=32,
+        input_num_filters=8, depthwise_filters=8, depthwise_stride=2,
+        depthwise_residual=False, squeeze_and_excite=0.5,
+        last_layer_filter=32, image_shape=(32, 32, 3)),
     'CLIPBackbone': dict(projection_dim=16),
     'MetaCLIP2Backbone': dict(projection_dim=16),
     'SwinTransformerBackbone': dict(embed_dim=8, depths=[1, 1],
@@ -131,6 +140,10 @@ _OWN = {
                              stackwise_pooling=[True, False]),
 }
 _ABSTRACT = ('Backbone', 'FeaturePyramidBackbone')
+# The length of an input's unknown dimension other than the batch, by input
+# name, where SEQ is too short: Moonshine's audio samples pass convolutions
+# of kernel 127, stride 64, then 7/3 and 3/2.
+LENGTHS = {'encoder_input_values': 1024, 'encoder_padding_mask': 1024}
 
 
 def _ResNet(stages: int, filters: int = 8) -> Any:
@@ -171,6 +184,56 @@ _PARTS = {
 }
 
 
+# Classes the zoo does not build, and why (what a tiny config would need).
+_NOT_BUILT = {
+    'BASNetBackbone': (
+        'its smallest build holds 50.6M parameters (its prediction and '
+        'refinement heads are 64 filters wide and need a ResNet of 64 '
+        'filters at every stage), too large for the zoo; a pipeline would '
+        'take it as it takes ResNetBackbone'),
+    'BLIP2Backbone': (
+        'its vision_encoder, qformer and language_model are three sub-models '
+        'with their own configs; write tiny ones from keras_hub\'s '
+        'blip2_backbone_test.py'),
+    'DFineBackbone': (
+        'its backbone argument is an HGNetV2Backbone, whose layers hold '
+        'BatchNormalization inside (see HGNetV2Backbone\'s row: '
+        'UnsupportedKerasLayerError), so it would be refused the same way'),
+    'DepthAnythingBackbone': (
+        'its image_encoder is a DINOV2Backbone at 126 px and its DPT neck '
+        'takes four per-stage lists; write them from keras_hub\'s '
+        'depth_anything_backbone_test.py'),
+    'FluxBackbone': (
+        'a diffusion transformer of seven inputs (image, text, their ids, '
+        'y, timesteps, guidance) whose presets come with VAE and CLIP '
+        'sub-models; write a tiny config from flux_backbone_test.py'),
+    'Gemma3nBackbone': (
+        'its vision encoder is a MobileNetV5Backbone, whose blocks hold '
+        'BatchNormalization inside (see MobileNetV5Backbone), and it takes '
+        'an audio encoder config of some 20 arguments'),
+    'MobileNetV5Backbone': (
+        'its blocks (UniversalInvertedResidual, EdgeResidual) hold '
+        'BatchNormalization inside, which KerasLayer refuses (see '
+        'MobileNetBackbone\'s row: UnsupportedKerasLayerError)'),
+    'PARSeqBackbone': (
+        'its image_encoder is a ViTBackbone and its decoder takes a label '
+        'length and vocabulary; write them from parseq_backbone_test.py'),
+    'SAMBackbone': (
+        'its image_encoder, prompt_encoder and mask_decoder are three '
+        'sub-models with their own configs; write tiny ones from '
+        'sam_backbone_test.py'),
+    'SAM3PromptableConceptBackbone': (
+        'six sub-models (vision, text and geometry encoders, DETR encoder '
+        'and decoder, mask decoder), each with its own config'),
+    'StableDiffusion3Backbone': (
+        'an MMDiT with a VAE and CLIP-L, CLIP-G and T5 text encoders as '
+        'sub-models; write tiny ones from stable_diffusion_3_backbone_test.py'),
+    'T5Gemma2Backbone': (
+        'an encoder-decoder with a vision encoder and some 30 per-side '
+        'arguments; write them from t5gemma2_backbone_test.py'),
+}
+
+
 class NotBuiltError(ValueError):
   """The zoo has no tiny config for a keras_hub class (or Keras cannot build
   it from one)."""
@@ -193,6 +256,8 @@ def _IsRandomness(name: str, value: Any) -> bool:
 
 def _Backbone(name: str, randomness: bool) -> Any:
   import keras_hub  # pylint: disable=g-import-not-at-top
+  if name in _NOT_BUILT:
+    raise NotBuiltError(f'not built: {_NOT_BUILT[name]}')
   cls = getattr(keras_hub.models, name)
   params = inspect.signature(cls.__init__).parameters
   config = {k: v for k, v in _POOL.items() if k in params}

@@ -55,9 +55,19 @@ class KerasZooTest(tf.test.TestCase):
     names = set(keras_zoo_hub.Names())
     self.assertEqual(backbones - names, {'Backbone', 'FeaturePyramidBackbone'})
     self.assertContainsSubset(set(keras_zoo_hub.TASKS), names)
+    # A composite backbone gets tiny sub-models; a class the zoo does not
+    # build says why.
+    clip = keras_zoo_hub.Build('CLIPBackbone')
+    self.assertEqual(clip.vision_encoder.hidden_dim, 16)
+    self.assertEqual(clip.text_encoder.max_sequence_length, keras_zoo_hub.SEQ)
     with self.assertRaisesRegex(keras_zoo_hub.NotBuiltError,
-                                "'vision_encoder'"):
-      keras_zoo_hub.Build('CLIPBackbone')
+                                'not built: .*prompt_encoder'):
+      keras_zoo_hub.Build('SAMBackbone')
+    # An input named in LENGTHS gets its length (Moonshine's audio).
+    moonshine = keras_zoo_hub.Build('MoonshineBackbone')
+    x = keras_zoo._Inputs(moonshine, 2)  # pylint: disable=protected-access
+    self.assertEqual(x['encoder_input_values'].shape, [2, 1024, 1])
+    self.assertEqual(x['decoder_token_ids'].shape, [2, keras_zoo_hub.SEQ])
     quiet = keras_zoo_hub.Build('BertBackbone')
     self.assertFalse(keras_zoo_hub.HasRandomness(quiet))
     self.assertTrue(keras_zoo_hub.HasRandomness(

@@ -370,12 +370,23 @@ class KerasLayer(base_layer.BaseLayer):
       meta = native.cls.FPropMeta(native, shapes[(p.inputs or [0])[0]])
       return LayerMeta(meta.flops, meta.out_shapes + passed, meta.num_params)
     # The state of Python's random is restored after Keras draws seeds.
-    with tf.Graph().as_default(), _SeededInitializers(0):
-      layer = FromConfig(kcls, dict(config, name=re.sub(r'\W', '_', p.name)))
-      args, kwargs = _Symbolic(p, shapes)
-      outs = [tuple(t.shape) for t in tf.nest.flatten(layer(*args, **kwargs))]
-      num_params = sum(base_layer.NumElements(w.shape) for w in layer.weights)
-      flops = keras_flops.Flops(layer, args, kwargs, outs, num_params)
+    graph = tf.Graph()
+    with _SeededInitializers(0):
+      name = re.sub(r'\W', '_', p.name)
+      try:
+        with graph.as_default():
+          layer = FromConfig(kcls, dict(config, name=name))
+      except Exception:  # pylint: disable=broad-except
+        # A constructor that computes on tensors as NumPy arrays (keras_hub's
+        # DINOV3Encoder) runs eagerly; its weights are still made in `graph`.
+        layer = FromConfig(kcls, dict(config, name=name))
+      with graph.as_default():
+        args, kwargs = _Symbolic(p, shapes)
+        outs = [tuple(t.shape)
+                for t in tf.nest.flatten(layer(*args, **kwargs))]
+        num_params = sum(base_layer.NumElements(w.shape)
+                         for w in layer.weights)
+        flops = keras_flops.Flops(layer, args, kwargs, outs, num_params)
     # A shared layer's variables are counted where they live.
     return LayerMeta(int(flops), tuple(outs) + passed,
                      0 if p.share is not None else int(num_params))

@@ -18,7 +18,8 @@ attribute it never set. ``Config`` tries, in turn::
 
 and a ``Lambda``'s function is written by its module and name
 (keras_classes.FunctionConfig). Each candidate is rebuilt in a throwaway
-graph before it is accepted.
+graph (eagerly, when its constructor needs eager tensors) before it is
+accepted.
 """
 
 from __future__ import annotations
@@ -96,8 +97,7 @@ def Config(layer: keras.layers.Layer, call: Any, tensors: dict, where: str
     try:
       config = {k: Plain(v) for k, v in get().items() if k != 'name'}
       CheckLiteral(call.name, config, 'config')
-      with tf.Graph().as_default():  # Nothing built here is kept.
-        keras_classes.FromConfig(type(layer), dict(config, name='check'))
+      _CheckRebuilds(type(layer), config)
       if what == 'its attributes':
         _CheckSameOutputs(layer, config, call, tensors)
       return config
@@ -109,6 +109,18 @@ def Config(layer: keras.layers.Layer, call: Any, tensors: dict, where: str
       f"({'; '.join(failures)}): give {name} a get_config() that returns "
       'every constructor argument as literals (Keras objects serialised), '
       'so that from_config(get_config()) rebuilds it.')
+
+
+def _CheckRebuilds(cls: type, config: dict) -> None:
+  """from_config(config) in a throwaway graph (nothing built is kept), or
+  eagerly when the constructor computes on tensors as NumPy arrays, which
+  a graph cannot (keras_hub's DINOV3Encoder, SmolLM3DecoderLayer); raises
+  the eager failure."""
+  try:
+    with tf.Graph().as_default():
+      keras_classes.FromConfig(cls, dict(config, name='check'))
+  except Exception:  # pylint: disable=broad-except
+    keras_classes.FromConfig(cls, dict(config, name='check'))
 
 
 def _LambdaConfig(layer: keras.layers.Lambda, name: str, where: str) -> dict:

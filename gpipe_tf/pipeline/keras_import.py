@@ -54,7 +54,8 @@ KerasModelError saying what to change.
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Sequence
 
 import keras
 import tensorflow as tf
@@ -224,9 +225,10 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str,
         'dict of them) as positional arguments and constants by keyword: '
         "call the layer so, or set the constant in the layer's config.")
 
-  args = [_Index(a, 'positional argument') for a in call.args]
   tensors, constants = {}, {}
-  for key, value in call.kwargs.items():
+  args, named = _Positional(layer, call.args)
+  args = [_Index(a, 'positional argument') for a in args]
+  for key, value in list(named.items()) + list(call.kwargs.items()):
     if key == 'training' or (key.endswith('mask') and value is None):
       continue  # The pipeline passes training; Keras adds mask=None.
     if _Keys(value):
@@ -241,6 +243,28 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str,
       inputs=args, input_kwargs=tensors, call_kwargs=constants,
       input_masks=[[index[k], index[m]] for k, m in call.masks.items()],
       share=call.first)
+
+
+def _Positional(layer: keras.layers.Layer, args: Sequence[Any]
+                ) -> tuple[list, dict]:
+  """(the leading positional arguments that hold tensors, the others by
+  the names of `layer.call`'s parameters).
+
+  A constant passed positionally (keras_hub's RWKV7Backbone calls
+  ``block(x, None, padding_mask)``) is passed by keyword instead, and so is
+  every argument after it; without names for them (``*args``) they stay
+  positional (and _LayerParams refuses a constant among them).
+  """
+  first = next((i for i, a in enumerate(args)
+                if not (_Keys(a) and _IsIndexable(a))), len(args))
+  params = list(inspect.signature(layer.call).parameters.values())
+  kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+           inspect.Parameter.KEYWORD_ONLY)
+  if first == len(args) or len(params) < len(args) or any(
+      p.kind not in kinds for p in params[first:len(args)]):
+    return list(args), {}
+  return list(args[:first]), {p.name: a for p, a in
+                              zip(params[first:len(args)], args[first:])}
 
 
 def _IsIndexable(value: Any) -> bool:

@@ -86,6 +86,24 @@ class TrackedSizes(keras.layers.Layer):
     return dict(super().get_config(), sizes=self.sizes)
 
 
+class EagerScale(keras.layers.Layer):
+  """A constructor that computes with ops and reads the result as a NumPy
+  number, which fails in a graph: keras_hub's DINOV3Encoder and
+  SmolLM3DecoderLayer (their rotary frequencies)."""
+
+  def __init__(self, units, **kwargs):
+    super().__init__(**kwargs)
+    self.units = units
+    self.scale = float(keras.ops.convert_to_numpy(keras.ops.sqrt(4.0)))
+    self.dense = keras.layers.Dense(units)
+
+  def call(self, x):
+    return self.dense(x) * self.scale
+
+  def get_config(self):
+    return dict(super().get_config(), units=self.units)
+
+
 def Double(x):
   """A module-level function a Lambda calls: importable by name."""
   return x * 2.0
@@ -128,6 +146,18 @@ class KerasConfigTest(tf.test.TestCase):
     text = layers.SequentialLayer.Params().Set(name='net',
                                                layers=params).ToText()
     self.assertIn('RandomNormal', text)
+
+  def testLayerWhoseConstructorNeedsEagerTensorsConverts(self):
+    # FromKeras's rebuild check and the cost estimate (FPropMeta) build
+    # the layer in a throwaway graph, where this constructor fails.
+    inputs = keras.Input((5,))
+    h = EagerScale(3, name='eager')(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name='out')(h))
+    params = _Step(self, model, self.x)
+    [p] = [p for p in params if p.name == 'eager']
+    meta = p.cls.FPropMeta(p, (4, 5))
+    self.assertEqual(meta.out_shapes[0], (4, 3))
+    self.assertEqual(meta.num_params, 18)
 
   def testConfigsArePlainPython(self):
     inputs = keras.Input((5,))

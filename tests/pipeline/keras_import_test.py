@@ -110,6 +110,15 @@ class CustomGradientSwish(keras.layers.Layer):
     return _Swish(x)
 
 
+class GatedSum(keras.layers.Layer):
+  """Called as layer(x, None, y) the first time and layer(x, v, y) after:
+  keras_hub's RWKV7 blocks pass their v_first so."""
+
+  def call(self, x, first=None, gate=None):
+    v = x if first is None else first
+    return x + v * keras.ops.sigmoid(gate)
+
+
 def _SqueezeExcite():
   """A swish output read across a GlobalAveragePooling2D -> Reshape ->
   Conv2D branch and by the Multiply after it (EfficientNet's block), with
@@ -491,6 +500,23 @@ class FromKerasTest(tf.test.TestCase):
                                 "'token_ids' is int32.*got float32"):
       dict_net.FProp({'token_ids': tf.cast(x_ids, tf.float32),
                       'padding_mask': x_mask})
+
+  def testConstantPassedPositionallyGoesByKeyword(self):
+    x, gate = keras.Input((3,)), keras.Input((3,))
+    h = GatedSum(name='first')(x, None, gate)
+    h = keras.layers.Dense(3, name='dense')(h)
+    y = GatedSum(name='second')(h, x, gate)
+    model = keras.Model([x, gate], keras.layers.Dense(2, name='out')(y))
+    params = {p.name: p for p in pipeline.FromKeras(model)}
+    self.assertEqual(params['first'].call_kwargs, {'first': None})
+    self.assertEqual(params['first'].input_kwargs, {'gate': 1})
+    self.assertEmpty(params['second'].call_kwargs)
+    xs = (tf.random.stateless_normal([4, 3], [1, 1]),
+          tf.random.stateless_normal([4, 3], [1, 2]))
+    net = layers.SequentialLayer.Params().Set(
+        name='net', layers=list(params.values())).Instantiate()
+    pipeline.LoadKerasWeights(net, model)
+    self.assertAllClose(net.FProp(*xs), model(list(xs)), atol=1e-6)
 
   def testWhatIsStillRefusedIsNamed(self):
     inputs = keras.Input((4,))

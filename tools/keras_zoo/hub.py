@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ['NotBuiltError', 'Build', 'Names', 'TASKS']
+__all__ = ['LENGTHS', 'NotBuiltError', 'Build', 'Names', 'TASKS']
 
 # Task models: (task class, its backbone class, extra task arguments).
 TASKS = {
@@ -52,7 +52,8 @@ _OWN = {
     'DINOV3Backbone': dict(patch_size=16, image_shape=(32, 32, 3)),
     'VGGBackbone': dict(stackwise_num_repeats=[1, 1],
                         stackwise_num_filters=[4, 8]),
-    'ResNetBackbone': dict(input_conv_filters=[8], input_conv_kernel_sizes=[3],
+    # keras_hub's basic block needs 64 filters in and out of stage one.
+    'ResNetBackbone': dict(input_conv_filters=[64], input_conv_kernel_sizes=[3],
                            stackwise_num_filters=[64, 8],
                            stackwise_num_blocks=[1, 1],
                            stackwise_num_strides=[1, 2],
@@ -63,10 +64,60 @@ _OWN = {
                         layerwise_sr_ratios=[8, 4], max_drop_path_rate=0.0,
                         layerwise_patch_sizes=[7, 3],
                         layerwise_strides=[4, 2]),
+    # The ratios are keras_hub's own test's (cspnet_backbone_test.py).
     'CSPNetBackbone': dict(stem_filters=8, stem_kernel_size=3, stem_strides=1,
                            stackwise_strides=2, stackwise_depth=[1, 1],
-                           stackwise_num_filters=[8, 16],
+                           stackwise_num_filters=[8, 16], down_growth=True,
+                           bottle_ratio=(0.5, 1.0), block_ratio=(1.0, 0.5),
+                           expand_ratio=(2.0, 1.0), stem_padding='same',
                            block_type='dark_block', stage_type='csp'),
+    'EfficientNetBackbone': dict(
+        stackwise_kernel_sizes=[3, 3], stackwise_num_repeats=[1, 1],
+        stackwise_input_filters=[8, 8], stackwise_output_filters=[8, 16],
+        stackwise_expansion_ratios=[1, 4],
+        stackwise_squeeze_and_excite_ratios=[0.0, 0.25],
+        stackwise_strides=[1, 2], stackwise_block_types=['fused', 'unfused'],
+        stackwise_force_input_filters=[0, 0],
+        stackwise_nores_option=[False, False], num_features=32,
+        stackwise_width_coefficients=[1.0, 1.0],
+        stackwise_depth_coefficients=[1.0, 1.0], input_shape=_IMAGE),
+    'HGNetV2Backbone': dict(
+        embedding_size=8, stem_channels=[3, 4, 8], hidden_act='relu',
+        use_learnable_affine_block=False, depths=[1, 1], hidden_sizes=[16, 32],
+        stackwise_stage_filters=[[8, 4, 16, 1, 1, 3], [16, 8, 32, 1, 1, 3]],
+        apply_downsample=[False, True],
+        use_lightweight_conv_block=[False, False]),
+    'VideoPrismBackbone': dict(num_frames=2, num_spatial_layers=1,
+                               num_temporal_layers=1, num_auxiliary_layers=1),
+    'T5GemmaBackbone': dict(
+        encoder_hidden_dim=16, encoder_intermediate_dim=32,
+        encoder_num_layers=2, encoder_num_attention_heads=2,
+        encoder_num_key_value_heads=1, encoder_head_dim=8,
+        encoder_layer_types=['sliding_attention', 'full_attention'],
+        decoder_hidden_dim=16, decoder_intermediate_dim=32,
+        decoder_num_layers=2, decoder_num_attention_heads=2,
+        decoder_num_key_value_heads=1, decoder_head_dim=8,
+        decoder_layer_types=['sliding_attention', 'full_attention'],
+        sliding_window=4, cross_attention_hidden_size=16),
+    'SegFormerBackbone': dict(projection_filters=8),
+    'DeepLabV3Backbone': dict(low_level_feature_key='P2',
+                              spatial_pyramid_pooling_key='P4',
+                              dilation_rates=[1, 2], upsampling_size=4,
+                              projection_filters=8, image_shape=(32, 32, 3)),
+    'BASNetBackbone': dict(num_classes=1, image_shape=(32, 32, 3)),
+    'RetinaNetBackbone': dict(min_level=3, max_level=5, use_p5=True,
+                              image_shape=(32, 32, 3)),
+    'MobileNetBackbone': dict(
+        stackwise_expansion=[[16], [24]], stackwise_num_blocks=[1, 1],
+        stackwise_num_filters=[[8], [16]], stackwise_kernel_size=[[3], [3]],
+        stackwise_num_strides=[[2], [1]], stackwise_se_ratio=[[None], [0.25]],
+        stackwise_activation=[['relu'], ['hard_swish'], ['hard_swish']],
+        stackwise_padding=[[1], [1]], output_num_filters=32,
+        input_num_filters=8, depthwise_filters=8, depthwise_stride=2,
+        depthwise_residual=False, squeeze_and_excite=0.5,
+        last_layer_filter=32, image_shape=(32, 32, 3)),
+    'CLIPBackbone': dict(projection_dim=16),
+    'MetaCLIP2Backbone': dict(projection_dim=16),
     'SwinTransformerBackbone': dict(embed_dim=8, depths=[1, 1],
                                     num_heads=[2, 2], window_size=2,
                                     image_shape=(16, 16, 3), patch_size=2),
@@ -89,6 +140,98 @@ _OWN = {
                              stackwise_pooling=[True, False]),
 }
 _ABSTRACT = ('Backbone', 'FeaturePyramidBackbone')
+# The length of an input's unknown dimension other than the batch, by input
+# name, where SEQ is too short: Moonshine's audio samples pass convolutions
+# of kernel 127, stride 64, then 7/3 and 3/2.
+LENGTHS = {'encoder_input_values': 1024, 'encoder_padding_mask': 1024}
+
+
+def _ResNet(stages: int, filters: int = 8) -> Any:
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  return keras_hub.models.ResNetBackbone(
+      input_conv_filters=[64], input_conv_kernel_sizes=[3],
+      stackwise_num_filters=[64] + [filters] * (stages - 1),
+      stackwise_num_blocks=[1] * stages,
+      stackwise_num_strides=[1] + [2] * (stages - 1), block_type='basic_block')
+
+
+def _Encoders(prefix: str, projection: bool = False) -> dict[str, Any]:
+  """A tiny vision and text encoder pair (CLIP, SigLIP, MetaCLIP2)."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  vision = getattr(keras_hub.models, prefix + 'VisionEncoder')
+  text = getattr(keras_hub.models, prefix + 'TextEncoder')
+  return dict(
+      vision_encoder=vision(4, 16, 2, 2, 32, image_shape=_IMAGE),
+      text_encoder=text(50, 16, 16, 2, 2, 32, max_sequence_length=SEQ))
+
+
+def _MiT() -> Any:
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  return keras_hub.models.MiTBackbone(**dict(_OWN['MiTBackbone'],
+                                             num_layers=2))
+
+
+# Sub-model arguments, made afresh for every build (keras_hub's own backbone
+# tests build their composite backbones so, from small sub-models).
+_PARTS = {
+    'CLIPBackbone': lambda: _Encoders('CLIP'),
+    'SigLIPBackbone': lambda: _Encoders('SigLIP'),
+    'MetaCLIP2Backbone': lambda: _Encoders('MetaCLIP2'),
+    'SegFormerBackbone': lambda: dict(image_encoder=_MiT()),
+    'DeepLabV3Backbone': lambda: dict(image_encoder=_ResNet(3)),
+    'BASNetBackbone': lambda: dict(image_encoder=_ResNet(4, 64)),
+    'RetinaNetBackbone': lambda: dict(image_encoder=_ResNet(4)),
+}
+
+
+# Classes the zoo does not build, and why (what a tiny config would need).
+_NOT_BUILT = {
+    'BASNetBackbone': (
+        'its smallest build holds 50.6M parameters (its prediction and '
+        'refinement heads are 64 filters wide and need a ResNet of 64 '
+        'filters at every stage), too large for the zoo; a pipeline would '
+        'take it as it takes ResNetBackbone'),
+    'BLIP2Backbone': (
+        'its vision_encoder, qformer and language_model are three sub-models '
+        'with their own configs; write tiny ones from keras_hub\'s '
+        'blip2_backbone_test.py'),
+    'DFineBackbone': (
+        'its backbone argument is an HGNetV2Backbone, whose layers hold '
+        'BatchNormalization inside (see HGNetV2Backbone\'s row: '
+        'UnsupportedKerasLayerError), so it would be refused the same way'),
+    'DepthAnythingBackbone': (
+        'its image_encoder is a DINOV2Backbone at 126 px and its DPT neck '
+        'takes four per-stage lists; write them from keras_hub\'s '
+        'depth_anything_backbone_test.py'),
+    'FluxBackbone': (
+        'a diffusion transformer of seven inputs (image, text, their ids, '
+        'y, timesteps, guidance) whose presets come with VAE and CLIP '
+        'sub-models; write a tiny config from flux_backbone_test.py'),
+    'Gemma3nBackbone': (
+        'its vision encoder is a MobileNetV5Backbone, whose blocks hold '
+        'BatchNormalization inside (see MobileNetV5Backbone), and it takes '
+        'an audio encoder config of some 20 arguments'),
+    'MobileNetV5Backbone': (
+        'its blocks (UniversalInvertedResidual, EdgeResidual) hold '
+        'BatchNormalization inside, which KerasLayer refuses (see '
+        'MobileNetBackbone\'s row: UnsupportedKerasLayerError)'),
+    'PARSeqBackbone': (
+        'its image_encoder is a ViTBackbone and its decoder takes a label '
+        'length and vocabulary; write them from parseq_backbone_test.py'),
+    'SAMBackbone': (
+        'its image_encoder, prompt_encoder and mask_decoder are three '
+        'sub-models with their own configs; write tiny ones from '
+        'sam_backbone_test.py'),
+    'SAM3PromptableConceptBackbone': (
+        'six sub-models (vision, text and geometry encoders, DETR encoder '
+        'and decoder, mask decoder), each with its own config'),
+    'StableDiffusion3Backbone': (
+        'an MMDiT with a VAE and CLIP-L, CLIP-G and T5 text encoders as '
+        'sub-models; write tiny ones from stable_diffusion_3_backbone_test.py'),
+    'T5Gemma2Backbone': (
+        'an encoder-decoder with a vision encoder and some 30 per-side '
+        'arguments; write them from t5gemma2_backbone_test.py'),
+}
 
 
 class NotBuiltError(ValueError):
@@ -113,10 +256,14 @@ def _IsRandomness(name: str, value: Any) -> bool:
 
 def _Backbone(name: str, randomness: bool) -> Any:
   import keras_hub  # pylint: disable=g-import-not-at-top
+  if name in _NOT_BUILT:
+    raise NotBuiltError(f'not built: {_NOT_BUILT[name]}')
   cls = getattr(keras_hub.models, name)
   params = inspect.signature(cls.__init__).parameters
   config = {k: v for k, v in _POOL.items() if k in params}
   config.update({k: v for k, v in _OWN.get(name, {}).items() if k in params})
+  if name in _PARTS:
+    config.update(_PARTS[name]())
   missing = [k for k, p in params.items()
              if k not in ('self', 'args', 'kwargs') and
              p.default is p.empty and k not in config]

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any, NamedTuple, Sequence
 
-__all__ = ['DOCS', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'Merged',
+__all__ = ['DOCS', 'F32', 'F64', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'Merged',
            'ReadResults',
            'SupportTable', 'Table', 'UpdateDocs', 'UpdateReadme', 'Verdict',
            'WriteResults']
@@ -33,6 +33,10 @@ _README_END = '<!-- end of keras_zoo results table -->'
 # both are rounding).
 FACTOR = 4.0
 FLOOR = 1e-6
+# Row.truth: the float64 twin's step, or (a model Keras cannot step in
+# float64) Keras's float32 step over the whole batch at once.
+F64 = 'float64'
+F32 = 'float32 M=1'
 
 
 class Row(NamedTuple):
@@ -56,6 +60,10 @@ class Row(NamedTuple):
   keras_error: float | None = None
   pipeline_error: float | None = None
   seeded_diff: float | None = None
+  # What keras_error and pipeline_error are measured against: F64 (the
+  # float64 twin's step) or F32 (no float64 twin: Keras's float32 step over
+  # the whole batch in one call; see keras_zoo.Run).
+  truth: str = F64
 
 
 def Errors(got: Sequence[Any], keras32: Sequence[Any], truth: Sequence[Any]
@@ -84,7 +92,11 @@ def Errors(got: Sequence[Any], keras32: Sequence[Any], truth: Sequence[Any]
 
 
 def Verdict(row: Row) -> str:
-  """'exact', 'DIFFERS', or '-' (no float64 truth, or not converted).
+  """'exact', 'DIFFERS', or '-' (no truth, or not converted).
+
+  The truth is Row.truth: the float64 twin's step, or for a model Keras
+  cannot step in float64, Keras's float32 step over the whole batch at once
+  (the same bound then holds against it).
 
   With randomness (seeded_diff), the pipelined and unpipelined steps under
   the same seed must agree within the same bound as the error.
@@ -97,8 +109,10 @@ def Verdict(row: Row) -> str:
           else 'DIFFERS')
 
 
-def _E(value: float | None) -> str:
-  return '-' if value is None else f'{value:.1e}'
+def _E(value: float | None, truth: str = F64) -> str:
+  if value is None:
+    return '-'
+  return f'{value:.1e}' + (' (f32)' if truth == F32 else '')
 
 
 def Table(rows: Sequence[Row], seeded: bool = False) -> str:
@@ -112,8 +126,9 @@ def Table(rows: Sequence[Row], seeded: bool = False) -> str:
     status = r.status if r.status == 'converted' else (
         f'{r.status}: {_Detail(r.detail)}')
     lines.append(f'| {r.model} | {r.layers} | {r.k} | {r.schedule} | '
-                 f'{status} | {_E(r.max_grad_diff)} | {_E(r.keras_error)} | '
-                 f'{_E(r.pipeline_error)} |' +
+                 f'{status} | {_E(r.max_grad_diff)} | '
+                 f'{_E(r.keras_error, r.truth)} | '
+                 f'{_E(r.pipeline_error, r.truth)} |' +
                  (f' {_E(r.seeded_diff)} |' if seeded else '') +
                  f' {Verdict(r)} | {r.seconds:.0f} |')
   return '\n'.join(lines) + '\n'
@@ -154,7 +169,8 @@ def ReadResults(path: str) -> list[Row]:
     rows = [Row(d['model'], int(d['layers']), int(d['k']), d['schedule'],
                 d['status'], _F(d['max_grad_diff']), float(d['seconds']),
                 d['detail'], _F(d.get('keras_error')),
-                _F(d.get('pipeline_error')), _F(d.get('seeded_diff')))
+                _F(d.get('pipeline_error')), _F(d.get('seeded_diff')),
+                d.get('truth') or F64)
             for d in csv.DictReader(f)]
   last = {}
   for r in rows:
@@ -184,7 +200,8 @@ def SupportTable(rows: Sequence[Row]) -> str:
       lines.append(
           f'| {name} | {ok[0].detail} | {ok[0].layers} | {runs} | '
           f'{_E(max(r.max_grad_diff for r in ok))} | '
-          f'{_E(worst.keras_error)} | {_E(worst.pipeline_error)} | '
+          f'{_E(worst.keras_error, worst.truth)} | '
+          f'{_E(worst.pipeline_error, worst.truth)} | '
           f'{_E(_Max(r.seeded_diff for r in ok))} | {verdict} |')
     for r in rs:
       if r.status != 'converted':

@@ -103,6 +103,15 @@ class KerasZooTableTest(tf.test.TestCase):
     self.assertLen(_Lines(), 3)
     self.assertEqual(keras_zoo_table.ReadResults(path),
                      [rows[1], rerun, fixed])
+    # A row judged against Keras's whole-batch float32 step (no float64
+    # twin) says so in both tables and keeps it in the file.
+    moe = rows[0]._replace(model='M', truth=keras_zoo_table.F32)
+    self.assertIn('| 3.0e-03 (f32) | 2.0e-03 (f32) |',
+                  keras_zoo_table.Table([moe]))
+    self.assertIn('| 3.0e-03 (f32) | 2.0e-03 (f32) |',
+                  keras_zoo_table.SupportTable([moe]))
+    keras_zoo_table.WriteResults(path, [moe])
+    self.assertEqual(keras_zoo_table.ReadResults(path)[-1], moe)
 
 
 

@@ -199,7 +199,7 @@ def _Inputs(model: Any, n: int) -> Any:
 
 
 def _Lengths() -> dict[str, int]:
-  from tools import keras_zoo_hub  # pylint: disable=g-import-not-at-top
+  from tools.keras_zoo import hub as keras_zoo_hub  # pylint: disable=g-import-not-at-top
   return keras_zoo_hub.LENGTHS
 
 

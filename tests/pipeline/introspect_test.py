@@ -82,12 +82,11 @@ class TraceCellTest(tf.test.TestCase):
   def testPiecesMakeTheirRolesAndTheSizesAreOneLayersOutput(self):
     layer = _Fc(0).Instantiate()
     program = introspect.TraceCell([layer], [tf.TensorSpec([2, 8])])
-    # Kept forward: the ReLU output (8 floats an example); W reads at least
-    # the input and the output's gradient (what more it stashes is the
-    # engine's choice, pinned by tests/tools/plan/plan_trace_test.py).
+    # Kept forward: the ReLU output (8 floats an example); W: the input and
+    # the output's gradient.
     stage = introspect.ProgramBytes(program)
     self.assertEqual(stage.activations, 2 * 8 * 4)
-    self.assertGreaterEqual(stage.wcut, 2 * 2 * 8 * 4)
+    self.assertEqual(stage.wcut, 2 * 2 * 8 * 4)
     self.assertEqual(stage.weights, (8 * 8 + 8) * 4)
     f = program.Piece(ticks.Step(action.F, 0, keep=True))
     self.assertIn(R.Y, f.makes)

@@ -164,3 +164,29 @@ def Scalars(directory):
       for value in event.summary.value:
         out[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
   return out
+
+
+def AssertPipelineEqualsKeras(test, model, x, targets, runs, micro_batches=2):
+  """Converts a Keras model, checks one training step at each (K, schedule)
+  of `runs` against Keras's own step over the same micro-batches (loss and
+  every gradient), and the converted layers' inference against the model's;
+  returns the converted Params."""
+  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
+  from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+  from tools.keras_zoo import main as keras_zoo  # pylint: disable=g-import-not-at-top
+  params = pipeline.FromKeras(model)
+  want_loss, want = keras_zoo.KerasStep(model, x, targets, micro_batches)
+  for k, schedule in runs:
+    with test.subTest(k=k, schedule=schedule):
+      _, loss, got = keras_zoo.PipelineStep(
+          model, params, x, targets, micro_batches, num_partitions=k,
+          schedule=schedule)
+      test.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+      for var, g, h in zip(model.trainable_variables, want, got):
+        test.assertAllClose(g, h, rtol=1e-5, atol=1e-6, msg=var.path)
+  seq = layers.SequentialLayer.Params().Set(name='net',
+                                            layers=params).Instantiate()
+  pipeline.LoadKerasWeights(seq, model)
+  test.assertAllClose(model(x, training=False), seq.FProp(x), rtol=1e-5,
+                      atol=1e-6)
+  return params

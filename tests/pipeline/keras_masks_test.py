@@ -9,9 +9,6 @@ test_utils.SetUpDevices()
 import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
-from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
-from tools.keras_zoo import main as keras_zoo  # pylint: disable=g-import-not-at-top
 
 _LENGTHS = np.array([6, 3, 2, 5, 1, 4, 6, 2])
 
@@ -51,22 +48,7 @@ class KerasMasksTest(tf.test.TestCase):
 
   def _AssertSameStep(self, model, x, runs):
     targets = tf.random.stateless_normal([8, 2], seed=[7, 7])
-    want_loss, want = keras_zoo.KerasStep(model, x, targets, 2)
-    params = pipeline.FromKeras(model)
-    for k, schedule in runs:
-      with self.subTest(k=k, schedule=schedule):
-        _, loss, got = keras_zoo.PipelineStep(
-            model, params, x, targets, 2, num_partitions=k,
-            schedule=schedule)
-        self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
-        for var, g, h in zip(model.trainable_variables, want, got):
-          self.assertAllClose(g, h, rtol=1e-5, atol=1e-6, msg=var.path)
-    seq = layers.SequentialLayer.Params().Set(name='net',
-                                              layers=params).Instantiate()
-    pipeline.LoadKerasWeights(seq, model)
-    self.assertAllClose(model(x, training=False), seq.FProp(x), rtol=1e-5,
-                        atol=1e-6)
-    return params
+    return test_utils.AssertPipelineEqualsKeras(self, model, x, targets, runs)
 
   def testEmbeddingMaskZero(self):
     ids = _Padded(np.random.default_rng(0).integers(1, 10, [8, 6]))

@@ -47,21 +47,9 @@ class KerasRecurrentTest(tf.test.TestCase):
   def testEqualsKerasAtDropoutZero(self):
     model = _Recurrent()
     _Randomize(model, 1)
-    params = pipeline.FromKeras(model)
-    want_loss, want = keras_zoo.KerasStep(model, self.x, self.targets, 2)
-    for schedule in ('gpipe', '1f1b', 'zb_h1'):
-      with self.subTest(schedule=schedule):
-        _, loss, got = keras_zoo.PipelineStep(
-            model, params, self.x, self.targets, 2, num_partitions=2,
-            schedule=schedule)
-        self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
-        for var, g, h in zip(model.trainable_variables, want, got):
-          self.assertAllClose(g, h, rtol=1e-5, atol=1e-6, msg=var.path)
-    seq = layers.SequentialLayer.Params().Set(name='net',
-                                              layers=params).Instantiate()
-    pipeline.LoadKerasWeights(seq, model)
-    self.assertAllClose(model(self.x, training=False), seq.FProp(self.x),
-                        rtol=1e-5, atol=1e-6)
+    test_utils.AssertPipelineEqualsKeras(
+        self, model, self.x, self.targets,
+        [(2, schedule) for schedule in ('gpipe', '1f1b', 'zb_h1')])
 
   def testDropoutRepeatsInRecompute(self):
     model = _Recurrent(dropout=0.3, recurrent_dropout=0.3)

@@ -4,16 +4,21 @@ The layers' costs come from the PipeliningLayer's ``cost`` estimator
 (cost.LayerCosts: FLOPs, parameters, or a short profiling run of each
 layer's forward and backward); a layer's F, B and W are each taken as its
 cost (a backward does about twice a forward's work, half for the input
-gradient and half for the weight gradients). Its sizes come from FPropMeta
-(nothing is built): per micro-batch of ProfileBatchSize examples its input
-and its outputs (4 bytes a value, 2 under a 16-bit precision policy) as
-memory.StageBytesOf counts them, 4 bytes of weights and 4 of gradients per
-parameter (no optimizer slots). schedule.layout.Choose then weighs the
-balances, V in (1, 2) and the schedules on the simulated step within the
-memory budget, and the choice is logged.
+gradient and half for the weight gradients). Its sizes, per micro-batch of
+ProfileBatchSize examples (memory.StageBytesOf): its input from FPropMeta;
+what its backward keeps and what its B hands its W from a trace of its
+training step (activations='traced', layer_bytes.KeptBytes: each distinct
+layer built and traced once on a small batch), or its FPropMeta outputs
+(activations='outputs', or where the trace cannot build the layer: right
+for an FC layer, about 15x under for a Transformer block, whose backward
+also keeps its attention probabilities and its 4d-wide hidden layer); 4
+bytes of weights and 4 of gradients per parameter (no optimizer slots).
+schedule.layout.Choose then weighs the balances, V in (1, 2) and the
+schedules on the simulated step within the memory budget, and the choice
+is logged.
 
-This module deliberately builds nothing and runs nothing: PipeliningLayer
-runs the schedule it returns like any other.
+This module runs nothing of the pipeline: PipeliningLayer runs the schedule
+it returns like any other.
 """
 
 from __future__ import annotations
@@ -23,11 +28,21 @@ from typing import Sequence
 
 from absl import logging
 
+from gpipe_tf import errors
 from gpipe_tf.pipeline import cost as cost_lib
+from gpipe_tf.pipeline import layer_bytes
 from gpipe_tf.pipeline.schedule import layout
 from gpipe_tf.pipeline.schedule import memory
 
-__all__ = ['Choose', 'LayerCosts']
+__all__ = ['ACTIVATIONS', 'ActivationsError', 'Choose', 'LayerCosts']
+
+ACTIVATIONS = ('traced', 'outputs')
+
+
+
+class ActivationsError(errors.Error, ValueError):
+  """An unknown way of sizing the layers' activations."""
+
 
 _PARAM_BYTES = 4  # float32 weights, and as much again for their gradients.
 
@@ -40,12 +55,29 @@ def _Bytes(shapes: Sequence, value_bytes: int) -> int:
 
 def LayerCosts(layer_params: Sequence, cost: str, input_shapes: Sequence,
                profile_batch_size: int | None, num_micro_batches: int,
-               value_bytes: int = 4) -> list[layout.LayerCost]:
+               value_bytes: int = 4, activations: str = 'traced',
+               policy: str = 'float32') -> list[layout.LayerCost]:
   """Every layer's layout.LayerCost (see the module docstring).
+
+  Args:
+    layer_params: the layers' Params, in order.
+    cost: the cost estimator (cost.LayerCosts).
+    input_shapes: the first layer's input shapes.
+    profile_batch_size, num_micro_batches: as cost.ProfileBatchSize reads
+      them: the examples of a micro-batch.
+    value_bytes: bytes of an activation value (FPropMeta sizes).
+    activations: 'traced' or 'outputs' (module docstring).
+    policy: the precision policy the layers are traced in.
 
   Raises:
     cost.CostEstimateError: the costs cannot be estimated.
+    ActivationsError: an unknown `activations`.
   """
+  if activations not in ACTIVATIONS:
+    raise ActivationsError(
+        f"auto_activations must be one of {ACTIVATIONS}, got "
+        f"{activations!r}: 'traced' for what the layers keep, 'outputs' to "
+        'build nothing.')
   costs = cost_lib.LayerCosts(layer_params, cost, input_shapes,
                               profile_batch_size, num_micro_batches)
   metas = cost_lib.LayerMetas(layer_params, input_shapes)
@@ -53,9 +85,15 @@ def LayerCosts(layer_params: Sequence, cost: str, input_shapes: Sequence,
                                     num_micro_batches)
   ins = [_Bytes(input_shapes, value_bytes)] + [
       _Bytes(m.out_shapes, value_bytes) for m in metas[:-1]]
+  kept = [None] * len(metas)
+  if activations == 'traced':
+    kept = layer_bytes.KeptBytes(layer_params, input_shapes, policy=policy)
   return [layout.LayerCost(c, c, c, memory.StageBytesOf(
       i, [_Bytes(m.out_shapes, value_bytes)], int(m.num_params), batch,
-      _PARAM_BYTES, _PARAM_BYTES)) for c, i, m in zip(costs, ins, metas)]
+      _PARAM_BYTES, _PARAM_BYTES,
+      kept_bytes=None if k is None else [k[0]],
+      wcut_bytes=None if k is None else [k[1]]))
+          for c, i, m, k in zip(costs, ins, metas, kept)]
 
 
 def Choose(layers: Sequence[layout.LayerCost], num_devices: int,

@@ -143,6 +143,13 @@ class PipeliningLayer(base_layer.BaseLayer):
              "schedule='auto' only: bytes per device the chosen schedule may "
              "hold in the memory model (schedule.memory, weights included); "
              "None: what 1F1B holds on its fullest device.")
+    p.Define('auto_activations', 'traced',
+             "schedule='auto' only: what the memory model takes a layer to "
+             "keep for its backward. 'traced': what it keeps, from a trace "
+             "of each distinct layer's training step on a small batch "
+             "(layer_bytes.py); 'outputs': its FPropMeta outputs (nothing "
+             'is built; right for an FC layer, far under for a Transformer '
+             'block).')
     p.Define('execution', 'loop',
              "How the step's graph is built (schedule.periods.Plan): 'loop' "
              "(every tick while the steps cost at most loop_budget ops, else "
@@ -253,12 +260,13 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   @staticmethod
   def AutoChoice(params, path: str = ''):
-    """What schedule='auto' picks for these Params, building nothing.
+    """What schedule='auto' picks for these Params, building no pipeline.
 
     The schedule.layout.Choice (balance, V, schedule, predicted step and
     per-device peaks, budget) that a PipeliningLayer of ``params`` with
-    schedule='auto' runs: the same costs (``cost``), sizes and
-    ``memory_budget`` (None: 1F1B's modelled peak). A tool that predicts or
+    schedule='auto' runs: the same costs (``cost``), sizes
+    (``auto_activations``: 'traced' builds and traces a copy of each
+    distinct layer) and ``memory_budget`` (None: 1F1B's modelled peak). A tool that predicts or
     tables such a layer reads it here instead of re-deriving it. Logs the
     choice (auto_schedule.Choose), as the layer does; ``path`` names the
     layer in that line.
@@ -278,9 +286,10 @@ class PipeliningLayer(base_layer.BaseLayer):
           'profile_batch_size to N / num_micro_batches) for the sizes the '
           'step holds.', path or p.name, cost_lib.DEFAULT_PROFILE_BATCH_SIZE)
     value_bytes = 2 if p.precision in ('mixed_bfloat16', 'mixed_float16') else 4
-    layers = auto_schedule.LayerCosts(p.layers, p.cost, shapes,
-                                      p.profile_batch_size,
-                                      p.num_micro_batches, value_bytes)
+    layers = auto_schedule.LayerCosts(
+        p.layers, p.cost, shapes, p.profile_batch_size, p.num_micro_batches,
+        value_bytes, p.auto_activations,
+        p.precision or precision.CurrentPolicy())
     return auto_schedule.Choose(layers, p.num_partitions, p.num_micro_batches,
                                 p.remat, p.memory_budget, path or p.name)
 

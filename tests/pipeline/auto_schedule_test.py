@@ -8,10 +8,12 @@ test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+from gpipe_tf import layers as layers_lib
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import auto_schedule
+from gpipe_tf.pipeline import introspect
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
@@ -39,6 +41,28 @@ def _Peaks(choice):
   sim = simulate.Simulate(sched, problem.forward, problem.backward,
                           problem.weight)
   return memory.Profile(sched, problem.stage_bytes, kept, sim).peak
+
+
+def _Wide(n=8, width=8, hidden=256):
+  """n feed-forward blocks: each keeps its hidden layer, 32x its output."""
+  return [layers_lib.TransformerFeedForwardLayer.Params().Set(
+      name=f'ffn{i}', input_dim=width, hidden_dim=hidden) for i in range(n)]
+
+
+def _SquareLoss(outputs, labels):
+  del labels
+  return loss_lib.LossTerms(tf.reduce_sum(tf.square(outputs), [1, 2]), None,
+                            {})
+
+
+def _TracedPeaks(pipe, sim):
+  """What `pipe`'s traced cells hold per device, weights included, in the
+  memory model of its schedule timed by `sim`, after one training step."""
+  x = tf.random.stateless_normal([32, 4, 8], seed=[3, 4])
+  pipe.ComputeLossAndGradients(x, tf.zeros([32]), _SquareLoss)
+  stages = introspect.TracedStageBytes(pipe.cells)
+  kept = memory.KeptForwards(pipe.schedule, pipe.p.remat)
+  return memory.Profile(pipe.schedule, stages, kept, sim).peak
 
 
 class AutoScheduleTest(tf.test.TestCase):
@@ -85,6 +109,43 @@ class AutoScheduleTest(tf.test.TestCase):
     with self.assertRaisesRegex(schedule_lib.MemoryBudgetError,
                                 'raise the budget to at least'):
       _Auto(4, 8, memory_budget=0.1 * budget)
+
+  def testTracedSizesKeepTheChoiceWithinItsBudget(self):
+    # The blocks keep 32x their output for their backward. 'auto' must
+    # choose in a model of what the step holds: in the memory model over
+    # the sizes its traced cells keep, the choice fits the budget, here
+    # 1F1B's peak in that model. (Sized by the blocks' outputs, the
+    # activations look nearly free beside the weights and the choice holds
+    # every micro-batch.)
+    make = lambda **kw: PipeliningLayer.Params().Set(
+        name='net', layers=_Wide(), num_partitions=2, num_micro_batches=8,
+        remat='never', input_shapes=[(32, 4, 8)], **kw).Instantiate()
+    one_f = make(schedule='1f1b')
+    budget = max(_TracedPeaks(one_f, simulate.Simulate(one_f.schedule)))
+    pipe = make(schedule='auto', memory_budget=budget)
+    choice = pipe.schedule_choice
+    traced = _TracedPeaks(pipe, simulate.Simulate(
+        pipe.schedule, choice.problem.forward, choice.problem.backward,
+        choice.problem.weight))
+    # The layers' traced sizes summed per stage, against the stage's own:
+    # within a few per cent (a block's input is kept by the block before).
+    self.assertLessEqual(max(traced), 1.05 * budget, (traced, budget))
+    for chosen, held in zip(choice.peaks, traced):
+      self.assertAllClose(chosen, held, rtol=0.1)
+
+  def testOutputsSizesAreTheOtherChoice(self):
+    layers = _Wide(2)
+    outputs = auto_schedule.LayerCosts(layers, 'flops', ((8, 4, 8),), None,
+                                       2, activations='outputs')
+    traced = auto_schedule.LayerCosts(layers, 'flops', ((8, 4, 8),), None,
+                                      2, activations='traced')
+    # 4 examples a micro-batch, 4 positions: 8 floats an output, 256 the
+    # hidden layer the block keeps.
+    self.assertEqual(outputs[0].bytes.activations, 4 * 4 * 8 * 4)
+    self.assertGreater(traced[0].bytes.activations, 4 * 4 * 256 * 4)
+    with self.assertRaisesRegex(auto_schedule.ActivationsError, "'traced'"):
+      auto_schedule.LayerCosts(layers, 'flops', ((8, 4, 8),), None, 2,
+                               activations='guessed')
 
   def testLogsWhatItChose(self):
     # The absl call itself: another test may have set absl's verbosity above

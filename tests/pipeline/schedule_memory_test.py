@@ -130,7 +130,7 @@ class StageBytesTest(absltest.TestCase):
     self.assertEqual((st.weights, st.gradients), (120, 40))
 
   def testTracedSizesReplaceTheOutputsLayerByLayer(self):
-    # tools.plan.trace's sizes where known; the first layer's are not.
+    # layer_bytes.py's sizes where known; the first layer's are not.
     st = memory.StageBytesOf(3, [5, 7], num_params=10, micro_batch_size=4,
                              kept_bytes=[None, 70], wcut_bytes=[None, 90])
     self.assertEqual(st.activations, 4 * (5 + 70))

@@ -72,7 +72,7 @@ class LayerCost:
   num_params: int
   output_bytes: int  # Bytes of its outputs.
   # Bytes its kept forward stashes for the backward beyond its inputs, and
-  # its B for its W (tools.plan.trace); None: estimated from its outputs.
+  # its B for its W (layer_bytes.py); None: estimated from its outputs.
   kept_bytes: int | None = None
   wcut_bytes: int | None = None
 
@@ -154,7 +154,7 @@ def ModelOf(layer_params: Sequence, input_shapes: Sequence,
 def WithKeptBytes(model: Model, kept: Sequence[tuple[int, int] | None]
                   ) -> Model:
   """`model` with each layer's (kept_bytes, wcut_bytes)
-  (tools.plan.trace.KeptBytes; None leaves a layer's estimates from its
+  (layer_bytes.KeptBytes; None leaves a layer's estimates from its
   outputs)."""
   if len(kept) != len(model.layers):
     raise PlanError(f'give one kept size per layer: {len(model.layers)} '

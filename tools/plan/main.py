@@ -2,8 +2,8 @@
 
 Reads the experiment's layer Params and input shapes as tools/plan/model_stats.py
 does (FPropMeta), traces each distinct layer's step once for what its
-backward keeps (tools/plan/trace.py; --activations=outputs builds nothing
-and takes each layer's outputs instead), estimates every layout with the
+backward keeps (gpipe_tf.pipeline.layer_bytes; --activations=outputs builds
+nothing and takes each layer's outputs instead), estimates every layout with the
 schedule simulator (tools/plan/lib.py says how), drops those over the
 budget and prints the fastest as a table, with the reason for the winner::
 
@@ -75,8 +75,8 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
       'activations', 'traced', ['outputs', 'traced'],
       "A layer's activations in the memory estimate. 'traced': what its "
       "backward keeps, from a trace of each distinct layer's training step "
-      'on a small batch (tools/plan/trace.py; builds one of each, seconds '
-      "per kind of layer). 'outputs': its FPropMeta outputs (nothing is "
+      'on a small batch (gpipe_tf.pipeline.layer_bytes; builds one of '
+      "each, seconds per kind of layer). 'outputs': its FPropMeta outputs (nothing is "
       'built; far under for a Transformer block).', **fv)
   flags.DEFINE_string(
       'synthesize', None, 'Write the schedule synthesized for --model on '
@@ -116,9 +116,9 @@ def _Kept(model: plan_lib.Model, layers, shapes, activations: str,
           policy: str) -> plan_lib.Model:
   if activations != 'traced':
     return model
-  from tools.plan import trace as plan_trace  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import layer_bytes  # pylint: disable=g-import-not-at-top
   return plan_lib.WithKeptBytes(
-      model, plan_trace.KeptBytes(layers, shapes, policy=policy))
+      model, layer_bytes.KeptBytes(layers, shapes, policy=policy))
 
 
 def _ActivationBytes(policy: str, value_bytes: int) -> int:
@@ -251,7 +251,7 @@ def Run(fv: flags.FlagValues) -> str:
     text += (f'\n\n--activations=traced: layers {shown} ({len(untraced)} of '
              f'{len(model.layers)}) keep the estimate from their outputs: the '
              'trace could not build them on float inputs of their shapes '
-             '(tools/plan/trace.py).')
+             '(gpipe_tf.pipeline.layer_bytes).')
   if measured is not None:
     rows = [r for r in measured['rows']
             if r.get('dtype', 'float32') == policy]

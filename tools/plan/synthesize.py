@@ -96,7 +96,7 @@ def Draw(choice: layout.Choice, path: str) -> None:
 # remat 'never' (benchmarks/benchmark/README.md, "Schedules as
 # accelerators run them", Transformer at M=8: F 46.7, B 49.3, W 37.4 ms per
 # 4-block stage, a message 0.66 ms + 0.41 ms of CPU), and per example the
-# bytes tools.plan.trace traces for one block (input 32,896; its kept
+# bytes layer_bytes.py traces for one block (input 32,896; its kept
 # forward 508,448 beyond that; its B's stash for W 655,360).
 TRANSFORMER = layout.LayerCost(
     46.7e-3 / 4, 49.3e-3 / 4, 37.4e-3 / 4,

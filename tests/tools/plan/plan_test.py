@@ -12,7 +12,7 @@ from absl.testing import absltest
 from gpipe_tf.pipeline.schedule import memory
 from tools.plan import check as plan_check
 from tools.plan import lib as plan_lib
-from tools.plan import trace as plan_trace
+from gpipe_tf.pipeline import layer_bytes
 
 # 8 equal layers of 1 MFLOP, 1000 parameters and 4 KiB of output per example.
 _LAYER = plan_lib.LayerCost(flops=1e6, num_params=1000, output_bytes=4096)
@@ -160,6 +160,18 @@ class EvaluateTest(absltest.TestCase):
     self.assertEqual(plan.static_bytes, (8000 * 12,))  # The whole model.
     alone = plan_lib.Evaluate(_MODEL, _Layout(k=1, m=1), 16)
     self.assertAlmostEqual(plan.examples_per_sec, 4 * alone.examples_per_sec)
+
+
+  def testWithKeptBytesReplacesTheEstimatesGiven(self):
+    from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
+    fc = plan_lib.ModelOf([layers.FCLayer.Params().Set(
+        name='fc', input_dim=8, output_dim=8)], [(None, 8)], 4)
+    traced = plan_lib.WithKeptBytes(fc, [(100, 200)])
+    self.assertEqual((traced.layers[0].kept_bytes,
+                      traced.layers[0].wcut_bytes), (100, 200))
+    self.assertEqual(plan_lib.WithKeptBytes(fc, [None]), fc)
+    with self.assertRaisesRegex(plan_lib.PlanError, '1 layers, got 2'):
+      plan_lib.WithKeptBytes(fc, [None, None])
 
 
 class RankTest(absltest.TestCase):
@@ -332,7 +344,7 @@ class PlanToolTest(absltest.TestCase):
     traced = self._Run('--model=synthetic.mlp.TinyPipelined', '--devices=2',
                        '--top=1', '--activations=traced')
     self.assertNotIn('keep the estimate', traced)
-    with mock.patch.object(plan_trace, '_Trace', return_value=None):
+    with mock.patch.object(layer_bytes, '_Trace', return_value=None):
       failed = self._Run('--model=synthetic.mlp.TinyPipelined', '--devices=2',
                          '--top=1', '--activations=traced')
     self.assertRegex(failed, r'--activations=traced: layers 0, 1, .* keep '

@@ -1,4 +1,4 @@
-"""tools/plan/trace.py: what each layer's backward keeps, from a trace of its training step."""
+"""gpipe_tf/pipeline/layer_bytes.py: what each layer's backward keeps, from a trace of its training step."""
 
 from unittest import mock
 
@@ -7,8 +7,7 @@ import tensorflow as tf
 from gpipe_tf import layers
 from gpipe_tf.layers import core
 from gpipe_tf.layers import precision
-from tools.plan import lib as plan_lib
-from tools.plan import trace as plan_trace
+from gpipe_tf.pipeline import layer_bytes
 
 
 def _FC(i):
@@ -22,9 +21,9 @@ class KeptBytesTest(tf.test.TestCase):
     # Its backward reads its input (counted where it was made) and its
     # ReLU output: 8 floats an example; its W reads the input and the
     # output's gradient: 16. The two identical layers are traced once.
-    with mock.patch.object(plan_trace, '_Trace',
-                           wraps=plan_trace._Trace) as trace:
-      kept = plan_trace.KeptBytes([_FC(0), _FC(1)], [(None, 8)])
+    with mock.patch.object(layer_bytes, '_Trace',
+                           wraps=layer_bytes._Trace) as trace:
+      kept = layer_bytes.KeptBytes([_FC(0), _FC(1)], [(None, 8)])
     self.assertEqual(kept, [(32, 64), (32, 64)])
     self.assertEqual(trace.call_count, 1)
 
@@ -32,8 +31,8 @@ class KeptBytesTest(tf.test.TestCase):
     block = layers.TransformerEncoderLayer.Params().Set(
         name='block', model_dim=8, hidden_dim=32, num_heads=2)
     shapes = [(None, 4, 8), (None, 4)]
-    (kept, wcut), = plan_trace.KeptBytes([block], shapes)
-    output = plan_lib.ModelOf([block], shapes, 4).layers[0].output_bytes
+    (kept, wcut), = layer_bytes.KeptBytes([block], shapes)
+    output = 4 * 8 * 4  # Its output per example: 4 positions x 8 floats.
     self.assertGreater(kept, 10 * output)
     self.assertGreater(wcut, output)
 
@@ -45,16 +44,16 @@ class KeptBytesTest(tf.test.TestCase):
     stack = [fc('a', 8, 8), core.BranchLayer.Params().Set(
         name='b', stash=('s',)), fc('c', 8, 8), core.MergeLayer.Params().Set(
             name='m', pop=('s',), op='concat'), fc('d', 16, 8)]
-    self.assertEqual(plan_trace.KeptBytes(stack, [(None, 8)]),
+    self.assertEqual(layer_bytes.KeptBytes(stack, [(None, 8)]),
                      [(32, 64), (0, 0), (32, 64), (0, 0), (32, 96)])
 
   def testA16BitPolicyKeepsHalfTheBytes(self):
     # Traced in the policy, on bfloat16 inputs: 2 bytes a value.
     self.assertEqual(
-        plan_trace.KeptBytes([_FC(0)], [(None, 8)], policy='mixed_bfloat16'),
+        layer_bytes.KeptBytes([_FC(0)], [(None, 8)], policy='mixed_bfloat16'),
         [(16, 32)])
     with self.assertRaises(precision.PolicyError):
-      plan_trace.KeptBytes([_FC(0)], [(None, 8)], policy='float8')
+      layer_bytes.KeptBytes([_FC(0)], [(None, 8)], policy='float8')
 
   def testASoftmaxOverLabelsIsTraced(self):
     # Its W's cut holds the broadcast gradient's axes, int vectors of no
@@ -64,21 +63,14 @@ class KeptBytesTest(tf.test.TestCase):
     softmax = layers.SoftmaxLayer.Params().Set(name='sm', input_dim=8,
                                                num_classes=16)
     self.assertEqual(
-        plan_trace.KeptBytes([softmax], [(None, 4, 8), (None, 4)]),
+        layer_bytes.KeptBytes([softmax], [(None, 4, 8), (None, 4)]),
         [(0, 4 * (8 + 16) * 4)])
 
   def testALayerTheTraceCannotBuildKeepsTheEstimate(self):
     # An embedding reads integer ids; the trace feeds floats of the shapes.
     embedding = layers.EmbeddingLayer.Params().Set(
         name='emb', vocab_size=10, embedding_dim=8)
-    self.assertEqual(plan_trace.KeptBytes([embedding], [(None, 4)]), [None])
-    model = plan_lib.ModelOf([_FC(0)], [(None, 8)], 4)
-    traced = plan_lib.WithKeptBytes(model, [(100, 200)])
-    self.assertEqual((traced.layers[0].kept_bytes,
-                      traced.layers[0].wcut_bytes), (100, 200))
-    self.assertEqual(plan_lib.WithKeptBytes(model, [None]), model)
-    with self.assertRaisesRegex(plan_lib.PlanError, '1 layers, got 2'):
-      plan_lib.WithKeptBytes(model, [None, None])
+    self.assertEqual(layer_bytes.KeptBytes([embedding], [(None, 4)]), [None])
 
 
 if __name__ == '__main__':

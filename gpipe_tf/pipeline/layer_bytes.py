@@ -1,16 +1,16 @@
-"""What each layer's backward keeps, per example, read from a trace of the layer's training step: tools.plan --activations=traced.
+"""What each layer's backward keeps, per example, read from a trace of the layer's training step.
 
-tools.plan estimates a layer's activations as its FPropMeta outputs, without
-building anything. That is right for an FC layer (its backward reads its
-input and its output) and far under for a Transformer block, whose backward
-reads its attention probabilities, its 4d-wide hidden layer and its layer
-norms' inputs (16x its output in tools.benchmark's Transformer). Here each
-distinct layer (same Params but for the name, same input shapes) is built
-once and its training step traced as the engine traces a cell's
-(gpipe_tf.pipeline.introspect.TraceCell, one layer, a small batch): what its
-kept forward stashes for the backward, less its inputs, and what its B
-stashes for its W (the weight gradients' inputs), each buffer once
-(introspect.ProgramBytes), divided by the batch.
+A layer's FPropMeta outputs are what an FC layer's backward reads (its input
+and its output), and far under what a Transformer block's keeps: its
+attention probabilities, its 4d-wide hidden layer and its layer norms'
+inputs (16x its output in tools.benchmark's Transformer). Here each distinct
+layer (same Params but for the name, same input shapes) is built once and
+its training step traced as the engine traces a cell's
+(introspect.TraceCell, one layer, a small batch): what its kept forward
+stashes for the backward, less its inputs, and what its B stashes for its W
+(the weight gradients' inputs), each buffer once (introspect.ProgramBytes),
+divided by the batch. schedule='auto' (auto_schedule.py) and tools.plan
+(--activations=traced) size the memory model with it.
 
 A layer that stashes or pops a skip (layers/skips.py) is traced as a cell of
 its own, as the pipeline runs it at a cell boundary: what it pops comes in
@@ -20,7 +20,7 @@ inputs of its compute dtype, as a pipeline cell receives them.
 
 A layer the trace cannot build on float inputs of its FPropMeta shapes (an
 embedding that reads integer ids) keeps its output size: KeptBytes gives
-None for it.
+None for it. The traced copies are dropped; nothing is kept.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def KeptBytes(layer_params: Sequence[Any], input_shapes: Sequence,
   the trace cannot tell.
 
   Args:
-    layer_params: the layers' Params, in order (as tools.plan.lib.ModelOf).
+    layer_params: the layers' Params, in order.
     input_shapes: the first layer's input shapes (batch dimension None).
     batch: examples of the traced step.
     policy: the precision policy the layers run under

@@ -241,13 +241,18 @@ class PipelineModelErrorsTest(tf.test.TestCase):
         num_micro_batches=4, schedule='1f1b', balance=[4, 5]))
     x, y = _Data(BATCH, seed=1)
     x[9, 0] = np.nan  # Micro-batch 2 of 4 (4 examples each).
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
-      model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH),
-                epochs=1, verbose=0)
+      model.fit(data, epochs=1, verbose=0)
     self.assertIn('InvalidArgumentError in one of 4 actions, FB of stage 1 on '
                   'micro-batch 0, 1, 2 or 3', str(raised.exception))
     self.assertIn(action_lib.Action('FB', 1, 2),
                   raised.exception.where.actions)
+    # evaluate runs the forward (F actions only).
+    with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
+      model.evaluate(data, verbose=0)
+    self.assertIn('InvalidArgumentError in one of 4 actions, F of stage 1 on '
+                  'micro-batch 0, 1, 2 or 3', str(raised.exception))
 
   def _Model(self):
     return keras_model.PipelineModel(_Sequential())

@@ -9,6 +9,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import base_layer
 from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.train import loop
+from gpipe_tf.train import runner as runner_lib
 from params.synthetic import mlp
 
 
@@ -51,6 +52,14 @@ class RunnerErrorTest(tf.test.TestCase):
     self.assertIn('F of stage 0 on micro-batch 0, 1, 2 or 3', str(e))
     self.assertIn(action_lib.Action('F', 0, 0), e.where.actions)
     self.assertEqual({a.stage for a in e.where.actions}, {0})
+
+  def testAnOpErrorOfAnEvalStepNamesItsActions(self):
+    runner = runner_lib.Runner(_Failing, self.get_temp_dir(),
+                               max_checkpoints_to_keep=1)
+    with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
+      runner.Evaluate(eval_steps=1)
+    self.assertIn('F of stage 0 on micro-batch 0, 1, 2 or 3',
+                  str(raised.exception))
 
 
 if __name__ == '__main__':

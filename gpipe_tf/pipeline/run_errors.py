@@ -39,8 +39,9 @@ starts with the place, the original error its ``__cause__`` and the place
     dev 1: ..   !FB0 !FB1 ..   !FB2 ..   !FB3
     {{function_node ...}} a NaN : Tensor had NaN values ...
 
-``Explaining(*modules)`` raises it around any code (the trainer's steps and
-PipelineModel's fit and evaluate run inside one). It reads the steps the
+``Explaining(*modules, training=)`` raises it around any code (the
+trainer's steps and PipelineModel's fit and evaluate run inside one;
+``training`` says which of a layer's steps may have failed). It reads the steps the
 PipeliningLayers in `modules` built last (``Cell.compiled``): a step built
 over a data-parallel replica's cells (``PipeliningLayer._ReplicaCells``) is
 not among them, and its errors go on as TensorFlow raised them.
@@ -148,20 +149,30 @@ def _Actions(compiled: Any, i: int, function: str | None,
   return acts, None
 
 
-def Explain(error: tf.errors.OpError, *modules: Any
-            ) -> tf.errors.OpError | None:
+def Explain(error: tf.errors.OpError, *modules: Any,
+            training: bool | None = None) -> tf.errors.OpError | None:
   """`error`, raised by an op as a step of a PipeliningLayer in `modules`
   (or in their submodules) ran, explained (module docstring): an error of
   its type whose message starts with the action, tick and device and the
   device's row of the tick program with the action marked, its ``where``
   the ticks.StepError saying so; None when the error names no op of such a
-  step (or is explained already)."""
+  step (or is explained already).
+
+  Args:
+    error: what the step raised.
+    *modules: PipeliningLayers, or modules holding them (a task, a model).
+    training: whether the failing step was a training step (True) or an
+      inference one (False); None: either. A layer's op that a training and
+      an evaluation step both run, named without its function (module
+      docstring), is otherwise put in the step built last.
+  """
   if getattr(error, 'where', None) is not None:
     return None
-  places = Locations(error.message)
-  for function, node in places:
+  for function, node in Locations(error.message):
     for layer in _Pipelines(modules):
       for compiled in layer.cells[0].compiled:
+        if training not in (None, compiled.programs[0].training):
+          continue
         for i, program in enumerate(compiled.ticks):
           acts, receiver = _Actions(compiled, i, function, node)
           if not acts:
@@ -177,14 +188,15 @@ def Explain(error: tf.errors.OpError, *modules: Any
 
 
 @contextlib.contextmanager
-def Explaining(*modules: Any) -> Iterator[None]:
+def Explaining(*modules: Any, training: bool | None = None
+               ) -> Iterator[None]:
   """Runs the code inside; an OpError it raises that Explain explains for
-  `modules` is raised as that error (from the original), any other goes on
-  as it is."""
+  `modules` (and `training`, as Explain takes it) is raised as that error
+  (from the original), any other goes on as it is."""
   try:
     yield
   except tf.errors.OpError as e:
-    explained = Explain(e, *modules)
+    explained = Explain(e, *modules, training=training)
     if explained is None:
       raise
     raise explained from e

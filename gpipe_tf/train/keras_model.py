@@ -223,12 +223,12 @@ class PipelineModel(keras.Model):
     """keras.Model.fit; an op that fails as a step runs raises its error
     with the pipeline's action, tick and device first in its message
     (run_errors.Explaining)."""
-    with run_errors.Explaining(self.layer):
+    with run_errors.Explaining(self.layer, training=True):
       return super().fit(*args, **kwargs)
 
   def evaluate(self, *args: Any, **kwargs: Any) -> Any:
     """keras.Model.evaluate, its errors explained as fit's."""
-    with run_errors.Explaining(self.layer):
+    with run_errors.Explaining(self.layer, training=False):
       return super().evaluate(*args, **kwargs)
 
   @property

@@ -188,7 +188,7 @@ class Runner:
     if self._train_step is None:
       self._train_step = tf.function(self._TrainStep, autograph=False,
                                      reduce_retracing=True)
-    with run_errors.Explaining(self.task):  # An op's error: its action.
+    with run_errors.Explaining(self.task, training=True):  # Its action.
       return self._train_step(batch)
 
   def _LossAndGrads(self, batch):
@@ -263,7 +263,7 @@ class Runner:
         return metrics, tasks.BatchSize(batch)
       self._eval_step = tf.function(Step, autograph=False,
                                     reduce_retracing=True)
-    with run_errors.Explaining(self.task):
+    with run_errors.Explaining(self.task, training=False):
       return self._eval_step(batch)
 
   # ---- Loops ----------------------------------------------------------------

@@ -109,6 +109,27 @@ class PieceErrorTest(tf.test.TestCase, parameterized.TestCase):
                   f'micro-batch 0, 1, 2 or 3 {ticks_said}', str(e))
     self.assertIn('\n' + row + '\n', str(e))
 
+  def testAnEvaluationStepsErrorIsReadAgainstItsOwnStep(self):
+    # The layer's op is named without its function (a named step), and a
+    # training step, built after the evaluation one, runs it too: told the
+    # step was not training, Explain reads the evaluation's forward program
+    # (F(1, m) at tick m + 1), not the training step's (ticks 1, 2, 4, 6).
+    pipe = _Pipe()
+    x = tf.tensor_scatter_nd_update(tf.ones([8, 4]), [[4, 0]],
+                                    [float('nan')])
+
+    def eval_step():
+      return pipe.FProp(x, training=False)
+
+    evaluate = tf.function(eval_step, autograph=False)
+    evaluate.get_concrete_function()
+    _Step(pipe).get_concrete_function()
+    with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
+      with run_errors.Explaining(pipe, training=False):
+        evaluate()
+    self.assertIn('one of 4 actions, F of stage 1 on micro-batch 0, 1, 2 or 3 '
+                  'at tick 1, 2, 3 or 4 on device 1', str(raised.exception))
+
   def testAnErrorOfNoStepGoesOnAsItIs(self):
     pipe = _Pipe()
     _Step(pipe).get_concrete_function()

@@ -60,12 +60,14 @@ def _Failed(op_name, function=None):
 
 def _Ops(graph, scope):
   """The names of the ops of `graph`, and of the functions it calls, under
-  an action scope named `scope` (introspect.FindActionScope), with the name
-  of the function holding each (None: `graph`)."""
+  an action scope named `scope` (introspect.FindActionScope; a switch
+  branch's, ``stage1_F``, by ticks.FindScope), with the name of the
+  function holding each (None: `graph`)."""
   found = []
   for op in graph.get_operations():
     at = introspect.FindActionScope(op.name)
-    if at is not None and at.name == scope:
+    if (at is not None and at.name == scope or
+        f'/{scope}/' in f'/{op.name}' and ticks.FindScope(op.name)):
       found.append((op.name, None))
   for name, function in graph._functions.items():  # pylint: disable=protected-access
     inner = getattr(function, 'graph', None)
@@ -196,6 +198,15 @@ class EngineOpErrorTest(tf.test.TestCase):
                              for i in range(loop.repeats)))
     self.assertGreater(len(where.actions), 1)
     self.assertIn(f'one of {loop.repeats} actions, F of stage 1', str(where))
+
+  def testAnOpInASwitchBranchNamesEveryActionOfItsStageAndKind(self):
+    pipe = _Pipe('1f1b', 'switch')
+    graph = _Step(pipe).get_concrete_function().graph
+    name, function = _Ops(graph, 'stage1_F')[0]
+    self.assertIsNotNone(function)  # A branch of the loop's switch.
+    where = run_errors.Explain(_Failed(name, function), pipe).where
+    self.assertEqual(sorted(where.actions),
+                     [action_lib.Action(F, 1, m) for m in range(4)])
 
 
 if __name__ == '__main__':

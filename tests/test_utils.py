@@ -83,6 +83,18 @@ class TiedScale(base_layer.BaseLayer):
     return base_layer.LayerMeta(1, (shape,), 0)
 
 
+class NoNaN(base_layer.BaseLayer):
+  """Passes its input on; check_numerics fails as the step runs on a NaN
+  in it (an op that fails only for the micro-batch that holds the NaN)."""
+
+  def FProp(self, x, training=False):
+    return tf.debugging.check_numerics(x, 'a NaN')
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    return base_layer.LayerMeta(0, (tuple(shape),), 0)
+
+
 class FlagsParsedTestCase(tf.test.TestCase):
   """A TestCase for code that reads absl flags (pytest parses none: they
   count as parsed) with a temporary directory `root` for the class."""

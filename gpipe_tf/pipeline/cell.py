@@ -12,9 +12,9 @@ the cells in between never see it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
+import collections
 import dataclasses
+from typing import Any, Sequence
 
 import tensorflow as tf
 
@@ -56,6 +56,9 @@ class Cell:
       stashed, in the order its forward takes them.
     skip_out: the names of the skips its layers stash that later cells pop,
       in the order its forward returns them.
+    compiled: of the first cell, the steps (interpreter.Compiled) built
+      over the cells, latest first, a few: what run_errors reads to say
+      which action an op that failed as a step ran belongs to.
   """
 
   def __init__(self, index: int, layers: Sequence[base_layer.BaseLayer],
@@ -70,6 +73,7 @@ class Cell:
         [v for l in self.layers for v in l.trainable_variables])
     self.programs: dict[Any, Any] = {}
     self.outputs: dict[tuple, tuple] = {}
+    self.compiled: collections.deque = collections.deque(maxlen=4)
 
   def Run(self, structure: Any, flat: Sequence[Any], training: bool) -> tuple:
     """Runs the layers on the inputs `flat` packed as `structure` (a cell

@@ -124,6 +124,11 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
       folded with (periods.Plan).
     head: with the loss inside, the loss (the last stage's).
     input_grads: whether stage 0 differentiates its inputs.
+
+  Returns:
+    The Compiled step, also kept in the first cell's ``compiled`` (a few,
+    latest first), where run_errors reads which action an op that failed
+    as the step ran belongs to.
   """
   defers_w = frozenset().union(*map(ticks_lib.StagesDeferringW, ticks))
   routes = cell_lib.Routes(cells)
@@ -168,14 +173,14 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
             input_grads or s > 0, dy_present, jit_compile, s in defers_w,
             stage_skips, dskip_present)
     programs[s] = cell.programs[key]
-  layouts = tuple(
-      slots_lib.LayoutOf(p, schedule.num_micro_batches) if training else None
-      for p in programs)
+  layouts = tuple(slots_lib.LayoutOf(p, schedule.num_micro_batches)
+                  if training else None for p in programs)
   plans = tuple(_Plan(programs, t, execution, budget) for t in ticks)
   batch = next((x.shape[0] for x in specs if tl.HasBatch(x)), None)
-  return Compiled(tuple(cells), schedule, tuple(programs), layouts,
-                  tuple(ticks), plans, head is not None, input_grads, batch,
-                  routes)
+  cells[0].compiled.appendleft(Compiled(
+      tuple(cells), schedule, tuple(programs), layouts, tuple(ticks), plans,
+      head is not None, input_grads, batch, routes))
+  return cells[0].compiled[0]
 
 
 def SkipPairs(cells: Sequence[cell_lib.Cell]

@@ -192,7 +192,8 @@ class ActionScope:
 def FindActionScope(op_name: str) -> ActionScope | None:
   """The first action scope with a micro-batch or column in `op_name` (a
   switch branch's scope, ``stage1_FB``, names no action and is skipped), or
-  None."""
+  None. What a stage takes in at a tick is under a scope of its own, read
+  with kind ``RECV`` (``stage1_RECV_t4``: ticks.ReceiptScope)."""
   found = ticks.SCOPE.search(op_name)
   while found and found.group(3) is None:  # Search on from its last '/'.
     found = ticks.SCOPE.search(op_name, found.end() - 1)

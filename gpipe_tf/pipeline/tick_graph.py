@@ -171,7 +171,7 @@ class TickGraph:
     """
     slots = list(slots)
     for s, device in enumerate(self.devices):
-      with tf.device(device):
+      with tf.device(device), tf.name_scope(ticks_lib.ReceiptScope(s, col)):
         slots[s] = self._Receive(program, s, col, t, slots, arrived)
     for d in range(self.schedule.num_devices):
       on_d = self.schedule.StagesOn(d)

@@ -64,6 +64,7 @@ from gpipe_tf import errors
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline import run_errors
 from gpipe_tf.train import checkpoints
 
 __all__ = ['KerasLossError', 'PerExampleFn', 'PipelineModel']
@@ -217,6 +218,18 @@ class PipelineModel(keras.Model):
     # Keras builds the optimizer on model.trainable_variables, which holds no
     # tf.Variable of the layer: build it on the layer's variables first.
     self.optimizer.build(self.layer.trainable_variables)
+
+  def fit(self, *args: Any, **kwargs: Any) -> Any:
+    """keras.Model.fit; an op that fails as a step runs raises its error
+    with the pipeline's action, tick and device first in its message
+    (run_errors.Explaining)."""
+    with run_errors.Explaining(self.layer, training=True):
+      return super().fit(*args, **kwargs)
+
+  def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+    """keras.Model.evaluate, its errors explained as fit's."""
+    with run_errors.Explaining(self.layer, training=False):
+      return super().evaluate(*args, **kwargs)
 
   @property
   def metrics(self) -> list[keras.metrics.Metric]:

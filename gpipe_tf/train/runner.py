@@ -33,6 +33,10 @@ replicas, and clipping, the finiteness check and the single optimizer update
 run once on the averaged gradients. A global batch not divisible by R gives
 unequal shares, whose means are then weighted equally.
 
+Errors. An op that fails as a step runs (a layer's check_numerics, say)
+raises TensorFlow's error, of its type, with the pipeline's action, tick and
+device it belongs to first in its message (pipeline/run_errors.py).
+
 Progress. Every log_interval_steps a line ``Step N/MAX: <metrics> (ETA 1m39s)``
 gives the time left: the mean step time of the interval (checkpoints and
 evaluations included) times the steps left.
@@ -53,6 +57,7 @@ from gpipe_tf import errors
 from gpipe_tf import tasks
 from gpipe_tf.layers import precision as precision_lib
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.pipeline import run_errors
 from gpipe_tf.runtime import cluster
 from gpipe_tf.runtime import distribute
 from gpipe_tf.train import checkpoints
@@ -183,7 +188,8 @@ class Runner:
     if self._train_step is None:
       self._train_step = tf.function(self._TrainStep, autograph=False,
                                      reduce_retracing=True)
-    return self._train_step(batch)
+    with run_errors.Explaining(self.task, training=True):  # Its action.
+      return self._train_step(batch)
 
   def _LossAndGrads(self, batch):
     """(loss, metrics, non-None grads, batch size) of one (replica's) batch."""
@@ -257,7 +263,8 @@ class Runner:
         return metrics, tasks.BatchSize(batch)
       self._eval_step = tf.function(Step, autograph=False,
                                     reduce_retracing=True)
-    return self._eval_step(batch)
+    with run_errors.Explaining(self.task, training=False):
+      return self._eval_step(batch)
 
   # ---- Loops ----------------------------------------------------------------
   def Evaluate(self, eval_steps: int) -> dict[str, float]:

@@ -330,6 +330,47 @@ class WhereTest(unittest.TestCase):
       with ticks.Naming(self.program):
         raise KeyError('x')
 
+  def testAmongNamesEveryActionItMayBeAndMarksThemAll(self):
+    fbs = [schedule.Action(schedule.FB, 1, m) for m in range(4)]
+    among = ticks.Among(self.program, fbs)
+    self.assertEqual(among.actions, tuple(fbs))
+    self.assertEqual(str(among).splitlines()[1],
+                     'dev 1: ..   !FB0 !FB1 ..   !FB2 ..   !FB3 ..')
+    self.assertTrue(str(among).startswith(
+        'one of 4 actions, FB of stage 1 on micro-batch 0, 1, 2 or 3 at tick '
+        '1, 2, 4 or 6 on device 1 ('))
+    # One action is Where's.
+    one = ticks.Among(self.program, fbs[2:3])
+    self.assertEqual((one.action, one.tick, one.device), (fbs[2], 4, 1))
+    self.assertEqual(str(one), str(ticks.Where(self.program, 1, 'FB', 2)))
+
+  def testReceiptsAreScopedAndNameTheirSenders(self):
+    self.assertEqual(ticks.ReceiptScope(1, 4), 'stage1_RECV_t4')
+    self.assertEqual(ticks.FindScope('while/stage1_RECV/x'),
+                     (1, ticks.RECV, None, None))
+    # Stage 0 takes in FB0's gradient at tick 2, stage 1 F1's output at 2.
+    self.assertEqual(ticks.Senders(self.program, 0, [2]),
+                     [schedule.Action(schedule.FB, 1, 0)])
+    self.assertEqual(ticks.Senders(self.program, 1, [2, 0]),
+                     [schedule.Action(schedule.F, 0, 1)])
+
+  def testExplainedKeepsAnOpErrorsTypeWithWhere(self):
+
+    class _OpError(Exception):  # As tf.errors.InvalidArgumentError is built.
+
+      def __init__(self, node_def, op, message):
+        super().__init__(message)
+        self.node_def, self.op, self.error_code = node_def, op, 3
+
+    where = ticks.Where(self.program, 0, schedule.F, 2)
+    error = _OpError(None, None, 'a NaN')
+    explained = ticks.Explained(error, where)
+    self.assertIsInstance(explained, _OpError)
+    self.assertIs(explained.where, where)
+    self.assertTrue(str(explained).startswith(
+        '_OpError in F of stage 0 on micro-batch 2 at tick 3 on device 0:\n'))
+    self.assertTrue(str(explained).endswith('\na NaN'))
+
 
 if __name__ == '__main__':
   unittest.main()

@@ -230,16 +230,18 @@ class StepErrorTest(tf.test.TestCase):
         if execution == 'unrolled':
           self.assertIsInstance(raised.exception.__cause__, RuntimeError)
 
-  def testAnEagerRunErrorNamesItsStep(self):
+  def testAnEagerRunErrorNamesItsStepAndKeepsItsType(self):
     # Eagerly a step runs as it is built: a NaN in micro-batch 1 fails
-    # stage 1's check_numerics in FB1.
+    # stage 1's check_numerics in FB1. TensorFlow's error keeps its type
+    # (ticks.Explained), the place in its message and its `where`.
     x = tf.tensor_scatter_nd_update(tf.ones([8, 4]), [[2, 0]], [float('nan')])
-    with self.assertRaises(ticks_lib.StepError) as raised:
+    with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
       _Train(_StrictPipe(), x, function=False)
-    self.assertIsInstance(raised.exception.__cause__,
-                          tf.errors.InvalidArgumentError)
-    self.assertIn('FB of stage 1 on micro-batch 1 at tick 2 on device 1:\n'
-                  'dev 1: ..   FB0  !FB1', str(raised.exception))
+    e = raised.exception
+    self.assertIsInstance(e.__cause__, tf.errors.InvalidArgumentError)
+    self.assertEqual(e.where.action, action_lib.Action(ticks_lib.FB, 1, 1))
+    self.assertIn('InvalidArgumentError in FB of stage 1 on micro-batch 1 at '
+                  'tick 2 on device 1:\ndev 1: ..   FB0  !FB1', str(e))
 
 
 if __name__ == '__main__':

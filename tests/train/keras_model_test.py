@@ -17,6 +17,7 @@ from gpipe_tf import pipeline
 from gpipe_tf.layers import core
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline.schedule import action as action_lib
 from gpipe_tf.train import keras_model
 
 SCHEDULES = ('gpipe', '1f1b')
@@ -228,6 +229,30 @@ class FromKerasFitTest(tf.test.TestCase):
 
 
 class PipelineModelErrorsTest(tf.test.TestCase):
+
+  def testAnOpErrorAsFitRunsNamesItsActions(self):
+    # A NaN in the third of 4 micro-batches fails the last stage's
+    # check_numerics in one of its FB actions (pipeline/run_errors.py); the
+    # error keeps its type.
+    layers = test_utils.MlpLayers()
+    model = _Compiled(PipeliningLayer.Params().Set(
+        name='net', layers=layers[:4] + [test_utils.NoNaN.Params().Set(
+            name='check')] + layers[4:], num_partitions=2,
+        num_micro_batches=4, schedule='1f1b', balance=[4, 5]))
+    x, y = _Data(BATCH, seed=1)
+    x[9, 0] = np.nan  # Micro-batch 2 of 4 (4 examples each).
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
+      model.fit(data, epochs=1, verbose=0)
+    self.assertIn('InvalidArgumentError in one of 4 actions, FB of stage 1 on '
+                  'micro-batch 0, 1, 2 or 3', str(raised.exception))
+    self.assertIn(action_lib.Action('FB', 1, 2),
+                  raised.exception.where.actions)
+    # evaluate runs the forward (F actions only).
+    with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
+      model.evaluate(data, verbose=0)
+    self.assertIn('InvalidArgumentError in one of 4 actions, F of stage 1 on '
+                  'micro-batch 0, 1, 2 or 3', str(raised.exception))
 
   def _Model(self):
     return keras_model.PipelineModel(_Sequential())

@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 from gpipe_tf import errors as errors_lib
 from gpipe_tf.pipeline import introspect
 from gpipe_tf.pipeline import trace as trace_lib
+from gpipe_tf.pipeline.schedule import ticks
 
 __all__ = ['NoProfileError', 'Op', 'SendLag', 'WorkerProfile', 'Capture',
            'Read', 'FromSpace', 'SendLags', 'Summarize', 'Report']
@@ -75,7 +76,8 @@ class Op:
     """The engine's action scope the op belongs to (``stage2_F_mb6``,
     ``stage0_BW_t11``), or None."""
     found = introspect.FindActionScope(self.name)
-    return found.name if found else None
+    # What a stage takes in at a tick (kind RECV) is no action's.
+    return found.name if found and found.kind != ticks.RECV else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from gpipe_tf import errors
 from gpipe_tf.pipeline.schedule import action as action_lib
@@ -56,9 +56,10 @@ from gpipe_tf.pipeline.schedule import ascii as ascii_lib
 from gpipe_tf.pipeline.schedule import replay
 from gpipe_tf.pipeline.schedule import table
 
-__all__ = ['FB', 'PHASES', 'SCOPE', 'FindScope', 'FuseLast', 'Fusable', 'JoinBackward',
-           'Lower', 'Naming', 'Scope', 'StagesDeferringW', 'Step', 'StepError',
-           'TickProgram', 'Unjoined']
+__all__ = ['FB', 'PHASES', 'RECV', 'SCOPE', 'Among', 'Explained', 'FindScope',
+           'FuseLast', 'Fusable', 'JoinBackward', 'Lower', 'Naming',
+           'ReceiptScope', 'Scope', 'Senders', 'StagesDeferringW', 'Step',
+           'StepError', 'TickProgram', 'Unjoined', 'Where']
 
 Action = action_lib.Action
 F, B, W, BW = action_lib.F, action_lib.B, action_lib.W, action_lib.BW
@@ -122,13 +123,21 @@ class TickProgram:
   got_skip: tuple[tuple[int, ...], ...] = ()
   got_dskip: tuple[tuple[int, ...], ...] = ()
 
-  def ToAscii(self, mark: tuple[int, int] | None = None) -> str:
+  def ToAscii(self, mark: tuple[int, int] | None = None,
+              marks: frozenset[tuple[int, int]] = frozenset()) -> str:
     """One row per device, one column per tick: 'F3', 'B3', 'W3', 'BW3',
     'FB3', '..' idle; with `mark` (device, tick), that action drawn as
-    '!label' (as Schedule.Validate draws a bad step)."""
+    '!label' (as Schedule.Validate draws a bad step), as is every (device,
+    tick) of `marks`."""
+    marks = marks | ({mark} if mark else set())
     return ascii_lib.Grid([
-        [None if act is None else '!' * ((d, t) == mark) + act.label
+        [None if act is None else '!' * ((d, t) in marks) + act.label
          for t, act in enumerate(row)] for d, row in enumerate(self.grid)])
+
+  def DeviceAt(self, act: Action) -> int:
+    """The device that runs `act` (an action of the program)."""
+    t = self.tick[act]
+    return next(d for d, row in enumerate(self.grid) if row[t] == act)
 
 
 def Fusable(schedule: table.Schedule) -> frozenset[tuple[int, int]]:
@@ -320,6 +329,33 @@ def Scope(step: Step, micro_batch: int | None = None,
   return f'stage{step.stage}_{step.kind}{at}'
 
 
+# The scope kind of what a stage takes in at a tick (tick_graph's receipts
+# of its neighbours' outputs, gradients and skips): not an action's.
+RECV = 'RECV'
+
+
+def ReceiptScope(stage: int, column: int | None) -> str:
+  """The name scope of what `stage` takes in at the tick built at `column`
+  (None: every tick of a switch loop), ``stage1_RECV_t4``: FindScope reads
+  it as a step's, with kind RECV."""
+  return Scope(Step(RECV, stage), column=column)
+
+
+def Senders(program: TickProgram, stage: int,
+            at: Iterable[int]) -> list[Action]:
+  """The actions whose outputs, gradients or skips `stage` takes in at
+  ticks `at`: each made it the tick before."""
+  rows = [(program.got_y[stage], stage - 1),
+          (program.got_dx[stage], stage + 1)]
+  rows += [(got, a) for (a, b), got in zip(program.skips, program.got_skip)
+           if b == stage]
+  rows += [(got, b) for (a, b), got in zip(program.skips, program.got_dskip)
+           if a == stage]
+  return [act for t in at if t > 0 for row, sender in rows if row[t] >= 0
+          for act in (r[t - 1] for r in program.grid)
+          if act is not None and act.stage == sender]
+
+
 def FindScope(text: str) -> tuple[int, str, int | None, int | None] | None:
   """(stage, kind, micro-batch or None, column or None) of the first step
   scope (Scope) in `text` (an op's name, an error message), or None."""
@@ -345,14 +381,19 @@ class StepError(errors.Error, RuntimeError):
       loop's body, the first it runs), or None where none is known.
     tick: that action's tick, or None.
     device: the device, or None.
+    actions: every action it may have been (Among: an error TensorFlow
+      reported while the step ran, in code several actions run), else
+      (action,).
   """
   action: Action | None = None
   tick: int | None = None
   device: int | None = None
+  actions: tuple[Action, ...] = ()
 
   def At(self, action: Action, tick: int, device: int) -> StepError:
     """This error, with its place set."""
     self.action, self.tick, self.device = action, tick, device
+    self.actions = (action,)
     return self
 
 
@@ -379,29 +420,91 @@ def Where(program: TickProgram, stage: int, kind: str | None = None,
       + program.ToAscii(mark=(d, t)).splitlines()[d]).At(act, t, d)
 
 
+def Among(program: TickProgram, actions: Sequence[Action]) -> StepError:
+  """A StepError (without a cause) naming the action of `program` an error
+  came from, as Where does; when it may have been any of several
+  `actions` (code that several actions run, TensorFlow not saying which),
+  it names them all, per kind and stage, and draws each of their devices'
+  rows with every one of them marked '!'."""
+  acts = sorted(set(actions), key=lambda a: (program.tick[a], a.stage))
+  if len(acts) == 1:
+    act = acts[0]
+    return Where(program, act.stage, act.kind, act.micro_batch,
+                 program.tick[act])
+  groups: dict[tuple[str, int, int], list[Action]] = {}
+  for act in acts:
+    groups.setdefault((act.kind, act.stage, program.DeviceAt(act)),
+                      []).append(act)
+  said = []
+  for (kind, stage, d), group in groups.items():
+    said.append(f'{kind} of stage {stage} on micro-batch '
+                f'{_Or(a.micro_batch for a in group)} at tick '
+                f'{_Or(program.tick[a] for a in group)} on device {d}')
+  rows = program.ToAscii(marks=frozenset(
+      (program.DeviceAt(a), program.tick[a]) for a in acts)).splitlines()
+  error = StepError(f'one of {len(acts)} actions, ' + '; or '.join(said) +
+                    " (TensorFlow's error does not say which; a step run "
+                    'eagerly, outside tf.function, names its action):\n' +
+                    '\n'.join(rows[d] for d in sorted({
+                        g[2] for g in groups})))
+  error.actions = tuple(acts)
+  return error
+
+
+def _Or(items: Iterable[int]) -> str:
+  """'1, 2 or 4'."""
+  items = [str(i) for i in items]
+  return items[0] if len(items) == 1 else (
+      ', '.join(items[:-1]) + ' or ' + items[-1])
+
+
+def Explained(error: Exception, where: StepError) -> Exception:
+  """`error`, raised in the step `where` names, as the error to raise
+  (from `error`): a gpipe_tf error (errors.Error, which already says what
+  to change) is itself, with the place as a note; a TensorFlow OpError (an
+  op that failed as it ran) a new error of its own type (so that ``except
+  tf.errors.InvalidArgumentError`` still catches it) whose message starts
+  with the place, with `where` as its ``where``; any other a StepError."""
+  if isinstance(error, errors.Error):
+    error.add_note(f'in {where}')
+    return error
+  message = f'{type(error).__name__} in {where}\n{error}'
+  if hasattr(error, 'node_def') and hasattr(error, 'error_code'):  # OpError.
+    try:
+      explained = type(error)(error.node_def, error.op, message)
+    except TypeError:  # OpError itself takes its code.
+      explained = type(error)(error.node_def, error.op, message,
+                              error.error_code)
+    explained.where = where
+    return explained
+  explained = StepError(message).At(where.action, where.tick, where.device)
+  explained.actions = where.actions
+  return explained
+
+
 @contextlib.contextmanager
 def Naming(program: TickProgram, stage: int | None = None,
            kind: str | None = None, micro_batch: int | None = None,
            column: int | None = None) -> Iterator[None]:
   """Building (or running) a step of `program`: an error raised inside is
-  raised again as a StepError from it, naming the action (Where) of
-  `stage`, `kind`, `micro_batch` and `column`. With no stage, the step is
-  the one whose name scope (Scope) the error's message names, and an error
-  that names none goes on as it is. A gpipe_tf error (errors.Error, which
-  already says what to change) keeps its type and gets the place as a
-  note."""
+  raised again from it as Explained says (a StepError; a TensorFlow OpError
+  of an op run eagerly keeps its type; a gpipe_tf error, which already says
+  what to change, is itself with the place as a note), naming the action
+  (Where) of `stage`, `kind`, `micro_batch` and `column`. With no stage,
+  the step is the one whose name scope (Scope) the error's message names,
+  and an error that names none goes on as it is."""
   try:
     yield
   except StepError:
     raise
   except Exception as e:  # pylint: disable=broad-except
+    if getattr(e, 'where', None) is not None:  # Explained already.
+      raise
     found = (stage, kind, micro_batch, column) if stage is not None else (
         FindScope(str(e)))
     if found is None:
       raise
-    where = Where(program, *found)
-    if isinstance(e, errors.Error):
-      e.add_note(f'in {where}')
+    explained = Explained(e, Where(program, *found))
+    if explained is e:
       raise
-    raise StepError(f'{type(e).__name__} in {where}\n{e}').At(
-        where.action, where.tick, where.device) from e
+    raise explained from e

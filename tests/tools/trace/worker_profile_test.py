@@ -56,6 +56,13 @@ class WorkerProfileTest(tf.test.TestCase):
                      [(2.0, 'TensorListGetItem', 'stage0_F_mb0'),
                       (3.0, 'MatMul', 'stage0_F_mb0')])
 
+  def testAReceiptBelongsToNoAction(self):
+    # What a stage takes in at a tick is under its own scope, no action's.
+    self.assertIsNone(wp.Op(0, 1, 'stage1_RECV_t4/TensorArrayV2Write/'
+                            'TensorListSetItem', 'TensorListSetItem').action)
+    self.assertEqual(wp.Op(0, 1, 'stage1_F_t4/MatMul', 'MatMul').action,
+                     'stage1_F_t4')
+
   def testALateSendWaitsFromTheEndOfItsAction(self):
     ops, _ = wp.FromSpace(_Space([
         _Op('stage2_F_mb6', 'MatMul', 0, 10),

@@ -41,6 +41,7 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import keras_flops
 from gpipe_tf.layers import keras_native
 from gpipe_tf.layers import keras_random
+from gpipe_tf.layers import keras_shapes
 from gpipe_tf.layers.keras_classes import FromConfig
 from gpipe_tf.layers.keras_classes import KerasClassPath
 from gpipe_tf.layers.keras_classes import ResolveKerasClass
@@ -232,8 +233,9 @@ class KerasLayer(base_layer.BaseLayer):
 
   This layer deliberately does NOT run: any layer holding a BatchNormalization inside (a nested model: bring its layers
   one by one), regularisers or constraints (losses and projections a pipeline
-  does not apply), or ``trainable=False``; they raise
-  UnsupportedKerasLayerError. A Keras mask reaches the layer through
+  does not apply), ``trainable=False``, or a call in training that adds a
+  loss with ``add_loss`` (keras_hub's MoE router loss) unless the layer
+  scales it by a coefficient of 0; they raise UnsupportedKerasLayerError. A Keras mask reaches the layer through
   ``input_masks`` (FromKeras sets them for every masked argument), since
   the attribute Keras attaches to a tensor does not cross cells.
   """
@@ -342,6 +344,7 @@ class KerasLayer(base_layer.BaseLayer):
     elif self.keras_layer is None:
       y = self.native.FProp(*args, training=training)
     else:
+      self.keras_layer._clear_losses()  # pylint: disable=protected-access
       with _KerasPolicy(self.keras_layer, precision.CurrentPolicy(),
                         self.path), keras_random.StatelessDraws(
                             self.keras_layer, self.layer_seed), (
@@ -349,6 +352,7 @@ class KerasLayer(base_layer.BaseLayer):
                                 if self._loop
                                 else contextlib.nullcontext()):
         y = self.keras_layer(*args, training=training, **kwargs)
+      _CheckNoLosses(self.path, self.keras_layer)
     outs = tuple(tf.nest.flatten(y)) + tuple(inputs[i] for i in p.passthrough)
     return core.FromTuple(outs)
 
@@ -382,8 +386,8 @@ class KerasLayer(base_layer.BaseLayer):
         layer = FromConfig(kcls, dict(config, name=name))
       with graph.as_default():
         args, kwargs = _Symbolic(p, shapes)
-        outs = [tuple(t.shape)
-                for t in tf.nest.flatten(layer(*args, **kwargs))]
+        outs = [tuple(t.shape) for t in keras_shapes.OutputSpecs(
+            layer, args, kwargs, tf.nest.flatten(layer(*args, **kwargs)))]
         num_params = sum(base_layer.NumElements(w.shape)
                          for w in layer.weights)
         flops = keras_flops.Flops(layer, args, kwargs, outs, num_params)
@@ -466,6 +470,33 @@ def _HasLoop(name: str, layer: keras.layers.Layer) -> bool:
           'stateful, so its state would pass from one micro-batch to the '
           'next: set stateful=False and feed the state as initial_state.')
   return bool(rnns)
+
+
+def _CheckNoLosses(path: str, layer: keras.layers.Layer) -> None:
+  """Refuses a call that added losses (``add_loss``: keras_hub's MoE router
+  load-balancing loss): the pipeline's loss is its loss_fn of the model's
+  outputs, so they would be dropped and the model would train otherwise
+  than asked. A loss its layer scales by a coefficient of 0 (an attribute
+  named like ``router_aux_loss_coefficient``) is zero, and dropping it
+  changes nothing."""
+  adders = [l for l in layer._flatten_layers(include_self=True)  # pylint: disable=protected-access
+            if l._get_own_losses()]  # pylint: disable=protected-access
+  layer._clear_losses()  # pylint: disable=protected-access
+  for adder in adders:
+    coefficients = {k: v for k, v in vars(adder).items()
+                    if 'loss' in k and 'coef' in k and
+                    isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if coefficients and not any(coefficients.values()):
+      continue
+    named = ''.join(f', {k}={v}' for k, v in coefficients.items())
+    raise UnsupportedKerasLayerError(
+        f"KerasLayer '{path}' ({type(layer).__name__}): '{adder.name}' "
+        f'({type(adder).__name__}{named}) adds a loss with add_loss in '
+        "training. A pipeline's loss is its loss_fn of the model's outputs, "
+        'so that loss would be left out. Set its coefficient to 0 '
+        '(keras_hub MoE backbones: router_aux_loss_coefficient=0, Mixtral: '
+        'router_aux_loss_coef=0) to train without it, or make the layer '
+        'return it as an output and add it in your loss_fn.')
 
 
 def _WeightValues(layer: keras.layers.Layer) -> Any:

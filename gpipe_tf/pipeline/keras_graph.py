@@ -22,6 +22,7 @@ import keras
 from keras.src.models import functional  # pylint: disable=g-direct-keras-import
 
 from gpipe_tf.layers import keras_layer
+from gpipe_tf.layers import keras_shapes
 
 __all__ = ['Call', 'Graph', 'Key', 'KerasModelError', 'Walk']
 
@@ -135,7 +136,40 @@ def Walk(model: keras.Model) -> Graph:
   walker.tensors.update(zip(keys, inputs))
   outputs = walker.Expand(graph, (), {})
   return Graph(keys, names, isinstance(struct, dict), walker.calls, outputs,
-               walker.tensors)
+               _Traced(walker.calls, walker.tensors))
+
+
+def _MapKeys(value: Any, fn: Callable[[Key], Any]) -> Any:
+  if isinstance(value, Key):
+    return fn(value)
+  if isinstance(value, (list, tuple)):
+    return type(value)(_MapKeys(v, fn) for v in value)
+  if isinstance(value, dict):
+    return {k: _MapKeys(v, fn) for k, v in value.items()}
+  return value
+
+
+def _Traced(calls: list, tensors: dict) -> dict:
+  """`tensors` with the specs each call's `call` makes where Keras declared
+  others (keras_shapes): a layer that defines its own shapes is traced, and
+  so is every call reading a tensor whose spec changed."""
+  tensors = dict(tensors)
+  changed: set = set()
+  for call in calls:
+    reads = set()
+    _MapKeys((call.args, call.kwargs), reads.add)
+    if not (reads & changed or keras_shapes.OwnsShapes(call.operation)):
+      continue
+    args = _MapKeys(call.args, tensors.get)
+    kwargs = _MapKeys(call.kwargs, tensors.get)
+    declared = [tensors[k] for k in call.outputs]
+    specs = keras_shapes.OutputSpecs(call.operation, args, kwargs, declared,
+                                     trace=bool(reads & changed))
+    for k, d, s in zip(call.outputs, declared, specs):
+      if s is not d:
+        tensors[k] = s
+        changed.add(k)
+  return tensors
 
 
 class _Walker:

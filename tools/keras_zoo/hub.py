@@ -9,7 +9,10 @@ NotBuiltError naming them, and the zoo's table says so.
 
 ``Build(name, randomness=False)`` sets every constructor argument whose name
 says dropout to 0 (the exact comparison with Keras); ``randomness=True``
-keeps the class's defaults (its real settings: GPT-2's 0.1).
+keeps the class's defaults (its real settings: GPT-2's 0.1). A MoE
+backbone's router auxiliary loss coefficient is 0 either way: a pipeline
+refuses a layer that adds a loss (``add_loss``), since its loss is its
+loss_fn of the outputs, and the zoo's loss is a squared error on them.
 """
 
 from __future__ import annotations
@@ -140,10 +143,12 @@ _OWN = {
                              stackwise_pooling=[True, False]),
 }
 _ABSTRACT = ('Backbone', 'FeaturePyramidBackbone')
-# The length of an input's unknown dimension other than the batch, by input
-# name, where SEQ is too short: Moonshine's audio samples pass convolutions
-# of kernel 127, stride 64, then 7/3 and 3/2.
-LENGTHS = {'encoder_input_values': 1024, 'encoder_padding_mask': 1024}
+# The length of an input's unknown dimension other than the batch, by model
+# class and input name, where SEQ is too short: Moonshine's audio samples
+# pass convolutions of kernel 127, stride 64, then 7/3 and 3/2. (By class:
+# BART's encoder_padding_mask is a token mask of SEQ.)
+LENGTHS = {'MoonshineBackbone': {'encoder_input_values': 1024,
+                                 'encoder_padding_mask': 1024}}
 
 
 def _ResNet(stages: int, filters: int = 8) -> Any:
@@ -274,6 +279,10 @@ def _Backbone(name: str, randomness: bool) -> Any:
       value = config.get(k, p.default)
       if _IsRandomness(k, value):
         config[k] = 0.0
+  for k in params:
+    if k.startswith('router_aux_loss_coef'):
+      # A pipeline refuses add_loss (KerasLayer); the zoo's loss is its own.
+      config[k] = 0.0
   try:
     return cls(**config)
   except Exception as e:  # pylint: disable=broad-except

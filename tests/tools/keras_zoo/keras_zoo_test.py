@@ -68,6 +68,10 @@ class KerasZooTest(tf.test.TestCase):
     x = keras_zoo._Inputs(moonshine, 2)  # pylint: disable=protected-access
     self.assertEqual(x['encoder_input_values'].shape, [2, 1024, 1])
     self.assertEqual(x['decoder_token_ids'].shape, [2, keras_zoo_hub.SEQ])
+    # Not another class's input of the same name (BART's token mask).
+    bart = keras_zoo._Inputs(keras_zoo_hub.Build('BartBackbone'), 2)  # pylint: disable=protected-access
+    self.assertEqual(bart['encoder_padding_mask'].shape,
+                     [2, keras_zoo_hub.SEQ])
     quiet = keras_zoo_hub.Build('BertBackbone')
     self.assertFalse(keras_zoo_hub.HasRandomness(quiet))
     self.assertTrue(keras_zoo_hub.HasRandomness(

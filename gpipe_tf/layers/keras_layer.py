@@ -38,6 +38,7 @@ import tensorflow as tf
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
+from gpipe_tf.layers import keras_batchnorm
 from gpipe_tf.layers import keras_flops
 from gpipe_tf.layers import keras_native
 from gpipe_tf.layers import keras_random
@@ -231,8 +232,11 @@ class KerasLayer(base_layer.BaseLayer):
   and RNN dropout) are stateless seeds from (step seed, micro-batch, layer),
   repeated by a recompute (keras_random).
 
-  This layer deliberately does NOT run: any layer holding a BatchNormalization inside (a nested model: bring its layers
-  one by one), regularisers or constraints (losses and projections a pipeline
+  A Keras BatchNormalization inside a custom layer (keras_hub's blocks)
+  normalises each micro-batch with its own statistics and moves its moving
+  statistics once per mini-batch, as a top-level one (keras_batchnorm).
+
+  This layer deliberately does NOT run: regularisers or constraints (losses and projections a pipeline
   does not apply), ``trainable=False``, or a call in training that adds a
   loss with ``add_loss`` (keras_hub's MoE router loss) unless the layer
   scales it by a coefficient of 0; they raise UnsupportedKerasLayerError. A Keras mask reaches the layer through
@@ -348,6 +352,8 @@ class KerasLayer(base_layer.BaseLayer):
       with _KerasPolicy(self.keras_layer, precision.CurrentPolicy(),
                         self.path), keras_random.StatelessDraws(
                             self.keras_layer, self.layer_seed), (
+                                keras_batchnorm.DeferInnerBatchNorms(
+                                    self.keras_layer, training)), (
                                 _WeightValues(self.keras_layer)
                                 if self._loop
                                 else contextlib.nullcontext()):
@@ -508,8 +514,9 @@ def _WeightValues(layer: keras.layers.Layer) -> Any:
 
 
 def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:
-  """Refuses BatchNorm inside and variables that are neither weights nor
-  seed generator states; checks the weights are tf.Variables."""
+  """Refuses a BatchNorm inside that cannot be deferred and variables that
+  are neither weights nor seed generator states; checks the weights are
+  tf.Variables."""
   where = f"KerasLayer '{name}' ({type(layer).__name__})"
   states = {id(g.state) for g in keras_random.SeedGenerators(layer)}
   weights = {id(w) for w in layer.weights}
@@ -520,14 +527,7 @@ def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:
         f"{where} holds variable '{other[0].path}', which is neither a "
         'weight nor a seed generator\'s state (a metric?): a pipeline would '
         'neither train nor update it. Keep it out of the layer.')
-  sublayers = layer._flatten_layers(include_self=False)  # pylint: disable=protected-access
-  inner = [l for l in sublayers
-           if isinstance(l, keras.layers.BatchNormalization)]
-  if inner:
-    raise UnsupportedKerasLayerError(
-        f"{where} holds BatchNormalization '{inner[0].name}', whose moving "
-        'statistics would move once per micro-batch and recomputation: '
-        'bring its layers one by one (FromKeras a flat functional model).')
+  keras_batchnorm.CheckInnerBatchNorms(where, layer)
   for w in layer.weights:
     if not isinstance(w.value, tf.Variable):
       raise UnsupportedKerasLayerError(

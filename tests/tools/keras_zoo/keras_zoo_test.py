@@ -61,8 +61,8 @@ class KerasZooTest(tf.test.TestCase):
     self.assertEqual(clip.vision_encoder.hidden_dim, 16)
     self.assertEqual(clip.text_encoder.max_sequence_length, keras_zoo_hub.SEQ)
     with self.assertRaisesRegex(keras_zoo_hub.NotBuiltError,
-                                'not built: .*prompt_encoder'):
-      keras_zoo_hub.Build('SAMBackbone')
+                                'not built: six sub-models'):
+      keras_zoo_hub.Build('SAM3PromptableConceptBackbone')
     # An input named in LENGTHS gets its length (Moonshine's audio).
     moonshine = keras_zoo_hub.Build('MoonshineBackbone')
     x = keras_zoo._Inputs(moonshine, 2)  # pylint: disable=protected-access

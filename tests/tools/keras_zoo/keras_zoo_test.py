@@ -47,6 +47,30 @@ class KerasZooTest(tf.test.TestCase):
     self.assertBetween(row.keras_error, 1e-9, 1e-5)
     self.assertEqual(keras_zoo_table.Verdict(row), 'exact')
 
+  def testMoeRouterLossIsRefusedAtItsDefault(self):
+    # At keras_hub's default router_aux_loss_coefficient (0.001) a MoE block
+    # adds its load-balancing loss with add_loss in training, which the
+    # pipeline's loss would leave out: refused by name. The zoo sets it to 0.
+    import keras_hub  # pylint: disable=g-import-not-at-top
+    from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
+    from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+    from gpipe_tf.layers import keras_layer  # pylint: disable=g-import-not-at-top
+    self.assertEqual(keras_zoo_hub.Build(
+        'QwenMoeBackbone').router_aux_loss_coefficient, 0.0)
+    model = keras_hub.models.QwenMoeBackbone(
+        vocabulary_size=50, num_layers=1, num_query_heads=2,
+        num_key_value_heads=1, hidden_dim=16, intermediate_dim=32,
+        moe_intermediate_dim=16, shared_expert_intermediate_dim=16,
+        num_experts=2, top_k=2)
+    net = layers.SequentialLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(model)).Instantiate()
+    x = keras_zoo._Inputs(model, 2)  # pylint: disable=protected-access
+    net.FProp(x)  # Inference adds no loss.
+    with self.assertRaisesRegex(keras_layer.UnsupportedKerasLayerError,
+                                r'router_aux_loss_coefficient=0\.001\) adds '
+                                'a loss'):
+      net.FProp(x, training=True)
+
   def testEveryHubBackboneHasARow(self):
     import inspect  # pylint: disable=g-import-not-at-top
     import keras_hub  # pylint: disable=g-import-not-at-top

@@ -33,6 +33,7 @@ import weakref
 from typing import Any, Iterator, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from gpipe_tf import hyperparams
@@ -130,8 +131,21 @@ def _Route(p: hyperparams.Params, xs: Sequence[Any]) -> tuple[list, dict]:
   """(args, kwargs) of the Keras call for FProp inputs `xs`."""
   args = list(xs) if p.inputs is None else [_Pick(a, xs) for a in p.inputs]
   kwargs = {k: _Pick(i, xs) for k, i in p.input_kwargs.items()}
-  kwargs.update(p.call_kwargs)
+  kwargs.update(_Arrays(p.call_kwargs))
   return args, kwargs
+
+
+def _Arrays(value: Any) -> Any:
+  """`value` with each array constant ({'__array__': {'value', 'dtype'}},
+  as FromKeras writes one) as a NumPy array."""
+  if isinstance(value, dict):
+    if set(value) == {'__array__'}:
+      return np.asarray(value['__array__']['value'],
+                        dtype=value['__array__']['dtype'])
+    return {k: _Arrays(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return type(value)(_Arrays(v) for v in value)
+  return value
 
 
 def _CheckRouting(p: hyperparams.Params, num_inputs: int) -> None:

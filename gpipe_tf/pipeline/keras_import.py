@@ -58,6 +58,7 @@ import inspect
 from typing import Any, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from gpipe_tf import hyperparams
@@ -234,15 +235,31 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str,
     if _Keys(value):
       tensors[key] = _Index(value, f'keyword argument {key}')
     else:
-      value = keras_config.Plain(value)
-      keras_config.CheckLiteral(call.name, value, f'keyword argument {key}')
-      constants[key] = value
+      constants[key] = _Constant(call.name, key, keras_config.Plain(value))
   config = keras_config.Config(layer, call, tensors_of, where)
   return keras_layer.KerasLayer.Params().Set(
       keras_class=keras_layer.KerasClassPath(type(layer)), config=config,
       inputs=args, input_kwargs=tensors, call_kwargs=constants,
       input_masks=[[index[k], index[m]] for k, m in call.masks.items()],
       share=call.first)
+
+
+def _Constant(name: str, key: str, value: Any) -> Any:
+  """A constant keyword argument of a layer call as Params hold it: literals
+  as they are, a NumPy array or tensor constant (BLIP2's position ids) as
+  its numbers and dtype (keras_ops' ``{'__array__': ...}``, decoded by
+  KerasLayer).
+
+  Raises:
+    UnsupportedKerasLayerError: any other object, or a too large array.
+  """
+  if any(isinstance(v, (np.ndarray, tf.Tensor)) and
+         not isinstance(v, keras.KerasTensor)
+         for v in tf.nest.flatten(value)):
+    value = keras_ops.EncodeArguments(
+        value, None, f"Keras layer '{name}': its keyword argument {key}")
+  keras_config.CheckLiteral(name, value, f'keyword argument {key}')
+  return value
 
 
 def _Positional(layer: keras.layers.Layer, args: Sequence[Any]

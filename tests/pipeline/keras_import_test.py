@@ -118,6 +118,16 @@ class Shifted(keras.layers.Layer):
     return x + keras.ops.convert_to_tensor(offsets)
 
 
+class Table(keras.layers.Layer):
+  """Its weights as one row, whatever the batch."""
+
+  def build(self, input_shape):
+    self.w = self.add_weight(name='w', shape=(input_shape[-1],))
+
+  def call(self, x):
+    return keras.ops.expand_dims(self.w, 0)
+
+
 class GatedSum(keras.layers.Layer):
   """Called as layer(x, None, y) the first time and layer(x, v, y) after:
   keras_hub's RWKV7 blocks pass their v_first so."""
@@ -557,6 +567,13 @@ class FromKerasTest(tf.test.TestCase):
                                 "'add.*5000 elements.*keras.Input"):
       pipeline.FromKeras(keras.Model(inputs,
                                      inputs + np.ones([1250, 4], 'f4')))
+    # One output row whatever the batch (SAM's dense positional embedding):
+    # a pipeline would return one copy per micro-batch.
+    with self.assertRaisesRegex(pipeline.KerasModelError,
+                                r'output 1 has shape \(1, 4\), not one row '
+                                'per example'):
+      pipeline.FromKeras(keras.Model(
+          inputs, [keras.layers.Dense(2)(inputs), Table(name='table')(inputs)]))
     self.assertTrue(issubclass(pipeline.KerasModelError, errors.Error))
 
   def _HeavyOpDtypes(self, pipe, x, y):

@@ -87,14 +87,16 @@ def _Functional(op: Any) -> Any:
   return op if isinstance(op, functional.Functional) else None
 
 
-def _Map(value: Any, fn: Callable[[Any], Any]) -> Any:
-  """`value` with each Keras tensor t in its lists, tuples and dicts fn(t)."""
-  if isinstance(value, keras.KerasTensor):
+def _Map(value: Any, fn: Callable[[Any], Any],
+         leaf: type = keras.KerasTensor) -> Any:
+  """`value` with each Keras tensor (each `leaf`) t in its lists, tuples and
+  dicts fn(t)."""
+  if isinstance(value, leaf):
     return fn(value)
   if isinstance(value, (list, tuple)):
-    return type(value)(_Map(v, fn) for v in value)
+    return type(value)(_Map(v, fn, leaf) for v in value)
   if isinstance(value, dict):
-    return {k: _Map(v, fn) for k, v in value.items()}
+    return {k: _Map(v, fn, leaf) for k, v in value.items()}
   return value
 
 
@@ -139,16 +141,6 @@ def Walk(model: keras.Model) -> Graph:
                _Traced(walker.calls, walker.tensors))
 
 
-def _MapKeys(value: Any, fn: Callable[[Key], Any]) -> Any:
-  if isinstance(value, Key):
-    return fn(value)
-  if isinstance(value, (list, tuple)):
-    return type(value)(_MapKeys(v, fn) for v in value)
-  if isinstance(value, dict):
-    return {k: _MapKeys(v, fn) for k, v in value.items()}
-  return value
-
-
 def _Traced(calls: list, tensors: dict) -> dict:
   """`tensors` with the specs each call's `call` makes where Keras declared
   others (keras_shapes): a layer that defines its own shapes is traced, and
@@ -157,11 +149,11 @@ def _Traced(calls: list, tensors: dict) -> dict:
   changed: set = set()
   for call in calls:
     reads = set()
-    _MapKeys((call.args, call.kwargs), reads.add)
+    _Map((call.args, call.kwargs), reads.add, Key)
     if not (reads & changed or keras_shapes.OwnsShapes(call.operation)):
       continue
-    args = _MapKeys(call.args, tensors.get)
-    kwargs = _MapKeys(call.kwargs, tensors.get)
+    args = _Map(call.args, tensors.get, Key)
+    kwargs = _Map(call.kwargs, tensors.get, Key)
     declared = [tensors[k] for k in call.outputs]
     specs = keras_shapes.OutputSpecs(call.operation, args, kwargs, declared,
                                      trace=bool(reads & changed))

@@ -50,6 +50,18 @@ _SMOLLM = dict(attention_bias=False, attention_dropout=0.1,
                layer_norm_epsilon=1e-6, max_position_embeddings=32,
                rope_theta=10000.0, partial_rotary_factor=1.0)
 
+# T5Gemma's encoder and decoder at width 16 (T5Gemma2 takes them too).
+_T5GEMMA = dict(
+    encoder_hidden_dim=16, encoder_intermediate_dim=32, encoder_num_layers=2,
+    encoder_num_attention_heads=2, encoder_num_key_value_heads=1,
+    encoder_head_dim=8,
+    encoder_layer_types=['sliding_attention', 'full_attention'],
+    decoder_hidden_dim=16, decoder_intermediate_dim=32, decoder_num_layers=2,
+    decoder_num_attention_heads=2, decoder_num_key_value_heads=1,
+    decoder_head_dim=8,
+    decoder_layer_types=['sliding_attention', 'full_attention'],
+    sliding_window=4, cross_attention_hidden_size=16)
+
 _OWN = {
     'DINOV2Backbone': dict(patch_size=14, image_shape=(28, 28, 3)),
     'DINOV3Backbone': dict(patch_size=16, image_shape=(32, 32, 3)),
@@ -92,16 +104,7 @@ _OWN = {
         use_lightweight_conv_block=[False, False]),
     'VideoPrismBackbone': dict(num_frames=2, num_spatial_layers=1,
                                num_temporal_layers=1, num_auxiliary_layers=1),
-    'T5GemmaBackbone': dict(
-        encoder_hidden_dim=16, encoder_intermediate_dim=32,
-        encoder_num_layers=2, encoder_num_attention_heads=2,
-        encoder_num_key_value_heads=1, encoder_head_dim=8,
-        encoder_layer_types=['sliding_attention', 'full_attention'],
-        decoder_hidden_dim=16, decoder_intermediate_dim=32,
-        decoder_num_layers=2, decoder_num_attention_heads=2,
-        decoder_num_key_value_heads=1, decoder_head_dim=8,
-        decoder_layer_types=['sliding_attention', 'full_attention'],
-        sliding_window=4, cross_attention_hidden_size=16),
+    'T5GemmaBackbone': _T5GEMMA,
     'SegFormerBackbone': dict(projection_filters=8),
     'DeepLabV3Backbone': dict(low_level_feature_key='P2',
                               spatial_pyramid_pooling_key='P4',
@@ -141,18 +144,9 @@ _OWN = {
                               decoder_num_heads=2),
     # keras_hub's t5gemma2_backbone_test.py at width 16.
     'T5Gemma2Backbone': dict(
-        encoder_hidden_dim=16, encoder_intermediate_dim=32,
-        encoder_num_layers=2, encoder_num_attention_heads=2,
-        encoder_num_key_value_heads=1, encoder_head_dim=8,
-        encoder_layer_types=['sliding_attention', 'full_attention'],
-        decoder_hidden_dim=16, decoder_intermediate_dim=32,
-        decoder_num_layers=2, decoder_num_attention_heads=2,
-        decoder_num_key_value_heads=1, decoder_head_dim=8,
-        decoder_layer_types=['sliding_attention', 'full_attention'],
-        rms_norm_eps=1e-6, tie_word_embeddings=True,
+        _T5GEMMA, rms_norm_eps=1e-6, tie_word_embeddings=True,
         query_pre_attn_scalar=1.0, attention_bias=False,
-        hidden_activation='gelu_approximate', sliding_window=4,
-        cross_attention_hidden_size=16, attn_logit_softcapping=50.0,
+        hidden_activation='gelu_approximate', attn_logit_softcapping=50.0,
         rope_max_wavelength=10000.0, initializer_range=0.04,
         use_query_key_norm=True),
     # keras_hub's flux_backbone_test.py at width 32, one block of each kind.

@@ -149,6 +149,20 @@ _OWN = {
         hidden_activation='gelu_approximate', attn_logit_softcapping=50.0,
         rope_max_wavelength=10000.0, initializer_range=0.04,
         use_query_key_norm=True),
+    # keras_hub's gemma3n_backbone_test.py, text only (its vision and audio
+    # encoders are optional).
+    'Gemma3nBackbone': dict(
+        text_vocab_size=50, text_hidden_size=4, num_hidden_layers=1,
+        pad_token_id=0, num_attention_heads=1, num_key_value_heads=1,
+        head_dim=4, intermediate_size=[8],
+        hidden_activation='gelu_approximate', layer_types=['full_attention'],
+        sliding_window=4, rope_theta=10000.0, max_position_embeddings=SEQ,
+        vocab_size_per_layer_input=50, hidden_size_per_layer_input=2,
+        altup_num_inputs=2, laurel_rank=1),
+    'StableDiffusion3Backbone': dict(
+        mmdit_patch_size=2, mmdit_hidden_dim=16, mmdit_num_layers=1,
+        mmdit_num_heads=2, mmdit_position_size=32, mmdit_qk_norm=None,
+        mmdit_dual_attention_indices=None, image_shape=(16, 16, 3)),
     # keras_hub's flux_backbone_test.py at width 32, one block of each kind.
     'FluxBackbone': dict(input_channels=16, hidden_size=32, mlp_ratio=2.0,
                          num_heads=2, depth=1, depth_single_blocks=1,
@@ -300,6 +314,20 @@ def _DFine() -> dict[str, Any]:
       image_shape=(32, 32, 3), seed=0)
 
 
+def _StableDiffusion3() -> dict[str, Any]:
+  """keras_hub's stable_diffusion_3_backbone_test.py sub-models in float32:
+  its VAE (32 channels: the group norms take 32 groups) and two CLIP text
+  encoders of width 8 (vocabulary 50)."""
+  from keras_hub.src.models.clip import clip_text_encoder  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.vae import vae_backbone  # pylint: disable=g-import-not-at-top
+  clip = clip_text_encoder.CLIPTextEncoder
+  return dict(
+      vae=vae_backbone.VAEBackbone([32] * 4, [1] * 4, [32] * 4, [1] * 4,
+                                   sampler_method='mode', name='vae'),
+      clip_l=clip(50, 8, 8, 2, 2, 16, 'quick_gelu', -2, name='clip_l'),
+      clip_g=clip(50, 8, 8, 2, 2, 16, 'gelu', -2, name='clip_g'))
+
+
 # Sub-model arguments, made afresh for every build (keras_hub's own backbone
 # tests build their composite backbones so, from small sub-models).
 _PARTS = {
@@ -315,6 +343,7 @@ _PARTS = {
     'DepthAnythingBackbone': _DepthAnything,
     'PARSeqBackbone': _Parseq,
     'DFineBackbone': _DFine,
+    'StableDiffusion3Backbone': _StableDiffusion3,
 }
 
 
@@ -325,16 +354,9 @@ _NOT_BUILT = {
         'refinement heads are 64 filters wide and need a ResNet of 64 '
         'filters at every stage), too large for the zoo; a pipeline would '
         'take it as it takes ResNetBackbone'),
-    'Gemma3nBackbone': (
-        'its vision encoder is a MobileNetV5Backbone and it takes an audio '
-        'encoder config of some 20 arguments; write them from '
-        'gemma3n_backbone_test.py'),
     'SAM3PromptableConceptBackbone': (
         'six sub-models (vision, text and geometry encoders, DETR encoder '
         'and decoder, mask decoder), each with its own config'),
-    'StableDiffusion3Backbone': (
-        'an MMDiT with a VAE and CLIP-L, CLIP-G and T5 text encoders as '
-        'sub-models; write tiny ones from stable_diffusion_3_backbone_test.py'),
 }
 
 

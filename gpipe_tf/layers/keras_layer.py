@@ -33,14 +33,17 @@ import weakref
 from typing import Any, Iterator, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from gpipe_tf import hyperparams
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
+from gpipe_tf.layers import keras_batchnorm
 from gpipe_tf.layers import keras_flops
 from gpipe_tf.layers import keras_native
 from gpipe_tf.layers import keras_random
+from gpipe_tf.layers import keras_shapes
 from gpipe_tf.layers.keras_classes import FromConfig
 from gpipe_tf.layers.keras_classes import KerasClassPath
 from gpipe_tf.layers.keras_classes import ResolveKerasClass
@@ -128,8 +131,21 @@ def _Route(p: hyperparams.Params, xs: Sequence[Any]) -> tuple[list, dict]:
   """(args, kwargs) of the Keras call for FProp inputs `xs`."""
   args = list(xs) if p.inputs is None else [_Pick(a, xs) for a in p.inputs]
   kwargs = {k: _Pick(i, xs) for k, i in p.input_kwargs.items()}
-  kwargs.update(p.call_kwargs)
+  kwargs.update(_Arrays(p.call_kwargs))
   return args, kwargs
+
+
+def _Arrays(value: Any) -> Any:
+  """`value` with each array constant ({'__array__': {'value', 'dtype'}},
+  as FromKeras writes one) as a NumPy array."""
+  if isinstance(value, dict):
+    if set(value) == {'__array__'}:
+      return np.asarray(value['__array__']['value'],
+                        dtype=value['__array__']['dtype'])
+    return {k: _Arrays(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return type(value)(_Arrays(v) for v in value)
+  return value
 
 
 def _CheckRouting(p: hyperparams.Params, num_inputs: int) -> None:
@@ -230,10 +246,14 @@ class KerasLayer(base_layer.BaseLayer):
   and RNN dropout) are stateless seeds from (step seed, micro-batch, layer),
   repeated by a recompute (keras_random).
 
-  This layer deliberately does NOT run: any layer holding a BatchNormalization inside (a nested model: bring its layers
-  one by one), regularisers or constraints (losses and projections a pipeline
-  does not apply), or ``trainable=False``; they raise
-  UnsupportedKerasLayerError. A Keras mask reaches the layer through
+  A Keras BatchNormalization inside a custom layer (keras_hub's blocks)
+  normalises each micro-batch with its own statistics and moves its moving
+  statistics once per mini-batch, as a top-level one (keras_batchnorm).
+
+  This layer deliberately does NOT run: regularisers or constraints (losses and projections a pipeline
+  does not apply), ``trainable=False``, or a call in training that adds a
+  loss with ``add_loss`` (keras_hub's MoE router loss) unless the layer
+  scales it by a coefficient of 0; they raise UnsupportedKerasLayerError. A Keras mask reaches the layer through
   ``input_masks`` (FromKeras sets them for every masked argument), since
   the attribute Keras attaches to a tensor does not cross cells.
   """
@@ -342,13 +362,17 @@ class KerasLayer(base_layer.BaseLayer):
     elif self.keras_layer is None:
       y = self.native.FProp(*args, training=training)
     else:
+      self.keras_layer._clear_losses()  # pylint: disable=protected-access
       with _KerasPolicy(self.keras_layer, precision.CurrentPolicy(),
                         self.path), keras_random.StatelessDraws(
                             self.keras_layer, self.layer_seed), (
+                                keras_batchnorm.DeferInnerBatchNorms(
+                                    self.keras_layer, training)), (
                                 _WeightValues(self.keras_layer)
                                 if self._loop
                                 else contextlib.nullcontext()):
         y = self.keras_layer(*args, training=training, **kwargs)
+      _CheckNoLosses(self.path, self.keras_layer)
     outs = tuple(tf.nest.flatten(y)) + tuple(inputs[i] for i in p.passthrough)
     return core.FromTuple(outs)
 
@@ -382,8 +406,8 @@ class KerasLayer(base_layer.BaseLayer):
         layer = FromConfig(kcls, dict(config, name=name))
       with graph.as_default():
         args, kwargs = _Symbolic(p, shapes)
-        outs = [tuple(t.shape)
-                for t in tf.nest.flatten(layer(*args, **kwargs))]
+        outs = [tuple(t.shape) for t in keras_shapes.OutputSpecs(
+            layer, args, kwargs, tf.nest.flatten(layer(*args, **kwargs)))]
         num_params = sum(base_layer.NumElements(w.shape)
                          for w in layer.weights)
         flops = keras_flops.Flops(layer, args, kwargs, outs, num_params)
@@ -468,6 +492,33 @@ def _HasLoop(name: str, layer: keras.layers.Layer) -> bool:
   return bool(rnns)
 
 
+def _CheckNoLosses(path: str, layer: keras.layers.Layer) -> None:
+  """Refuses a call that added losses (``add_loss``: keras_hub's MoE router
+  load-balancing loss): the pipeline's loss is its loss_fn of the model's
+  outputs, so they would be dropped and the model would train otherwise
+  than asked. A loss its layer scales by a coefficient of 0 (an attribute
+  named like ``router_aux_loss_coefficient``) is zero, and dropping it
+  changes nothing."""
+  adders = [l for l in layer._flatten_layers(include_self=True)  # pylint: disable=protected-access
+            if l._get_own_losses()]  # pylint: disable=protected-access
+  layer._clear_losses()  # pylint: disable=protected-access
+  for adder in adders:
+    coefficients = {k: v for k, v in vars(adder).items()
+                    if 'loss' in k and 'coef' in k and
+                    isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if coefficients and not any(coefficients.values()):
+      continue
+    named = ''.join(f', {k}={v}' for k, v in coefficients.items())
+    raise UnsupportedKerasLayerError(
+        f"KerasLayer '{path}' ({type(layer).__name__}): '{adder.name}' "
+        f'({type(adder).__name__}{named}) adds a loss with add_loss in '
+        "training. A pipeline's loss is its loss_fn of the model's outputs, "
+        'so that loss would be left out. Set its coefficient to 0 '
+        '(keras_hub MoE backbones: router_aux_loss_coefficient=0, Mixtral: '
+        'router_aux_loss_coef=0) to train without it, or make the layer '
+        'return it as an output and add it in your loss_fn.')
+
+
 def _WeightValues(layer: keras.layers.Layer) -> Any:
   """A scope in which `layer`'s weights are the tensors read from them
   before the call (keras.StatelessScope), so that a tf.while_loop inside
@@ -477,8 +528,9 @@ def _WeightValues(layer: keras.layers.Layer) -> Any:
 
 
 def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:
-  """Refuses BatchNorm inside and variables that are neither weights nor
-  seed generator states; checks the weights are tf.Variables."""
+  """Refuses a BatchNorm inside that cannot be deferred and variables that
+  are neither weights nor seed generator states; checks the weights are
+  tf.Variables."""
   where = f"KerasLayer '{name}' ({type(layer).__name__})"
   states = {id(g.state) for g in keras_random.SeedGenerators(layer)}
   weights = {id(w) for w in layer.weights}
@@ -489,14 +541,7 @@ def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:
         f"{where} holds variable '{other[0].path}', which is neither a "
         'weight nor a seed generator\'s state (a metric?): a pipeline would '
         'neither train nor update it. Keep it out of the layer.')
-  sublayers = layer._flatten_layers(include_self=False)  # pylint: disable=protected-access
-  inner = [l for l in sublayers
-           if isinstance(l, keras.layers.BatchNormalization)]
-  if inner:
-    raise UnsupportedKerasLayerError(
-        f"{where} holds BatchNormalization '{inner[0].name}', whose moving "
-        'statistics would move once per micro-batch and recomputation: '
-        'bring its layers one by one (FromKeras a flat functional model).')
+  keras_batchnorm.CheckInnerBatchNorms(where, layer)
   for w in layer.weights:
     if not isinstance(w.value, tf.Variable):
       raise UnsupportedKerasLayerError(

@@ -22,6 +22,7 @@ import keras
 from keras.src.models import functional  # pylint: disable=g-direct-keras-import
 
 from gpipe_tf.layers import keras_layer
+from gpipe_tf.layers import keras_shapes
 
 __all__ = ['Call', 'Graph', 'Key', 'KerasModelError', 'Walk']
 
@@ -86,14 +87,16 @@ def _Functional(op: Any) -> Any:
   return op if isinstance(op, functional.Functional) else None
 
 
-def _Map(value: Any, fn: Callable[[Any], Any]) -> Any:
-  """`value` with each Keras tensor t in its lists, tuples and dicts fn(t)."""
-  if isinstance(value, keras.KerasTensor):
+def _Map(value: Any, fn: Callable[[Any], Any],
+         leaf: type = keras.KerasTensor) -> Any:
+  """`value` with each Keras tensor (each `leaf`) t in its lists, tuples and
+  dicts fn(t)."""
+  if isinstance(value, leaf):
     return fn(value)
   if isinstance(value, (list, tuple)):
-    return type(value)(_Map(v, fn) for v in value)
+    return type(value)(_Map(v, fn, leaf) for v in value)
   if isinstance(value, dict):
-    return {k: _Map(v, fn) for k, v in value.items()}
+    return {k: _Map(v, fn, leaf) for k, v in value.items()}
   return value
 
 
@@ -135,7 +138,30 @@ def Walk(model: keras.Model) -> Graph:
   walker.tensors.update(zip(keys, inputs))
   outputs = walker.Expand(graph, (), {})
   return Graph(keys, names, isinstance(struct, dict), walker.calls, outputs,
-               walker.tensors)
+               _Traced(walker.calls, walker.tensors))
+
+
+def _Traced(calls: list, tensors: dict) -> dict:
+  """`tensors` with the specs each call's `call` makes where Keras declared
+  others (keras_shapes): a layer that defines its own shapes is traced, and
+  so is every call reading a tensor whose spec changed."""
+  tensors = dict(tensors)
+  changed: set = set()
+  for call in calls:
+    reads = set()
+    _Map((call.args, call.kwargs), reads.add, Key)
+    if not (reads & changed or keras_shapes.OwnsShapes(call.operation)):
+      continue
+    args = _Map(call.args, tensors.get, Key)
+    kwargs = _Map(call.kwargs, tensors.get, Key)
+    declared = [tensors[k] for k in call.outputs]
+    specs = keras_shapes.OutputSpecs(call.operation, args, kwargs, declared,
+                                     trace=bool(reads & changed))
+    for k, d, s in zip(call.outputs, declared, specs):
+      if s is not d:
+        tensors[k] = s
+        changed.add(k)
+  return tensors
 
 
 class _Walker:

@@ -47,7 +47,8 @@ KerasLayer's ``input_masks`` hands them to the Keras layer on its inputs.
 
 This module deliberately does NOT convert a subclassed model (it has no
 graph: its layers can be imported one by one), a nested model called on a
-masked tensor, or a call with
+masked tensor, an output without one row per example (a pipeline joins
+micro-batches' outputs along the first dimension), or a call with
 constant positional arguments to a layer (not an operation); it raises
 KerasModelError saying what to change.
 """
@@ -58,6 +59,7 @@ import inspect
 from typing import Any, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from gpipe_tf import hyperparams
@@ -156,7 +158,39 @@ def FromKeras(model: keras.Model, skips: bool = True
     params.append(keras_ops.KerasOutputs.Params().Set(
         name='outputs', input_shapes=_Shapes(live, tensors),
         structure=_Template(graph.outputs, index), pop=pop))
+  _CheckBatchedOutputs(model, graph)
   return params
+
+
+def _CheckBatchedOutputs(model: keras.Model, graph: keras_graph.Graph
+                         ) -> None:
+  """Refuses an output whose first dimension is a fixed size while the
+  inputs' batch size is not fixed: a pipeline joins its micro-batches'
+  outputs along that dimension, so it would return M copies where Keras
+  returns one (SAM's dense positional embedding, batch 1 for any batch)."""
+  if not any(len(graph.tensors[k].shape) and graph.tensors[k].shape[0] is None
+             for k in graph.inputs):
+    return
+  for name, k in _Named(graph.outputs, 'output'):
+    shape = graph.tensors[k].shape
+    if not len(shape) or shape[0] is not None:
+      raise KerasModelError(
+          f"Keras model '{model.name}': {name} has shape "
+          f'{tuple(shape)}, not one row per example, and a pipeline joins '
+          "its micro-batches' outputs along the first dimension (it would "
+          'return one copy per micro-batch): leave it out of the outputs, '
+          'or tile it to the batch (keras.ops.broadcast_to).')
+
+
+def _Named(value: Any, name: str) -> list:
+  """(a readable name, Key) of each Key in an output structure."""
+  if _IsKey(value):
+    return [(name, value)]
+  if isinstance(value, dict):
+    return [p for k, v in value.items() for p in _Named(v, f'{name} {k!r}')]
+  if isinstance(value, (list, tuple)):
+    return [p for i, v in enumerate(value) for p in _Named(v, f'{name} {i}')]
+  return []
 
 
 def _Reads(call: keras_graph.Call) -> list:
@@ -234,15 +268,31 @@ def _LayerParams(call: keras_graph.Call, index: dict, where: str,
     if _Keys(value):
       tensors[key] = _Index(value, f'keyword argument {key}')
     else:
-      value = keras_config.Plain(value)
-      keras_config.CheckLiteral(call.name, value, f'keyword argument {key}')
-      constants[key] = value
+      constants[key] = _Constant(call.name, key, keras_config.Plain(value))
   config = keras_config.Config(layer, call, tensors_of, where)
   return keras_layer.KerasLayer.Params().Set(
       keras_class=keras_layer.KerasClassPath(type(layer)), config=config,
       inputs=args, input_kwargs=tensors, call_kwargs=constants,
       input_masks=[[index[k], index[m]] for k, m in call.masks.items()],
       share=call.first)
+
+
+def _Constant(name: str, key: str, value: Any) -> Any:
+  """A constant keyword argument of a layer call as Params hold it: literals
+  as they are, a NumPy array or tensor constant (BLIP2's position ids) as
+  its numbers and dtype (keras_ops' ``{'__array__': ...}``, decoded by
+  KerasLayer).
+
+  Raises:
+    UnsupportedKerasLayerError: any other object, or a too large array.
+  """
+  if any(isinstance(v, (np.ndarray, tf.Tensor)) and
+         not isinstance(v, keras.KerasTensor)
+         for v in tf.nest.flatten(value)):
+    value = keras_ops.EncodeArguments(
+        value, None, f"Keras layer '{name}': its keyword argument {key}")
+  keras_config.CheckLiteral(name, value, f'keyword argument {key}')
+  return value
 
 
 def _Positional(layer: keras.layers.Layer, args: Sequence[Any]

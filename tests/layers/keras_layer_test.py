@@ -33,6 +33,29 @@ class Scale(keras.layers.Layer):
     return x * self.w
 
 
+@keras.saving.register_keras_serializable(package='gpipe_test')
+class AuxLoss(keras.layers.Layer):
+  """x * w that, in training, adds a loss scaled by aux_loss_coefficient
+  (as keras_hub's MoE router adds its load-balancing loss)."""
+
+  def __init__(self, aux_loss_coefficient=0.1, **kwargs):
+    super().__init__(**kwargs)
+    self.aux_loss_coefficient = aux_loss_coefficient
+
+  def build(self, input_shape):
+    self.w = self.add_weight(name='w', shape=(input_shape[-1],),
+                             initializer='ones')
+
+  def call(self, x, training=None):
+    if training:
+      self.add_loss(self.aux_loss_coefficient * keras.ops.sum(x * x))
+    return x * self.w
+
+  def get_config(self):
+    return dict(super().get_config(),
+                aux_loss_coefficient=self.aux_loss_coefficient)
+
+
 def _Keras(name, cls, shapes, **config):
   """KerasLayer Params of Keras class `cls` with `config`."""
   return KerasLayer.Params().Set(
@@ -232,6 +255,25 @@ class KerasLayerTest(tf.test.TestCase):
     kept = pipe.layers[1].FProp(tf.ones([8, 8]), training=True)
     self.assertBetween(float(tf.reduce_mean(tf.cast(kept > 0, tf.float32))),
                        0.2, 0.8)
+
+  def testAddedLossIsRefusedUnlessItsCoefficientIsZero(self):
+    # A pipeline's loss is its loss_fn of the outputs: a loss a Keras layer
+    # adds with add_loss in training would be dropped, so it is refused
+    # when the pipeline runs it in training; a coefficient of 0 makes it 0.
+    x = tf.random.stateless_normal([4, 3], seed=[6, 6])
+    layers = [_Keras('fc', 'Dense', [(None, 3)], units=3),
+              _Keras('aux', 'gpipe_test>AuxLoss', [(None, 3)],
+                     aux_loss_coefficient=0.1)]
+    pipe = _Pipe(layers, 2, 2)
+    self.assertEqual(pipe.FProp(x).shape, [4, 3])  # Inference adds none.
+    with self.assertRaisesRegex(
+        keras_layer.UnsupportedKerasLayerError,
+        r"'net/aux' .*aux_loss_coefficient=0.1\) adds a loss .* left out"):
+      pipe.FProp(x, training=True)
+    layers[1].config['aux_loss_coefficient'] = 0.0
+    pipe = _Pipe(layers, 2, 2)
+    self.assertEqual(pipe.FProp(x, training=True).shape, [4, 3])
+    self.assertEmpty(pipe.layers[1].keras_layer.losses)
 
   def testBadParamsRaiseNamedErrors(self):
     cases = [

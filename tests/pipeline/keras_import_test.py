@@ -110,6 +110,24 @@ class CustomGradientSwish(keras.layers.Layer):
     return _Swish(x)
 
 
+@keras.saving.register_keras_serializable(package='gpipe_tf_test')
+class Shifted(keras.layers.Layer):
+  """x + offsets, the offsets a constant keyword argument of the call."""
+
+  def call(self, x, offsets=None):
+    return x + keras.ops.convert_to_tensor(offsets)
+
+
+class Table(keras.layers.Layer):
+  """Its weights as one row, whatever the batch."""
+
+  def build(self, input_shape):
+    self.w = self.add_weight(name='w', shape=(input_shape[-1],))
+
+  def call(self, x):
+    return keras.ops.expand_dims(self.w, 0)
+
+
 class GatedSum(keras.layers.Layer):
   """Called as layer(x, None, y) the first time and layer(x, v, y) after:
   keras_hub's RWKV7 blocks pass their v_first so."""
@@ -518,6 +536,21 @@ class FromKerasTest(tf.test.TestCase):
     pipeline.LoadKerasWeights(net, model)
     self.assertAllClose(net.FProp(*xs), model(list(xs)), atol=1e-6)
 
+  def testTensorConstantKeywordIsHeldAsNumbers(self):
+    # BLIP2's embeddings layer is called with visual_position_ids, a tensor
+    # constant: Params hold it as numbers and the layer gets it back.
+    x = keras.Input((3,))
+    h = Shifted(name='shift')(x, offsets=tf.constant([1.0, 2.0, -3.0]))
+    model = keras.Model(x, keras.layers.Dense(2, name='out')(h))
+    params = {p.name: p for p in pipeline.FromKeras(model)}
+    self.assertEqual(params['shift'].call_kwargs['offsets'], {'__array__': {
+        'value': [1.0, 2.0, -3.0], 'dtype': 'float32'}})
+    net = layers.SequentialLayer.Params().Set(
+        name='net', layers=list(params.values())).Instantiate()
+    pipeline.LoadKerasWeights(net, model)
+    x = tf.random.stateless_normal([4, 3], [1, 3])
+    self.assertAllClose(net.FProp(x), model(x), atol=1e-6)
+
   def testWhatIsStillRefusedIsNamed(self):
     inputs = keras.Input((4,))
     ids = keras.Input((5,), dtype='int32')
@@ -534,6 +567,13 @@ class FromKerasTest(tf.test.TestCase):
                                 "'add.*5000 elements.*keras.Input"):
       pipeline.FromKeras(keras.Model(inputs,
                                      inputs + np.ones([1250, 4], 'f4')))
+    # One output row whatever the batch (SAM's dense positional embedding):
+    # a pipeline would return one copy per micro-batch.
+    with self.assertRaisesRegex(pipeline.KerasModelError,
+                                r'output 1 has shape \(1, 4\), not one row '
+                                'per example'):
+      pipeline.FromKeras(keras.Model(
+          inputs, [keras.layers.Dense(2)(inputs), Table(name='table')(inputs)]))
     self.assertTrue(issubclass(pipeline.KerasModelError, errors.Error))
 
   def _HeavyOpDtypes(self, pipe, x, y):

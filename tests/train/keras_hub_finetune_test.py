@@ -58,7 +58,7 @@ class KerasHubFinetuneTest(tf.test.TestCase):
     preset = os.path.join(self.get_temp_dir(), 'gpt2_tiny')
     keras.utils.set_random_seed(1)
     backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=_VOCAB, num_layers=2, num_heads=2, hidden_dim=16,
+        vocabulary_size=_VOCAB, num_layers=1, num_heads=2, hidden_dim=16,
         intermediate_dim=32, max_sequence_length=_SEQ)  # dropout 0.1
     keras_hub.models.GPT2CausalLM(
         backbone=backbone, preprocessor=None).save_to_preset(preset)

@@ -9,7 +9,10 @@ NotBuiltError naming them, and the zoo's table says so.
 
 ``Build(name, randomness=False)`` sets every constructor argument whose name
 says dropout to 0 (the exact comparison with Keras); ``randomness=True``
-keeps the class's defaults (its real settings: GPT-2's 0.1).
+keeps the class's defaults (its real settings: GPT-2's 0.1). A MoE
+backbone's router auxiliary loss coefficient is 0 either way: a pipeline
+refuses a layer that adds a loss (``add_loss``), since its loss is its
+loss_fn of the outputs, and the zoo's loss is a squared error on them.
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ _SMOLLM = dict(attention_bias=False, attention_dropout=0.1,
                layer_types=['attention', 'attention'], mlp_bias=False,
                layer_norm_epsilon=1e-6, max_position_embeddings=32,
                rope_theta=10000.0, partial_rotary_factor=1.0)
+
+# T5Gemma's encoder and decoder at width 16 (T5Gemma2 takes them too).
+_T5GEMMA = dict(
+    encoder_hidden_dim=16, encoder_intermediate_dim=32, encoder_num_layers=2,
+    encoder_num_attention_heads=2, encoder_num_key_value_heads=1,
+    encoder_head_dim=8,
+    encoder_layer_types=['sliding_attention', 'full_attention'],
+    decoder_hidden_dim=16, decoder_intermediate_dim=32, decoder_num_layers=2,
+    decoder_num_attention_heads=2, decoder_num_key_value_heads=1,
+    decoder_head_dim=8,
+    decoder_layer_types=['sliding_attention', 'full_attention'],
+    sliding_window=4, cross_attention_hidden_size=16)
 
 _OWN = {
     'DINOV2Backbone': dict(patch_size=14, image_shape=(28, 28, 3)),
@@ -89,16 +104,7 @@ _OWN = {
         use_lightweight_conv_block=[False, False]),
     'VideoPrismBackbone': dict(num_frames=2, num_spatial_layers=1,
                                num_temporal_layers=1, num_auxiliary_layers=1),
-    'T5GemmaBackbone': dict(
-        encoder_hidden_dim=16, encoder_intermediate_dim=32,
-        encoder_num_layers=2, encoder_num_attention_heads=2,
-        encoder_num_key_value_heads=1, encoder_head_dim=8,
-        encoder_layer_types=['sliding_attention', 'full_attention'],
-        decoder_hidden_dim=16, decoder_intermediate_dim=32,
-        decoder_num_layers=2, decoder_num_attention_heads=2,
-        decoder_num_key_value_heads=1, decoder_head_dim=8,
-        decoder_layer_types=['sliding_attention', 'full_attention'],
-        sliding_window=4, cross_attention_hidden_size=16),
+    'T5GemmaBackbone': _T5GEMMA,
     'SegFormerBackbone': dict(projection_filters=8),
     'DeepLabV3Backbone': dict(low_level_feature_key='P2',
                               spatial_pyramid_pooling_key='P4',
@@ -136,14 +142,63 @@ _OWN = {
     'MoonshineBackbone': dict(filter_dim=16, encoder_num_layers=1,
                               decoder_num_layers=1, encoder_num_heads=2,
                               decoder_num_heads=2),
+    # keras_hub's t5gemma2_backbone_test.py at width 16.
+    'T5Gemma2Backbone': dict(
+        _T5GEMMA, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        query_pre_attn_scalar=1.0, attention_bias=False,
+        hidden_activation='gelu_approximate', attn_logit_softcapping=50.0,
+        rope_max_wavelength=10000.0, initializer_range=0.04,
+        use_query_key_norm=True),
+    # keras_hub's gemma3n_backbone_test.py, text only (its vision and audio
+    # encoders are optional).
+    'Gemma3nBackbone': dict(
+        text_vocab_size=50, text_hidden_size=4, num_hidden_layers=1,
+        pad_token_id=0, num_attention_heads=1, num_key_value_heads=1,
+        head_dim=4, intermediate_size=[8],
+        hidden_activation='gelu_approximate', layer_types=['full_attention'],
+        sliding_window=4, rope_theta=10000.0, max_position_embeddings=SEQ,
+        vocab_size_per_layer_input=50, hidden_size_per_layer_input=2,
+        altup_num_inputs=2, laurel_rank=1),
+    'StableDiffusion3Backbone': dict(
+        mmdit_patch_size=2, mmdit_hidden_dim=16, mmdit_num_layers=1,
+        mmdit_num_heads=2, mmdit_position_size=32, mmdit_qk_norm=None,
+        mmdit_dual_attention_indices=None, image_shape=(16, 16, 3)),
+    # keras_hub's flux_backbone_test.py at width 32, one block of each kind.
+    'FluxBackbone': dict(input_channels=16, hidden_size=32, mlp_ratio=2.0,
+                         num_heads=2, depth=1, depth_single_blocks=1,
+                         axes_dim=[4, 6, 6], theta=10_000, use_bias=True,
+                         guidance_embed=True, image_shape=(SEQ, 16),
+                         text_shape=(SEQ, 16), image_ids_shape=(SEQ, 3),
+                         text_ids_shape=(SEQ, 3), y_shape=(16,)),
+    # keras_hub's mobilenetv5_backbone_test.py.
+    'MobileNetV5Backbone': dict(
+        stackwise_block_types=[['er'], ['uir', 'uir']],
+        stackwise_num_blocks=[1, 2], stackwise_num_filters=[[8], [16, 16]],
+        stackwise_strides=[[2], [2, 1]],
+        stackwise_act_layers=[['relu'], ['relu', 'relu']],
+        stackwise_exp_ratios=[[4.0], [6.0, 6.0]],
+        stackwise_se_ratios=[[0.0], [0.0, 0.0]],
+        stackwise_dw_kernel_sizes=[[0], [5, 5]],
+        stackwise_dw_start_kernel_sizes=[[0], [0, 0]],
+        stackwise_dw_end_kernel_sizes=[[0], [0, 0]],
+        stackwise_exp_kernel_sizes=[[3], [0, 0]],
+        stackwise_pw_kernel_sizes=[[1], [0, 0]],
+        stackwise_num_heads=[[0], [0, 0]], stackwise_key_dims=[[0], [0, 0]],
+        stackwise_value_dims=[[0], [0, 0]], stackwise_kv_strides=[[0], [0, 0]],
+        stackwise_use_cpe=[[False], [False, False]], image_shape=(32, 32, 3),
+        stem_size=8, use_msfa=False),
     'XceptionBackbone': dict(stackwise_conv_filters=[[8, 8], [16, 16]],
                              stackwise_pooling=[True, False]),
 }
 _ABSTRACT = ('Backbone', 'FeaturePyramidBackbone')
-# The length of an input's unknown dimension other than the batch, by input
-# name, where SEQ is too short: Moonshine's audio samples pass convolutions
-# of kernel 127, stride 64, then 7/3 and 3/2.
-LENGTHS = {'encoder_input_values': 1024, 'encoder_padding_mask': 1024}
+# The length of an input's unknown dimension other than the batch, by model
+# class and input name, where SEQ is too short: Moonshine's audio samples
+# pass convolutions of kernel 127, stride 64, then 7/3 and 3/2. (By class:
+# BART's encoder_padding_mask is a token mask of SEQ.)
+LENGTHS = {'MoonshineBackbone': {'encoder_input_values': 1024,
+                                 'encoder_padding_mask': 1024},
+           # No mask prompts (keras_hub's sam_backbone_test feeds 0).
+           'SAMBackbone': {'masks': 0}}
 
 
 def _ResNet(stages: int, filters: int = 8) -> Any:
@@ -171,6 +226,108 @@ def _MiT() -> Any:
                                              num_layers=2))
 
 
+def _Sam() -> dict[str, Any]:
+  """keras_hub's sam_backbone_test.py sub-models, 2 layers and 2 heads."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.sam import sam_mask_decoder  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.sam import sam_prompt_encoder  # pylint: disable=g-import-not-at-top
+  return dict(
+      image_encoder=keras_hub.models.ViTDetBackbone(
+          hidden_size=16, num_layers=2, intermediate_dim=64, num_heads=2,
+          global_attention_layer_indices=[1], patch_size=16,
+          num_output_channels=8, window_size=2, image_shape=(16, 16, 3)),
+      prompt_encoder=sam_prompt_encoder.SAMPromptEncoder(
+          hidden_size=8, image_embedding_size=(8, 8),
+          input_image_size=(16, 16), mask_in_channels=16),
+      mask_decoder=sam_mask_decoder.SAMMaskDecoder(
+          num_layers=2, hidden_size=16, intermediate_dim=32, num_heads=8,
+          embedding_dim=8, num_multimask_outputs=3, iou_head_depth=3,
+          iou_head_hidden_dim=8))
+
+
+def _Blip2() -> dict[str, Any]:
+  """keras_hub's blip2_backbone_test.py sub-models."""
+  from keras_hub.src.models.blip2 import blip2_custom_opt  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.blip2 import blip2_qformer  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.blip2 import blip2_vision_encoder  # pylint: disable=g-import-not-at-top
+  return dict(
+      vision_encoder=blip2_vision_encoder.BLIP2VisionEncoder(
+          image_size=16, patch_size=4, num_layers=2, num_heads=2,
+          hidden_dim=8, intermediate_dim=16, use_patch_bias=True,
+          use_class_token=True, use_mha_bias=True, use_mlp_bias=True,
+          dropout_rate=0.0, layer_norm_epsilon=1e-6, initializer_range=0.02),
+      qformer=blip2_qformer.BLIP2QFormer(
+          num_query_tokens=2, num_layers=2, num_heads=2, hidden_dim=4,
+          intermediate_dim=8, vision_dim=8, cross_attention_frequency=1,
+          dropout=0.0, layer_norm_epsilon=1e-6),
+      language_model=blip2_custom_opt.BLIP2CustomOPT(
+          vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=4,
+          intermediate_dim=8, num_query_tokens=2, qformer_hidden_dim=4,
+          max_sequence_length=16, dropout=0.0, language_projection=None))
+
+
+def _DepthAnything() -> dict[str, Any]:
+  """keras_hub's depth_anything_backbone_test.py, a narrower neck."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  return dict(
+      image_encoder=keras_hub.models.DINOV2Backbone(
+          14, 4, 16, 2, 64, 1.0, 0, image_shape=(126, 126, 3),
+          apply_layernorm=True, name='image_encoder'),
+      reassemble_factors=[4, 2, 1, 0.5], neck_hidden_dims=[4, 8, 8, 16],
+      fusion_hidden_dim=16, head_hidden_dim=8, head_in_index=-1,
+      feature_keys=['stage1', 'stage2', 'stage3', 'stage4'])
+
+
+def _Parseq() -> dict[str, Any]:
+  """keras_hub's parseq_backbone_test.py, a 16 x 32 image and width 16."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  return dict(
+      image_encoder=keras_hub.models.ViTBackbone(
+          image_shape=(16, 32, 3), patch_size=(4, 8), num_layers=2,
+          num_heads=2, hidden_dim=16, mlp_dim=32, use_class_token=False,
+          name='image_encoder'),
+      max_label_length=SEQ - 1, decoder_hidden_dim=16, num_decoder_layers=1,
+      num_decoder_heads=2, decoder_mlp_dim=32)
+
+
+def _DFine() -> dict[str, Any]:
+  """keras_hub's d_fine_backbone_test.py (no denoising queries: they need
+  labels)."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  backbone = keras_hub.models.HGNetV2Backbone(
+      stem_channels=[3, 8, 8],
+      stackwise_stage_filters=[[8, 8, 16, 1, 1, 3], [16, 8, 32, 1, 1, 3]],
+      apply_downsample=[False, True], use_lightweight_conv_block=[False, False],
+      depths=[1, 1], hidden_sizes=[16, 32], embedding_size=8,
+      use_learnable_affine_block=True, hidden_act='relu',
+      image_shape=(32, 32, 3), out_features=['stage1', 'stage2'])
+  return dict(
+      backbone=backbone, decoder_in_channels=[16, 16], encoder_hidden_dim=16,
+      num_denoising=0, num_labels=4, hidden_dim=16, learn_initial_query=False,
+      num_queries=10, anchor_image_size=(32, 32), feat_strides=[4, 8],
+      num_feature_levels=2, encoder_in_channels=[16, 32],
+      encode_proj_layers=[1], num_attention_heads=2, encoder_ffn_dim=32,
+      num_encoder_layers=1, hidden_expansion=0.5, depth_multiplier=0.5,
+      eval_idx=-1, num_decoder_layers=3, decoder_attention_heads=2,
+      decoder_ffn_dim=32, decoder_n_points=[2, 2], lqe_hidden_dim=16,
+      num_lqe_layers=2, out_features=['stage1', 'stage2'],
+      image_shape=(32, 32, 3), seed=0)
+
+
+def _StableDiffusion3() -> dict[str, Any]:
+  """keras_hub's stable_diffusion_3_backbone_test.py sub-models in float32:
+  its VAE (32 channels: the group norms take 32 groups) and two CLIP text
+  encoders of width 8 (vocabulary 50)."""
+  from keras_hub.src.models.clip import clip_text_encoder  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.vae import vae_backbone  # pylint: disable=g-import-not-at-top
+  clip = clip_text_encoder.CLIPTextEncoder
+  return dict(
+      vae=vae_backbone.VAEBackbone([32] * 4, [1] * 4, [32] * 4, [1] * 4,
+                                   sampler_method='mode', name='vae'),
+      clip_l=clip(50, 8, 8, 2, 2, 16, 'quick_gelu', -2, name='clip_l'),
+      clip_g=clip(50, 8, 8, 2, 2, 16, 'gelu', -2, name='clip_g'))
+
+
 # Sub-model arguments, made afresh for every build (keras_hub's own backbone
 # tests build their composite backbones so, from small sub-models).
 _PARTS = {
@@ -181,6 +338,12 @@ _PARTS = {
     'DeepLabV3Backbone': lambda: dict(image_encoder=_ResNet(3)),
     'BASNetBackbone': lambda: dict(image_encoder=_ResNet(4, 64)),
     'RetinaNetBackbone': lambda: dict(image_encoder=_ResNet(4)),
+    'SAMBackbone': _Sam,
+    'BLIP2Backbone': _Blip2,
+    'DepthAnythingBackbone': _DepthAnything,
+    'PARSeqBackbone': _Parseq,
+    'DFineBackbone': _DFine,
+    'StableDiffusion3Backbone': _StableDiffusion3,
 }
 
 
@@ -191,46 +354,9 @@ _NOT_BUILT = {
         'refinement heads are 64 filters wide and need a ResNet of 64 '
         'filters at every stage), too large for the zoo; a pipeline would '
         'take it as it takes ResNetBackbone'),
-    'BLIP2Backbone': (
-        'its vision_encoder, qformer and language_model are three sub-models '
-        'with their own configs; write tiny ones from keras_hub\'s '
-        'blip2_backbone_test.py'),
-    'DFineBackbone': (
-        'its backbone argument is an HGNetV2Backbone, whose layers hold '
-        'BatchNormalization inside (see HGNetV2Backbone\'s row: '
-        'UnsupportedKerasLayerError), so it would be refused the same way'),
-    'DepthAnythingBackbone': (
-        'its image_encoder is a DINOV2Backbone at 126 px and its DPT neck '
-        'takes four per-stage lists; write them from keras_hub\'s '
-        'depth_anything_backbone_test.py'),
-    'FluxBackbone': (
-        'a diffusion transformer of seven inputs (image, text, their ids, '
-        'y, timesteps, guidance) whose presets come with VAE and CLIP '
-        'sub-models; write a tiny config from flux_backbone_test.py'),
-    'Gemma3nBackbone': (
-        'its vision encoder is a MobileNetV5Backbone, whose blocks hold '
-        'BatchNormalization inside (see MobileNetV5Backbone), and it takes '
-        'an audio encoder config of some 20 arguments'),
-    'MobileNetV5Backbone': (
-        'its blocks (UniversalInvertedResidual, EdgeResidual) hold '
-        'BatchNormalization inside, which KerasLayer refuses (see '
-        'MobileNetBackbone\'s row: UnsupportedKerasLayerError)'),
-    'PARSeqBackbone': (
-        'its image_encoder is a ViTBackbone and its decoder takes a label '
-        'length and vocabulary; write them from parseq_backbone_test.py'),
-    'SAMBackbone': (
-        'its image_encoder, prompt_encoder and mask_decoder are three '
-        'sub-models with their own configs; write tiny ones from '
-        'sam_backbone_test.py'),
     'SAM3PromptableConceptBackbone': (
         'six sub-models (vision, text and geometry encoders, DETR encoder '
         'and decoder, mask decoder), each with its own config'),
-    'StableDiffusion3Backbone': (
-        'an MMDiT with a VAE and CLIP-L, CLIP-G and T5 text encoders as '
-        'sub-models; write tiny ones from stable_diffusion_3_backbone_test.py'),
-    'T5Gemma2Backbone': (
-        'an encoder-decoder with a vision encoder and some 30 per-side '
-        'arguments; write them from t5gemma2_backbone_test.py'),
 }
 
 
@@ -274,6 +400,10 @@ def _Backbone(name: str, randomness: bool) -> Any:
       value = config.get(k, p.default)
       if _IsRandomness(k, value):
         config[k] = 0.0
+  for k in params:
+    if k.startswith('router_aux_loss_coef'):
+      # A pipeline refuses add_loss (KerasLayer); the zoo's loss is its own.
+      config[k] = 0.0
   try:
     return cls(**config)
   except Exception as e:  # pylint: disable=broad-except

@@ -176,8 +176,10 @@ def _Inputs(model: Any, n: int) -> Any:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import keras  # pylint: disable=g-import-not-at-top
 
+  lengths = _Lengths().get(type(model).__name__, {})
+
   def _One(t, i):
-    seq = _Lengths().get(t.name.split(':')[0], _SEQ)
+    seq = lengths.get(t.name.split(':')[0], _SEQ)
     shape = [n] + [seq if d is None else d for d in t.shape[1:]]
     if 'int' in keras.backend.standardize_dtype(t.dtype) or (
         keras.backend.standardize_dtype(t.dtype) == 'bool'):
@@ -198,7 +200,7 @@ def _Inputs(model: Any, n: int) -> Any:
   return xs[0] if len(xs) == 1 else tuple(xs)
 
 
-def _Lengths() -> dict[str, int]:
+def _Lengths() -> dict[str, dict[str, int]]:
   from tools.keras_zoo import hub as keras_zoo_hub  # pylint: disable=g-import-not-at-top
   return keras_zoo_hub.LENGTHS
 

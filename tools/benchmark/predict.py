@@ -194,8 +194,12 @@ def Predict(schedule: schedule_lib.Schedule, remat: str,
 
 def MeasuredBubble(busy_seconds: Sequence[float], step_seconds: float
                    ) -> float:
-  """1 - each device's busy time over the step, averaged over devices."""
-  return 1.0 - sum(busy_seconds) / (len(busy_seconds) * step_seconds)
+  """1 - each device's busy time over the step, averaged over devices; 0
+  where the devices were busy longer than the step: busy time is a worker's
+  CPU time, which counts each thread that ran its ops, so two ops at once
+  count twice (seen at -0.03 on a loaded machine)."""
+  return max(0.0, 1.0 - sum(busy_seconds) / (len(busy_seconds) *
+                                             step_seconds))
 
 
 def Summary(schedule: schedule_lib.Schedule, remat: str,

@@ -150,6 +150,8 @@ class PredictTest(tf.test.TestCase):
     self.assertGreater(summary['predicted_seconds'], predict_lib.Summary(
         schedule, 'never', pieces, predict_lib.Comm())['predicted_seconds'])
     self.assertAlmostEqual(predict_lib.MeasuredBubble([3.0, 1.0], 4.0), 0.5)
+    # Busy CPU time over two threads can pass the wall step: no bubble.
+    self.assertEqual(predict_lib.MeasuredBubble([4.5, 4.1], 4.0), 0.0)
 
   def testThreadCpuSecondsCountsThisProcesssWork(self):
     before = predict_lib.ThreadCpuSeconds(os.getpid())

@@ -107,11 +107,32 @@ _VIEWS = frozenset({'Reshape', 'ExpandDims', 'Squeeze', 'Identity',
                     'IdentityN', 'StopGradient', 'EnsureShape'})
 
 
-def _Root(x: Any) -> Any:
-  """The tensor whose buffer `x` is a view of (itself if none)."""
-  while x.op.type in _VIEWS:
-    x = x.op.inputs[x.value_index if x.op.type == 'IdentityN' else 0]
-  return x
+def _Buffer(x: Any) -> tuple:
+  """A key of the buffer `x` is a view of (its own if none). Views are
+  followed into the calls of shared layer traces (layers/shared_trace.py)
+  too: a call's output is its function's, often a view of one of the call's
+  inputs or of another output (a block's saved tensors): counted on its
+  own, three Transformer blocks kept 1.36x the activations and 1.55x the W
+  inputs they keep traced layer by layer."""
+  from gpipe_tf.layers import shared_trace  # pylint: disable=g-import-not-at-top
+  calls = []  # (a call entered, its function's graph), innermost last.
+  while True:
+    if x.op.type in _VIEWS:
+      x = x.op.inputs[x.value_index if x.op.type == 'IdentityN' else 0]
+      continue
+    graph = shared_trace.CalledGraph(x.op)
+    if graph is not None:
+      calls.append((x.op, graph))
+      x = graph.outputs[x.value_index]
+      continue
+    if calls and x.op.type == 'Placeholder':
+      op, graph = calls[-1]
+      i = next((i for i, t in enumerate(graph.inputs) if t is x), None)
+      if i is not None:  # The call's input: its caller's tensor.
+        calls.pop()
+        x = op.inputs[i]
+        continue
+    return tuple(id(op) for op, _ in calls) + (id(x),)
 
 
 def _Bytes(tensors: Sequence[Any], exclude: frozenset = frozenset()
@@ -132,10 +153,10 @@ def _Bytes(tensors: Sequence[Any], exclude: frozenset = frozenset()
     if not hasattr(x, 'op'):  # A variable.
       total += math.prod(x.shape.as_list()) * x.dtype.size
       continue
-    root = _Root(x)
-    if id(root) in seen:
+    key = _Buffer(x)
+    if key in seen:
       continue
-    seen.add(id(root))
+    seen.add(key)
     total += math.prod(x.shape.as_list()) * x.dtype.size
   return total
 
@@ -145,7 +166,7 @@ def ProgramBytes(program: Program) -> memory_lib.StageBytes | None:
   a size is not known statically."""
   t = program.tensors
   x = t[Role.X] + t[Role.SKIP_IN]
-  inputs = frozenset(id(_Root(v)) for v in x if v is not None)
+  inputs = frozenset(_Buffer(v) for v in x if v is not None)
   sizes = [_Bytes(x), _Bytes(t[Role.SAVED], inputs), _Bytes(t[Role.WCUT]),
            _Bytes(t[Role.PINNED]), _Bytes(t[Role.DWS]),
            _Bytes(program.variables)]

@@ -5,6 +5,7 @@ import test_utils  # pylint: disable=g-bad-import-order,unused-import
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf import layers
+from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import introspect
 from gpipe_tf.pipeline import loss as loss_lib
@@ -31,7 +32,8 @@ class BytesTest(tf.test.TestCase):
       y = tf.reshape(x, [24])
       z = x * 2.0
       sizes['viewed'] = introspect._Bytes([x, y, z])
-      sizes['excluded'] = introspect._Bytes([y, z], frozenset([id(x)]))
+      sizes['excluded'] = introspect._Bytes([y, z],
+                                            frozenset([introspect._Buffer(x)]))
       sizes['unknown'] = introspect._Bytes([z, unknown])
       return z
 
@@ -39,6 +41,23 @@ class BytesTest(tf.test.TestCase):
     self.assertEqual(sizes['viewed'], 2 * 24 * 4)
     self.assertEqual(sizes['excluded'], 24 * 4)
     self.assertIsNone(sizes['unknown'])
+
+
+  def testSharedLayerTracesKeepWhatLayersTracedAloneKeep(self):
+    """A shared trace's call returns views of its inputs and of its own
+    outputs among a block's saved tensors: followed into the call, each
+    buffer counts once, and a cell keeps the same bytes shared or not."""
+    blocks = [layers.TransformerEncoderLayer.Params().Set(
+        name=f'b{i}', model_dim=16, hidden_dim=32, num_heads=2).Instantiate()
+              for i in range(3)]
+    specs = [tf.TensorSpec([4, 8, 16], tf.float32),
+             tf.TensorSpec([4, 8], tf.float32)]
+    shared_trace.Stats.Reset()
+    shared = introspect.ProgramBytes(introspect.TraceCell(blocks, specs))
+    self.assertGreater(shared_trace.Stats.Get().calls, 0)
+    with shared_trace.Off():
+      alone = introspect.ProgramBytes(introspect.TraceCell(blocks, specs))
+    self.assertEqual(shared, alone)
 
 
 class TracedStageBytesTest(tf.test.TestCase):

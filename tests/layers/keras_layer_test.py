@@ -12,6 +12,7 @@ import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf import errors
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import core
 from gpipe_tf.layers import keras_layer
 from gpipe_tf.layers import normalization
@@ -256,24 +257,24 @@ class KerasLayerTest(tf.test.TestCase):
     self.assertBetween(float(tf.reduce_mean(tf.cast(kept > 0, tf.float32))),
                        0.2, 0.8)
 
-  def testAddedLossIsRefusedUnlessItsCoefficientIsZero(self):
-    # A pipeline's loss is its loss_fn of the outputs: a loss a Keras layer
-    # adds with add_loss in training would be dropped, so it is refused
-    # when the pipeline runs it in training; a coefficient of 0 makes it 0.
+  def testAddedLossGoesToTheAuxiliaryLossesInScope(self):
+    # A loss a Keras layer adds with add_loss in training goes to the
+    # aux_losses.Collect() in scope (the loss that trains the layer adds
+    # it, as Keras adds model.losses); with none in scope it is refused,
+    # not dropped; inference adds none.
     x = tf.random.stateless_normal([4, 3], seed=[6, 6])
-    layers = [_Keras('fc', 'Dense', [(None, 3)], units=3),
-              _Keras('aux', 'gpipe_test>AuxLoss', [(None, 3)],
-                     aux_loss_coefficient=0.1)]
-    pipe = _Pipe(layers, 2, 2)
-    self.assertEqual(pipe.FProp(x).shape, [4, 3])  # Inference adds none.
-    with self.assertRaisesRegex(
-        keras_layer.UnsupportedKerasLayerError,
-        r"'net/aux' .*aux_loss_coefficient=0.1\) adds a loss .* left out"):
-      pipe.FProp(x, training=True)
-    layers[1].config['aux_loss_coefficient'] = 0.0
-    pipe = _Pipe(layers, 2, 2)
-    self.assertEqual(pipe.FProp(x, training=True).shape, [4, 3])
-    self.assertEmpty(pipe.layers[1].keras_layer.losses)
+    layer = _Keras('aux', 'gpipe_test>AuxLoss', [(None, 3)],
+                   aux_loss_coefficient=0.1).Instantiate()
+    self.assertEqual(layer.FProp(x).shape, [4, 3])
+    with aux_losses.Collect() as aux:
+      layer.FProp(x)
+      self.assertEmpty(aux.terms)
+      layer.FProp(x, training=True)
+    self.assertAllClose(aux.Total(), 0.1 * tf.reduce_sum(x * x))
+    self.assertEmpty(layer.keras_layer.losses)  # Taken, not left behind.
+    with self.assertRaisesRegex(aux_losses.AuxLossNotCollectedError,
+                                r"KerasLayer 'aux' \(AuxLoss\) adds"):
+      layer.FProp(x, training=True)
 
   def testBadParamsRaiseNamedErrors(self):
     cases = [

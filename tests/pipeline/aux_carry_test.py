@@ -1,0 +1,164 @@
+"""aux_carry: losses Keras layers add with add_loss (a MoE router's) are in a pipeline's loss and gradients, in every schedule, as Keras's own step has them."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import keras  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
+from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+from gpipe_tf.layers import aux_losses  # pylint: disable=g-import-not-at-top
+from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
+from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
+
+
+@keras.saving.register_keras_serializable(package='aux_carry_test')
+class Routed(keras.layers.Layer):
+  """tanh(x w) that, in training, adds a load-balancing-like loss: the
+  coefficient times the squared batch mean of its outputs (nonlinear in
+  the batch, as a router's loss is)."""
+
+  def __init__(self, units, coefficient, **kwargs):
+    super().__init__(**kwargs)
+    self.units = units
+    self.coefficient = coefficient
+
+  def build(self, input_shape):
+    self.w = self.add_weight(name='w', shape=(input_shape[-1], self.units),
+                             initializer='glorot_uniform')
+
+  def call(self, x, training=None):
+    y = keras.ops.tanh(keras.ops.matmul(x, self.w))
+    if training:
+      self.add_loss(self.coefficient * keras.ops.sum(
+          keras.ops.square(keras.ops.mean(y, axis=0))))
+    return y
+
+  def get_config(self):
+    return dict(super().get_config(), units=self.units,
+                coefficient=self.coefficient)
+
+
+def _Model():
+  """Two routed layers, one in each cell at K=2."""
+  keras.utils.set_random_seed(3)
+  x = inputs = keras.Input((6,))
+  x = Routed(8, 0.7, name='router0')(x)
+  x = keras.layers.Dense(8, activation='tanh', name='fc0')(x)
+  x = Routed(8, 1.3, name='router1')(x)
+  model = keras.Model(inputs, keras.layers.Dense(3, name='logits')(x))
+  model.compile(loss='mse')
+  return model
+
+
+def _PerExample(outputs, targets):
+  return tf.reduce_mean(tf.square(outputs - targets), axis=-1)
+
+
+def _KerasStep(model, x, targets, m):
+  """Keras's own loss (compute_loss: the compiled loss plus model.losses)
+  and gradients, over m micro-batches taken in turn, averaged: at m=1
+  exactly Keras's train step."""
+  variables = model.trainable_variables
+  with tf.GradientTape() as tape:
+    total = 0.0
+    for xm, tm in zip(microbatch.Split([x], m), microbatch.Split([targets], m)):
+      y = model(xm[0], training=True)
+      total += model.compute_loss(x=xm[0], y=tm[0], y_pred=y, training=True)
+    loss = total / m
+  return loss, tape.gradient(loss, variables)
+
+
+def _Pipelined(model, x, targets, m, **settings):
+  pipe = pipeline.PipeliningLayer.Params().Set(
+      name='net', layers=pipeline.FromKeras(model), num_partitions=2,
+      num_micro_batches=m, **settings).Instantiate()
+  pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(pipe, model)}
+  loss, metrics, grads = pipe.ComputeLossAndGradients(
+      (x,), targets, lambda o, t: loss_lib.LossTerms(_PerExample(o, t)))
+  by_var = dict(zip(map(id, pipe.trainable_variables), grads))
+  return pipe, loss, metrics, [by_var[id(pairs[id(v)])]
+                               for v in model.trainable_variables]
+
+
+class AuxCarryTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.model = _Model()
+    self.x = tf.random.stateless_normal([8, 6], seed=[1, 2])
+    self.targets = tf.random.stateless_normal([8, 3], seed=[1, 3])
+
+  def _AssertEqual(self, want, got):
+    (want_loss, want_grads), (loss, grads) = want, got
+    self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
+    for a, b in zip(want_grads, grads):
+      self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+  def testEqualsKerasStepAtOneMicroBatch(self):
+    want = _KerasStep(self.model, self.x, self.targets, 1)
+    # The terms are not vacuous: without them the loss is another.
+    plain = tf.reduce_mean(_PerExample(self.model(self.x), self.targets))
+    self.assertGreater(float(want[0] - plain), 0.05)
+    for schedule in ('gpipe', '1f1b', 'zb_h1'):
+      with self.subTest(schedule=schedule):
+        pipe, loss, metrics, grads = _Pipelined(
+            self.model, self.x, self.targets, 1, schedule=schedule)
+        self.assertEqual([len(c.layers) for c in pipe.cells], [2, 2])
+        self._AssertEqual(want, (loss, grads))
+        self.assertAllClose(metrics['loss'], loss)
+
+  def testEqualsKerasOverMicroBatchesInEverySchedule(self):
+    # Per micro-batch, as BatchNorm: each micro-batch's terms are its own
+    # (they are nonlinear in the batch), each weighed 1/M here.
+    want = _KerasStep(self.model, self.x, self.targets, 4)
+    whole = _KerasStep(self.model, self.x, self.targets, 1)
+    self.assertGreater(abs(float(want[0] - whole[0])), 1e-3)
+    for schedule, settings in (
+        ('gpipe', {}), ('1f1b', {}), ('zb_h1', {}),
+        ('1f1b', dict(remat='always', execution='unrolled')),
+        ('zb_h1', dict(remat='always', execution='switch')),
+        ('gpipe', dict(execution='folded'))):
+      with self.subTest(schedule=schedule, **settings):
+        _, loss, _, grads = _Pipelined(self.model, self.x, self.targets, 4,
+                                       schedule=schedule, **settings)
+        self._AssertEqual(want, (loss, grads))
+
+  def testTapePathGivesTheTermsToTheCollectorInScope(self):
+    # FProp under a tape (gpipe): the pipeline adds the batch's terms to
+    # the aux_losses.Collect() in scope, as a SequentialLayer's layers do.
+    want = _KerasStep(self.model, self.x, self.targets, 2)
+    params = pipeline.FromKeras(self.model)
+    for net in (
+        pipeline.PipeliningLayer.Params().Set(
+            name='net', layers=params, num_partitions=2,
+            num_micro_batches=2).Instantiate(),
+        layers.SequentialLayer.Params().Set(name='net', layers=params)
+        .Instantiate()):
+      with self.subTest(net=type(net).__name__):
+        pairs = {id(a): b for a, b in pipeline.LoadKerasWeights(net,
+                                                                self.model)}
+        variables = [pairs[id(v)] for v in self.model.trainable_variables]
+        with self.assertRaisesRegex(aux_losses.AuxLossNotCollectedError,
+                                    'Collect'):
+          net.FProp(self.x, training=True)
+        with tf.GradientTape() as tape:
+          if isinstance(net, layers.SequentialLayer):
+            total = 0.0
+            for xm, tm in zip(microbatch.Split([self.x], 2),
+                              microbatch.Split([self.targets], 2)):
+              with aux_losses.Collect() as aux:
+                y = net.FProp(xm[0], training=True)
+              total += tf.reduce_mean(_PerExample(y, tm[0])) + aux.Total()
+            loss = total / 2
+          else:
+            with aux_losses.Collect() as aux:
+              y = net.FProp(self.x, training=True)
+            loss = tf.reduce_mean(_PerExample(y, self.targets)) + aux.Total()
+        self._AssertEqual(want, (loss, tape.gradient(loss, variables)))
+
+
+if __name__ == '__main__':
+  tf.test.main()

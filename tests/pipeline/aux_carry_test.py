@@ -120,7 +120,9 @@ class AuxCarryTest(tf.test.TestCase):
         ('gpipe', {}), ('1f1b', {}), ('zb_h1', {}),
         ('1f1b', dict(remat='always', execution='unrolled')),
         ('zb_h1', dict(remat='always', execution='switch')),
-        ('gpipe', dict(execution='folded'))):
+        ('gpipe', dict(execution='folded')),
+        ('interleaved_1f1b', dict(num_virtual_stages=2)),
+        ('zbv', dict(num_virtual_stages=2, remat='always'))):
       with self.subTest(schedule=schedule, **settings):
         _, loss, _, grads = _Pipelined(self.model, self.x, self.targets, 4,
                                        schedule=schedule, **settings)

@@ -378,7 +378,8 @@ class KerasLayer(base_layer.BaseLayer):
                                 if self._loop
                                 else contextlib.nullcontext()):
         y = self.keras_layer(*args, training=training, **kwargs)
-      _TakeLosses(self.path, self.keras_layer, training)
+        # In the scope: a StatelessScope (_WeightValues) holds the losses.
+        _TakeLosses(self.path, self.keras_layer, training)
     outs = tuple(tf.nest.flatten(y)) + tuple(inputs[i] for i in p.passthrough)
     return core.FromTuple(outs)
 
@@ -516,7 +517,8 @@ def _WeightValues(layer: keras.layers.Layer) -> Any:
   before the call (keras.StatelessScope), so that a tf.while_loop inside
   captures tensors, not variables; gradients flow through the reads."""
   return keras.StatelessScope(
-      [(w, tf.convert_to_tensor(w.value)) for w in layer.weights])
+      [(w, tf.convert_to_tensor(w.value)) for w in layer.weights],
+      collect_losses=True)
 
 
 def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:

@@ -57,6 +57,30 @@ class AuxLoss(keras.layers.Layer):
                 aux_loss_coefficient=self.aux_loss_coefficient)
 
 
+@keras.saving.register_keras_serializable(package='gpipe_test')
+class RecurrentAuxLoss(keras.layers.Layer):
+  """A SimpleRNN whose last output's squares, in training, it adds as a
+  loss: a layer with a recurrent loop (called with its weights read first)
+  that adds a loss."""
+
+  def __init__(self, units=3, **kwargs):
+    super().__init__(**kwargs)
+    self.units = units
+    self.rnn = keras.layers.SimpleRNN(units)
+
+  def build(self, input_shape):
+    self.rnn.build(input_shape)
+
+  def call(self, x, training=None):
+    y = self.rnn(x)
+    if training:
+      self.add_loss(keras.ops.sum(y * y))
+    return y
+
+  def get_config(self):
+    return dict(super().get_config(), units=self.units)
+
+
 def _Keras(name, cls, shapes, **config):
   """KerasLayer Params of Keras class `cls` with `config`."""
   return KerasLayer.Params().Set(
@@ -275,6 +299,15 @@ class KerasLayerTest(tf.test.TestCase):
     with self.assertRaisesRegex(aux_losses.AuxLossNotCollectedError,
                                 r"KerasLayer 'aux' \(AuxLoss\) adds"):
       layer.FProp(x, training=True)
+    # A layer with a recurrent loop runs in a keras.StatelessScope, which
+    # holds its losses: they are taken from it too.
+    rnn = _Keras('rnn', 'gpipe_test>RecurrentAuxLoss',
+                 [(None, 5, 3)]).Instantiate()
+    with aux_losses.Collect() as aux:
+      y = rnn.FProp(tf.reshape(tf.range(30, dtype=tf.float32) / 30,
+                               [2, 5, 3]), training=True)
+    self.assertGreater(float(aux.Total()), 0.0)
+    self.assertAllClose(aux.Total(), tf.reduce_sum(y * y))
 
   def testBadParamsRaiseNamedErrors(self):
     cases = [

@@ -4,7 +4,6 @@ import test_utils  # pylint: disable=g-bad-import-order
 
 test_utils.SetUpDevices()
 
-import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
@@ -12,45 +11,6 @@ from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import aux_losses  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import loss as loss_lib  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
-
-
-@keras.saving.register_keras_serializable(package='aux_carry_test')
-class Routed(keras.layers.Layer):
-  """tanh(x w) that, in training, adds a load-balancing-like loss: the
-  coefficient times the squared batch mean of its outputs (nonlinear in
-  the batch, as a router's loss is)."""
-
-  def __init__(self, units, coefficient, **kwargs):
-    super().__init__(**kwargs)
-    self.units = units
-    self.coefficient = coefficient
-
-  def build(self, input_shape):
-    self.w = self.add_weight(name='w', shape=(input_shape[-1], self.units),
-                             initializer='glorot_uniform')
-
-  def call(self, x, training=None):
-    y = keras.ops.tanh(keras.ops.matmul(x, self.w))
-    if training:
-      self.add_loss(self.coefficient * keras.ops.sum(
-          keras.ops.square(keras.ops.mean(y, axis=0))))
-    return y
-
-  def get_config(self):
-    return dict(super().get_config(), units=self.units,
-                coefficient=self.coefficient)
-
-
-def _Model():
-  """Two routed layers, one in each cell at K=2."""
-  keras.utils.set_random_seed(3)
-  x = inputs = keras.Input((6,))
-  x = Routed(8, 0.7, name='router0')(x)
-  x = keras.layers.Dense(8, activation='tanh', name='fc0')(x)
-  x = Routed(8, 1.3, name='router1')(x)
-  model = keras.Model(inputs, keras.layers.Dense(3, name='logits')(x))
-  model.compile(loss='mse')
-  return model
 
 
 def _PerExample(outputs, targets):
@@ -87,7 +47,7 @@ class AuxCarryTest(tf.test.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.model = _Model()
+    self.model = test_utils.KerasAuxLossModel()
     self.x = tf.random.stateless_normal([8, 6], seed=[1, 2])
     self.targets = tf.random.stateless_normal([8, 3], seed=[1, 3])
 

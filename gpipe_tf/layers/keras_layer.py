@@ -88,10 +88,13 @@ def _CheckConfig(name: str, cls: type, config: Any) -> dict:
         f"KerasLayer '{name}': config must be the dict get_config() returns, "
         f'got {type(config).__name__}.')
   where = f"KerasLayer '{name}' ({cls.__name__})"
-  if config.get('trainable', True) is not True:
+  if (config.get('trainable', True) is not True and
+      issubclass(cls, keras.layers.BatchNormalization)):
     raise UnsupportedKerasLayerError(
-        f'{where} has trainable=False. Set it to True and leave the frozen '
-        'variables out of the optimizer instead.')
+        f'{where} has trainable=False: Keras runs a frozen '
+        "BatchNormalization in inference mode, which the pipeline's "
+        'BatchNorm does not. Set trainable=True, or replace it by the '
+        'affine map of its moving statistics.')
   for key, value in config.items():
     if key.endswith(('_regularizer', '_constraint')) and value is not None:
       raise UnsupportedKerasLayerError(
@@ -256,9 +259,13 @@ class KerasLayer(base_layer.BaseLayer):
   router loss) goes to the auxiliary losses in scope (aux_losses), which
   the loss that trains the layer adds in, as Keras adds ``model.losses``.
 
+  A frozen layer (``trainable=False``, or a frozen sublayer) keeps its
+  weights as non-trainable variables: checkpointed, never differentiated
+  or updated, as Keras leaves them.
+
   This layer deliberately does NOT run: regularisers or constraints
-  (weight penalties and projections a pipeline does not apply) or
-  ``trainable=False``; they raise UnsupportedKerasLayerError. A Keras mask
+  (weight penalties and projections a pipeline does not apply), or a frozen
+  BatchNormalization; they raise UnsupportedKerasLayerError. A Keras mask
   reaches the layer through
   ``input_masks`` (FromKeras sets them for every masked argument), since
   the attribute Keras attaches to a tensor does not cross cells.
@@ -342,6 +349,7 @@ class KerasLayer(base_layer.BaseLayer):
       args, kwargs = _Symbolic(p, self._shapes)
       layer(*args, **kwargs)  # Builds the variables for these shapes.
     _CheckBuilt(p.name, layer)
+    _Freeze(p.name, layer)
     self._loop = _HasLoop(p.name, layer)
     self._keras = _Hidden(layer)
     self.keras_weights = [v.value for v in layer.weights]
@@ -510,6 +518,35 @@ def _TakeLosses(path: str, layer: keras.layers.Layer, training: bool
   if training and losses:
     aux_losses.Add(tf.add_n([tf.cast(x, tf.float32) for x in losses]),
                    f"KerasLayer '{path}' ({type(layer).__name__})")
+
+
+def _Freeze(name: str, layer: keras.layers.Layer) -> None:
+  """Makes the weights Keras does not train (a layer or sublayer with
+  trainable=False) non-trainable tf.Variables, so that no gradient is taken
+  for them and no optimizer updates them; checkpoints still hold them.
+
+  Keras marks them on its own Variable only, and its TensorFlow backend
+  made them trainable tf.Variables: each is replaced by a non-trainable
+  tf.Variable of the same value, name and device.
+
+  Raises:
+    UnsupportedKerasLayerError: a frozen layer holds a BatchNormalization
+      (Keras would run it in inference mode; the pipeline does not).
+  """
+  trained = {id(w) for w in layer.trainable_weights}
+  frozen = [w for w in layer.weights
+            if id(w) not in trained and w.value.trainable]
+  if frozen and keras_batchnorm.InnerBatchNorms(layer):
+    raise UnsupportedKerasLayerError(
+        f"KerasLayer '{name}' ({type(layer).__name__}) is frozen "
+        '(trainable=False) and holds a BatchNormalization, which Keras '
+        "would run in inference mode and the pipeline's BatchNorm does not: "
+        'set trainable=True.')
+  for w in frozen:
+    old = w.value
+    with tf.device(old.device):
+      w._value = tf.Variable(old.read_value(), trainable=False,  # pylint: disable=protected-access
+                             name=old.name.split(':')[0])
 
 
 def _WeightValues(layer: keras.layers.Layer) -> Any:

@@ -352,5 +352,59 @@ class KerasLayerTest(tf.test.TestCase):
       keras_layer.KerasClassPath(Local)
 
 
+class FrozenKerasLayerTest(tf.test.TestCase):
+
+  def _Model(self):
+    keras.utils.set_random_seed(5)
+    x = inputs = keras.Input((6,))
+    x = keras.layers.Dense(8, activation='tanh', name='fc0')(x)
+    x = keras.layers.Dense(8, activation='tanh', name='frozen')(x)
+    x = keras.layers.Dense(8, activation='tanh', name='fc1')(x)
+    model = keras.Model(inputs, keras.layers.Dense(3, name='logits')(x))
+    model.get_layer('frozen').trainable = False  # A fine-tuner's freeze.
+    model.compile(keras.optimizers.SGD(0.5), 'mse')
+    return model
+
+  def testFrozenLayerStepsAsKerasAndIsCheckpointed(self):
+    from gpipe_tf.train import keras_model  # pylint: disable=g-import-not-at-top
+    from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(8, 6).astype(np.float32), rng.randn(8, 3)
+    want = self._Model()
+    frozen_before = [w.numpy() for w in want.get_layer('frozen').weights]
+    want_loss = want.train_on_batch(x, y)
+    keras_net = self._Model()
+    model = keras_model.PipelineModel(PipeliningLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(keras_net), num_partitions=2,
+        num_micro_batches=2, schedule='1f1b'))
+    pairs = dict((id(k), v) for k, v in
+                 pipeline.LoadKerasWeights(model.layer, keras_net))
+    frozen = [pairs[id(w)] for w in keras_net.get_layer('frozen').weights]
+    trainable = {id(v) for v in model.layer.trainable_variables}
+    self.assertLen(trainable, 6)  # fc0, fc1, logits: kernels and biases.
+    self.assertFalse(any(id(v) in trainable for v in frozen))
+    model.compile(keras.optimizers.SGD(0.5), 'mse')
+    self.assertAllClose(want_loss, model.train_on_batch(x, y), rtol=1e-5)
+    for w, mine in zip(want.weights, keras_net.weights):
+      self.assertAllClose(w.numpy(), pairs[id(mine)].numpy(), rtol=1e-5,
+                          atol=1e-6)
+    for before, v in zip(frozen_before, frozen):
+      self.assertAllEqual(before, v.numpy())  # Never updated.
+    # Checkpoints hold the frozen weights.
+    path = tf.train.Checkpoint(net=model.layer).write(
+        os.path.join(self.get_temp_dir(), 'ckpt'))
+    for v in frozen:
+      v.assign(tf.zeros_like(v))
+    tf.train.Checkpoint(net=model.layer).read(path).assert_consumed()
+    for before, v in zip(frozen_before, frozen):
+      self.assertAllEqual(before, v.numpy())
+
+  def testFrozenBatchNormalizationIsRefused(self):
+    with self.assertRaisesRegex(keras_layer.UnsupportedKerasLayerError,
+                                'inference mode'):
+      _Keras('bn', 'BatchNormalization', [(None, 3)],
+             trainable=False).Instantiate()
+
+
 if __name__ == '__main__':
   tf.test.main()

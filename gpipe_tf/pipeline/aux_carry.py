@@ -87,12 +87,12 @@ def Run(forward: Callable[[Any, list], tuple], structure: Any,
     y, skips = forward(structure, list(flat))
   if not training or (carried_in is None and not collected.terms):
     return y, skips, None
-  n = (_Examples(flat) if carried_in is None else
-       carried_in.shape[0] or tf.shape(carried_in)[0])
   own = collected.Total()
   if end == LOSS:
     total = own if carried_in is None else tf.reduce_sum(carried_in) + own
     return y, skips, total
+  n = (_Examples(flat) if carried_in is None else
+       carried_in.shape[0] or tf.shape(carried_in)[0])
   if end == MERGE:
     total = own if carried_in is None else tf.reduce_sum(carried_in) + own
     return Carried(y, tf.fill([n], total)), skips, None

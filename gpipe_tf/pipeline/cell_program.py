@@ -38,6 +38,10 @@ that a recomputation reads what its forward read even if they moved since.
 Variable reads of trainable variables are not stashed: the pieces read the
 variables again (they do not change within a step).
 
+Auxiliary losses the cell's layers add (aux_carry) ride beside its outputs
+as one more output, the carrier, or on the last stage with the loss inside
+are added to the loss sums, so they are differentiated in this backward.
+
 A variable the cell reads several times (in several layers, or in the loss)
 is differentiated once: it gets the sum of its uses' gradients. Sparse
 gradients (IndexedSlices) are made dense so that they can be summed in a

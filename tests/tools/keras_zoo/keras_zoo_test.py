@@ -79,10 +79,11 @@ class KerasZooTest(tf.test.TestCase):
 
   def testMoeRouterLossIsInTheLossAsInKerasStep(self):
     # At M=1 the pipelined step is Keras's (loss + model.losses).
-    self._AssertRouterLossCarried(1, ('gpipe', '1f1b', 'zb_h1'))
+    self._AssertRouterLossCarried(1, ('gpipe', '1f1b'))
 
   def testMoeRouterLossIsPerMicroBatch(self):
-    # At M=4 each micro-batch's router loss is its own, weighed 1/4.
+    # At M=4 each micro-batch's router loss is its own, weighed 1/4
+    # (aux_carry_test covers every schedule at both M on a smaller model).
     self._AssertRouterLossCarried(4, ('zb_h1',))
 
   def testEveryHubBackboneHasARow(self):

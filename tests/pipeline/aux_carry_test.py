@@ -121,6 +121,44 @@ class AuxCarryTest(tf.test.TestCase):
             loss = tf.reduce_mean(_PerExample(y, self.targets)) + aux.Total()
         self._AssertEqual(want, (loss, tape.gradient(loss, variables)))
 
+  def testTapeAndLossInsideWeighTheTermsAsDocumented(self):
+    # Loss inside: micro-batch m's terms weigh W_m / W (its share of the
+    # loss weight); tape path: n_m / N (its share of the examples). Equal
+    # when every example weighs alike; not with weights that differ.
+    def _Aux(xm):
+      self.model(xm, training=True)
+      return float(tf.add_n(self.model.losses))
+
+    aux = [_Aux(xm[0]) for xm in microbatch.Split([self.x], 2)]
+    self.assertGreater(abs(aux[0] - aux[1]), 1e-3)
+    pipe = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(self.model), num_partitions=2,
+        num_micro_batches=2).Instantiate()
+    pipeline.LoadKerasWeights(pipe, self.model)
+    per_example = _PerExample(self.model(self.x), self.targets)
+    for weights in (None, tf.constant([1., 1, 1, 1, 1, 0, 0, 0])):
+      w = tf.ones([8]) if weights is None else weights
+      with self.subTest(weighted=weights is not None):
+        plain = float(tf.reduce_sum(per_example * w) / tf.reduce_sum(w))
+        shares = [float(tf.reduce_sum(wm) / tf.reduce_sum(w))
+                  for wm in (w[:4], w[4:])]
+        labels = (self.targets, w)
+        inside, _, _ = pipe.ComputeLossAndGradients(
+            (self.x,), labels, lambda o, t: loss_lib.LossTerms(
+                _PerExample(o, t[0]), weights=t[1]))
+        self.assertAllClose(
+            inside, plain + shares[0] * aux[0] + shares[1] * aux[1],
+            rtol=1e-5)
+        with aux_losses.Collect() as collected:
+          y = pipe.FProp(self.x, training=True)
+        tape = (tf.reduce_sum(_PerExample(y, self.targets) * w) /
+                tf.reduce_sum(w) + collected.Total())
+        self.assertAllClose(tape, plain + (aux[0] + aux[1]) / 2, rtol=1e-5)
+        if weights is None:
+          self.assertAllClose(inside, tape, rtol=1e-5)
+        else:
+          self.assertGreater(abs(float(inside - tape)), 1e-3)
+
 
 if __name__ == '__main__':
   tf.test.main()

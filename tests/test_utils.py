@@ -202,3 +202,57 @@ def AssertPipelineEqualsKeras(test, model, x, targets, runs, micro_batches=2):
   test.assertAllClose(model(x, training=False), seq.FProp(x), rtol=1e-5,
                       atol=1e-6)
   return params
+
+
+_ROUTED = []
+
+
+def _Routed():
+  """A Keras layer, tanh(x w), that in training adds a router-like loss
+  with add_loss: its coefficient times the squared batch mean of its outputs
+  (nonlinear in the batch, as a MoE router's load-balancing loss is)."""
+  if _ROUTED:
+    return _ROUTED[0]
+  import keras  # pylint: disable=g-import-not-at-top
+
+  @keras.saving.register_keras_serializable(package='gpipe_test_aux')
+  class Routed(keras.layers.Layer):
+
+    def __init__(self, units, coefficient, **kwargs):
+      super().__init__(**kwargs)
+      self.units = units
+      self.coefficient = coefficient
+
+    def build(self, input_shape):
+      self.w = self.add_weight(name='w', shape=(input_shape[-1], self.units),
+                               initializer='glorot_uniform')
+
+    def call(self, x, training=None):
+      y = keras.ops.tanh(keras.ops.matmul(x, self.w))
+      if training:
+        self.add_loss(self.coefficient * keras.ops.sum(
+            keras.ops.square(keras.ops.mean(y, axis=0))))
+      return y
+
+    def get_config(self):
+      return dict(super().get_config(), units=self.units,
+                  coefficient=self.coefficient)
+
+  _ROUTED.append(Routed)
+  return Routed
+
+
+def KerasAuxLossModel():
+  """A Keras model of 4 layers (6 features in, 3 out) whose two Routed
+  layers add losses in training, one in each cell at K=2; compiled with
+  loss 'mse'."""
+  import keras  # pylint: disable=g-import-not-at-top
+  routed = _Routed()
+  keras.utils.set_random_seed(3)
+  x = inputs = keras.Input((6,))
+  x = routed(8, 0.7, name='router0')(x)
+  x = keras.layers.Dense(8, activation='tanh', name='fc0')(x)
+  x = routed(8, 1.3, name='router1')(x)
+  model = keras.Model(inputs, keras.layers.Dense(3, name='logits')(x))
+  model.compile(loss='mse')
+  return model

@@ -28,6 +28,7 @@ from gpipe_tf.layers.transformer import TransformerDecoderLayer
 from gpipe_tf.layers.transformer import TransformerEncoderLayer
 from gpipe_tf.layers.transformer import TransformerFeedForwardLayer
 from gpipe_tf.layers.losses import SoftmaxLayer
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import initializers
 from gpipe_tf.layers import losses
 from gpipe_tf.layers import random_seeds
@@ -40,5 +41,5 @@ __all__ = ['Activation', 'ActivationLayer', 'BaseLayer', 'BatchNormLayer',
            'MergeLayer', 'MultiHeadAttention', 'PoolingLayer',
            'SeparableConv2DLayer', 'SequentialLayer', 'ShapeMismatchError',
            'SoftmaxLayer', 'TransformerDecoderLayer', 'TransformerEncoderLayer',
-           'TransformerFeedForwardLayer', 'initializers', 'losses',
-           'random_seeds', 'skips']
+           'TransformerFeedForwardLayer', 'aux_losses', 'initializers',
+           'losses', 'random_seeds', 'skips']

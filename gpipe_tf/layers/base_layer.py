@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 from gpipe_tf import hyperparams
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import initializers
 
 __all__ = ['BaseLayer', 'CheckMetaLastDim', 'LayerConfigError',
@@ -146,6 +147,13 @@ class BaseLayer(tf.Module):
     if self._params.random_seed is None:
       return base
     return (base + 1000003 * int(self._params.random_seed)) % 2**31
+
+  def AddAuxLoss(self, value: Any) -> None:
+    """Adds `value` (summed) to the training loss, as Lingvo's aux_loss:
+    call it from FProp in training only. The loss that trains the layer
+    collects it (aux_losses.Collect; a pipeline weighs it per micro-batch,
+    docs/keras.md). Not for a class with SHARE_TRACE: its trace is shared."""
+    aux_losses.Add(value, f"layer '{self._path}'")
 
   # ---- Building ---------------------------------------------------------
   def CreateChild(self, name: str, params: hyperparams.InstantiableParams,

@@ -5,11 +5,17 @@ function, ``{'class_name': 'function', 'config': name, 'module': ...}``.
 Keras finds only registered functions and its own by that text; FromConfig
 also imports a function from its module by name (``'mypackage.fns'``,
 ``'Double'``), so an unregistered module-level function round-trips too.
+A Keras layer *class* given as an argument (keras_hub's Swin
+``PatchEmbedding(norm_layer=LayerNormalization)``) is written
+``{'class_name': 'keras_layer_class', 'config': KerasClassPath(cls)}``
+(LayerClassConfig); FromConfig passes the class itself, or its name with
+the class in Keras's custom objects to a from_config that deserialises it.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 import keras
@@ -17,7 +23,9 @@ import keras
 from gpipe_tf.layers.keras_errors import UnknownKerasClassError
 
 __all__ = ['FromConfig', 'FunctionConfig', 'KerasClassPath',
-           'ResolveKerasClass']
+           'LayerClassConfig', 'ResolveKerasClass']
+
+_LAYER_CLASS = 'keras_layer_class'
 
 
 def ResolveKerasClass(name: str) -> type:
@@ -112,8 +120,75 @@ def _Functions(config: Any) -> dict:
   return found
 
 
+def LayerClassConfig(cls: type) -> dict:
+  """The text FromConfig turns back into Keras layer class `cls` (an
+  argument that is a class, not a layer).
+
+  Raises:
+    UnknownKerasClassError: as KerasClassPath.
+  """
+  return {'class_name': _LAYER_CLASS, 'config': KerasClassPath(cls)}
+
+
+def _LayerClasses(config: Any, found: dict, named: bool) -> Any:
+  """`config` with each LayerClassConfig replaced by its class (`named`:
+  by its path, the class added to `found` under it)."""
+  if isinstance(config, dict):
+    if config.get('class_name') == _LAYER_CLASS and set(config) == {
+        'class_name', 'config'}:
+      found[config['config']] = ResolveKerasClass(config['config'])
+      return config['config'] if named else found[config['config']]
+    return {k: _LayerClasses(v, found, named) for k, v in config.items()}
+  if isinstance(config, (list, tuple)):
+    return type(config)(_LayerClasses(v, found, named) for v in config)
+  return config
+
+
 def FromConfig(cls: type, config: dict) -> keras.layers.Layer:
   """``cls.from_config(config)``, with the functions the config names by
-  module imported (module docstring)."""
-  with keras.saving.custom_object_scope(_Functions(config)):
-    return cls.from_config(dict(config))
+  module imported and its layer classes resolved (module docstring).
+
+  A layer class is passed as the class; if from_config refuses that (one
+  that deserialises the argument itself, as Swin's PatchEmbedding does), as
+  its name with the class in Keras's custom objects, as Keras names an
+  object in a config. A constructor that takes no `name`, `dtype` or
+  `trainable` (nor **kwargs) is not given them; the layer gets its name
+  after.
+  """
+  config, name = _Accepted(cls, config)
+  layer = _FromConfig(cls, config)
+  if name is not None:
+    layer.name = name  # Before it is built: its weights' paths use it.
+  return layer
+
+
+# Layer.__init__'s own arguments, which get_config() writes and a
+# constructor without **kwargs (keras_hub's Flux MLPEmbedder) cannot take.
+_BASE_ARGUMENTS = ('name', 'dtype', 'trainable')
+
+
+def _Accepted(cls: type, config: dict) -> tuple[dict, str | None]:
+  """(`config` less the base arguments `cls`'s constructor does not take,
+  the name to give the layer after it is built from it, else None)."""
+  params = inspect.signature(cls.__init__).parameters
+  if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    return config, None
+  dropped = [k for k in _BASE_ARGUMENTS if k in config and k not in params]
+  name = config.get('name') if 'name' in dropped else None
+  return {k: v for k, v in config.items() if k not in dropped}, name
+
+
+def _FromConfig(cls: type, config: dict) -> keras.layers.Layer:
+  objects = _Functions(config)
+  classes = {}
+  resolved = _LayerClasses(dict(config), classes, named=False)
+  with keras.saving.custom_object_scope(objects):
+    if not classes:
+      return cls.from_config(resolved)
+    try:
+      return cls.from_config(resolved)
+    except Exception:  # pylint: disable=broad-except
+      pass
+  named = _LayerClasses(dict(config), classes, named=True)
+  with keras.saving.custom_object_scope({**objects, **classes}):
+    return cls.from_config(named)

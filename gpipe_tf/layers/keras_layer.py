@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from gpipe_tf import hyperparams
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import keras_batchnorm
@@ -87,16 +88,20 @@ def _CheckConfig(name: str, cls: type, config: Any) -> dict:
         f"KerasLayer '{name}': config must be the dict get_config() returns, "
         f'got {type(config).__name__}.')
   where = f"KerasLayer '{name}' ({cls.__name__})"
-  if config.get('trainable', True) is not True:
+  if (config.get('trainable', True) is not True and
+      issubclass(cls, keras.layers.BatchNormalization)):
     raise UnsupportedKerasLayerError(
-        f'{where} has trainable=False. Set it to True and leave the frozen '
-        'variables out of the optimizer instead.')
+        f'{where} has trainable=False: Keras runs a frozen '
+        "BatchNormalization in inference mode, which the pipeline's "
+        'BatchNorm does not. Set trainable=True, or replace it by the '
+        'affine map of its moving statistics.')
   for key, value in config.items():
     if key.endswith(('_regularizer', '_constraint')) and value is not None:
       raise UnsupportedKerasLayerError(
-          f'{where} has {key}={value!r}: a pipeline neither adds Keras layer '
-          'losses to the loss nor applies variable constraints. Set it to '
-          'None (add a penalty to your loss_fn instead).')
+          f'{where} has {key}={value!r}: a pipeline neither adds weight '
+          'regularisation penalties to the loss nor applies variable '
+          'constraints. Set it to None (add a penalty to your loss_fn, or '
+          'call add_loss in the layer, instead).')
   return {k: v for k, v in config.items() if k != 'name'}
 
 
@@ -250,10 +255,18 @@ class KerasLayer(base_layer.BaseLayer):
   normalises each micro-batch with its own statistics and moves its moving
   statistics once per mini-batch, as a top-level one (keras_batchnorm).
 
-  This layer deliberately does NOT run: regularisers or constraints (losses and projections a pipeline
-  does not apply), ``trainable=False``, or a call in training that adds a
-  loss with ``add_loss`` (keras_hub's MoE router loss) unless the layer
-  scales it by a coefficient of 0; they raise UnsupportedKerasLayerError. A Keras mask reaches the layer through
+  A loss the layer adds with ``add_loss`` in training (keras_hub's MoE
+  router loss) goes to the auxiliary losses in scope (aux_losses), which
+  the loss that trains the layer adds in, as Keras adds ``model.losses``.
+
+  A frozen layer (``trainable=False``, or a frozen sublayer) keeps its
+  weights as non-trainable variables: checkpointed, never differentiated
+  or updated, as Keras leaves them.
+
+  This layer deliberately does NOT run: regularisers or constraints
+  (weight penalties and projections a pipeline does not apply), or a frozen
+  BatchNormalization; they raise UnsupportedKerasLayerError. A Keras mask
+  reaches the layer through
   ``input_masks`` (FromKeras sets them for every masked argument), since
   the attribute Keras attaches to a tensor does not cross cells.
   """
@@ -336,6 +349,7 @@ class KerasLayer(base_layer.BaseLayer):
       args, kwargs = _Symbolic(p, self._shapes)
       layer(*args, **kwargs)  # Builds the variables for these shapes.
     _CheckBuilt(p.name, layer)
+    _Freeze(p.name, layer)
     self._loop = _HasLoop(p.name, layer)
     self._keras = _Hidden(layer)
     self.keras_weights = [v.value for v in layer.weights]
@@ -372,7 +386,8 @@ class KerasLayer(base_layer.BaseLayer):
                                 if self._loop
                                 else contextlib.nullcontext()):
         y = self.keras_layer(*args, training=training, **kwargs)
-      _CheckNoLosses(self.path, self.keras_layer)
+        # In the scope: a StatelessScope (_WeightValues) holds the losses.
+        _TakeLosses(self.path, self.keras_layer, training)
     outs = tuple(tf.nest.flatten(y)) + tuple(inputs[i] for i in p.passthrough)
     return core.FromTuple(outs)
 
@@ -492,31 +507,46 @@ def _HasLoop(name: str, layer: keras.layers.Layer) -> bool:
   return bool(rnns)
 
 
-def _CheckNoLosses(path: str, layer: keras.layers.Layer) -> None:
-  """Refuses a call that added losses (``add_loss``: keras_hub's MoE router
-  load-balancing loss): the pipeline's loss is its loss_fn of the model's
-  outputs, so they would be dropped and the model would train otherwise
-  than asked. A loss its layer scales by a coefficient of 0 (an attribute
-  named like ``router_aux_loss_coefficient``) is zero, and dropping it
-  changes nothing."""
-  adders = [l for l in layer._flatten_layers(include_self=True)  # pylint: disable=protected-access
-            if l._get_own_losses()]  # pylint: disable=protected-access
+def _TakeLosses(path: str, layer: keras.layers.Layer, training: bool
+                ) -> None:
+  """Moves the losses the call added (``add_loss``: keras_hub's MoE router
+  load-balancing loss) to the auxiliary losses in scope (aux_losses.Add),
+  in training; Keras adds them to its loss in training only."""
+  losses = [x for l in layer._flatten_layers(include_self=True)  # pylint: disable=protected-access
+            for x in l._get_own_losses()]  # pylint: disable=protected-access
   layer._clear_losses()  # pylint: disable=protected-access
-  for adder in adders:
-    coefficients = {k: v for k, v in vars(adder).items()
-                    if 'loss' in k and 'coef' in k and
-                    isinstance(v, (int, float)) and not isinstance(v, bool)}
-    if coefficients and not any(coefficients.values()):
-      continue
-    named = ''.join(f', {k}={v}' for k, v in coefficients.items())
+  if training and losses:
+    aux_losses.Add(tf.add_n([tf.cast(x, tf.float32) for x in losses]),
+                   f"KerasLayer '{path}' ({type(layer).__name__})")
+
+
+def _Freeze(name: str, layer: keras.layers.Layer) -> None:
+  """Makes the weights Keras does not train (a layer or sublayer with
+  trainable=False) non-trainable tf.Variables, so that no gradient is taken
+  for them and no optimizer updates them; checkpoints still hold them.
+
+  Keras marks them on its own Variable only, and its TensorFlow backend
+  made them trainable tf.Variables: each is replaced by a non-trainable
+  tf.Variable of the same value, name and device.
+
+  Raises:
+    UnsupportedKerasLayerError: a frozen layer holds a BatchNormalization
+      (Keras would run it in inference mode; the pipeline does not).
+  """
+  trained = {id(w) for w in layer.trainable_weights}
+  frozen = [w for w in layer.weights
+            if id(w) not in trained and w.value.trainable]
+  if frozen and keras_batchnorm.InnerBatchNorms(layer):
     raise UnsupportedKerasLayerError(
-        f"KerasLayer '{path}' ({type(layer).__name__}): '{adder.name}' "
-        f'({type(adder).__name__}{named}) adds a loss with add_loss in '
-        "training. A pipeline's loss is its loss_fn of the model's outputs, "
-        'so that loss would be left out. Set its coefficient to 0 '
-        '(keras_hub MoE backbones: router_aux_loss_coefficient=0, Mixtral: '
-        'router_aux_loss_coef=0) to train without it, or make the layer '
-        'return it as an output and add it in your loss_fn.')
+        f"KerasLayer '{name}' ({type(layer).__name__}) is frozen "
+        '(trainable=False) and holds a BatchNormalization, which Keras '
+        "would run in inference mode and the pipeline's BatchNorm does not: "
+        'set trainable=True.')
+  for w in frozen:
+    old = w.value
+    with tf.device(old.device):
+      w._value = tf.Variable(old.read_value(), trainable=False,  # pylint: disable=protected-access
+                             name=old.name.split(':')[0])
 
 
 def _WeightValues(layer: keras.layers.Layer) -> Any:
@@ -524,7 +554,8 @@ def _WeightValues(layer: keras.layers.Layer) -> Any:
   before the call (keras.StatelessScope), so that a tf.while_loop inside
   captures tensors, not variables; gradients flow through the reads."""
   return keras.StatelessScope(
-      [(w, tf.convert_to_tensor(w.value)) for w in layer.weights])
+      [(w, tf.convert_to_tensor(w.value)) for w in layer.weights],
+      collect_losses=True)
 
 
 def _CheckBuilt(name: str, layer: keras.layers.Layer) -> None:

@@ -33,7 +33,7 @@ so a layer's dropout masks are those it draws traced on its own.
 What is not shared (traced as written, as before): a layer called in
 inference (training=False: no gradient to trace, and a served model keeps
 no shared call); a layer whose class does not opt in; one with non-trainable variables (BatchNorm's moving
-statistics); one whose trace captures anything but its own variables; any
+statistics); one that adds auxiliary losses (aux_losses); one whose trace captures anything but its own variables; any
 layer outside a tf.function, under a distribution strategy or a
 mixed-precision policy; one drawing random numbers with no step seed in
 scope; and everything inside ``Off()``. A class opts in when its FProp is a
@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator, Sequence
 import tensorflow as tf
 
 from gpipe_tf import errors
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 
@@ -209,8 +210,11 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
       tape.watch(args)
       with random_seeds.LayerSeedsScope(
           {id(m): layer_seeds[i] for i, m in enumerate(subs)}):
-        with random_seeds.StepSeedScope(step_seed):
+        with random_seeds.StepSeedScope(step_seed), (
+            aux_losses.Collect()) as aux:
           out = fprop(*args)
+      if aux.terms:  # Auxiliary losses would stay inside the trace.
+        raise _Unshareable()
       got['struct'] = out
       ys = tf.nest.flatten(out)
     graph = tf.compat.v1.get_default_graph()

@@ -38,6 +38,10 @@ that a recomputation reads what its forward read even if they moved since.
 Variable reads of trainable variables are not stashed: the pieces read the
 variables again (they do not change within a step).
 
+Auxiliary losses the cell's layers add (aux_carry) ride beside its outputs
+as one more output, the carrier, or on the last stage with the loss inside
+are added to the loss sums, so they are differentiated in this backward.
+
 A variable the cell reads several times (in several layers, or in the loss)
 is differentiated once: it gets the sum of its uses' gradients. Sparse
 gradients (IndexedSlices) are made dense so that they can be summed in a
@@ -57,6 +61,7 @@ from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.layers import shared_trace
+from gpipe_tf.pipeline import aux_carry
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import graph_edit
 from gpipe_tf.pipeline import leaves
@@ -86,6 +91,7 @@ class ProgramKey:
   policy: Any
   jit_compile: bool
   defers_w: bool
+  last: bool = False
 
 
 class LossHead(NamedTuple):
@@ -138,12 +144,16 @@ _NO_PIECE = Piece(lambda: ())
 
 
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
-             xs: Sequence[Any], skips: Sequence[Any], training: bool
-             ) -> tuple[tuple, tuple]:
+             xs: Sequence[Any], skips: Sequence[Any], training: bool,
+             end: str = aux_carry.PASS) -> tuple[Any, tuple, Any]:
+  """(outputs, skip_out, aux): the cell's forward, its auxiliary losses
+  carried on (aux_carry.Run)."""
   # Layers of one kind share one trace (layers/shared_trace.py), here as in
   # a plain model: a cell of L/K identical blocks traces one block.
   with random_seeds.StepSeedScope(seed):
-    return cell.Forward(structure, xs, skips, training)
+    return aux_carry.Run(
+        lambda s, flat: cell.Forward(s, flat, skips, training), structure,
+        xs, training, end)
 
 
 def NestKey(nest: Any) -> str:
@@ -153,18 +163,21 @@ def NestKey(nest: Any) -> str:
 
 def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
               seed_spec: tf.TensorSpec, training: bool,
-              skip_specs: Sequence[Any] = ()) -> tuple[Any, list, list]:
+              skip_specs: Sequence[Any] = (), end: str = aux_carry.PASS
+              ) -> tuple[Any, list, list]:
   """(output nest, flat output specs, skip_out specs) of the cell's forward
   on `in_specs` and the skip_in `skip_specs`, from a trace of the forward
-  alone (cached on the cell: Cell.outputs)."""
+  alone (cached on the cell: Cell.outputs); the outputs carry auxiliary
+  losses on (an aux_carry.Carried) where the micro-batch has some."""
   key = (NestKey(in_struct), tuple(map(repr, in_specs)),
-         tuple(map(repr, skip_specs)), training, precision.CurrentPolicy())
+         tuple(map(repr, skip_specs)), training, precision.CurrentPolicy(),
+         end)
   if key not in cell.outputs:
 
     def _Body(seed, *args):
       xs, skips = leaves.FillEach([in_specs, skip_specs], args)
       with normalization.DeferMovingStats():
-        return _RunCell(cell, in_struct, seed, xs, skips, training)
+        return _RunCell(cell, in_struct, seed, xs, skips, training, end)[:2]
 
     y, skips = tf_internals.WrapFunction(
         _Body, [seed_spec] + leaves.Present(in_specs) +
@@ -208,6 +221,8 @@ class CellProgram:
     jit_compile: compile every piece with XLA.
     defers_w: whether a schedule will run this program's backward as B and
       W later (else its W pieces are never cut).
+    last: whether the cell is the last stage (where auxiliary losses stop
+      being carried: into the loss, or without a head into an output).
 
   Attributes:
     out_struct, out_specs: the outputs' nest and flat specs.
@@ -223,8 +238,11 @@ class CellProgram:
                dy_present: Sequence[bool] | None = None,
                jit_compile: bool = False, defers_w: bool = True,
                skip_specs: Sequence[Any] = (),
-               dskip_present: Sequence[bool] | None = None) -> None:
+               dskip_present: Sequence[bool] | None = None,
+               last: bool = False) -> None:
     self.cell = cell
+    self._end = (aux_carry.LOSS if head is not None else
+                 aux_carry.MERGE if last else aux_carry.PASS)
     self.in_struct = in_struct
     self.training = training
     self.head = head
@@ -236,7 +254,7 @@ class CellProgram:
     dy_specs = dskip_specs = ()
     if training:
       _, out_specs, skip_out = OutputsOf(cell, in_struct, in_specs, seed_spec,
-                                         training, skip_specs)
+                                         training, skip_specs, self._end)
       if dskip_present is None:
         dskip_present = [cell_lib.IsFloat(o) for o in skip_out]
       dskip_specs = [o if p else None for o, p in zip(skip_out, dskip_present)]
@@ -282,8 +300,8 @@ class CellProgram:
     with tf.GradientTape() as tape:
       tape.watch([x for x, w in zip(xs + skips, wanted + wanted_skips) if w])
       with normalization.DeferMovingStats() as stats:
-        y, skip_out = _RunCell(self.cell, self.in_struct, seed, xs, skips,
-                               self.training)
+        y, skip_out, aux = _RunCell(self.cell, self.in_struct, seed, xs,
+                                    skips, self.training, self._end)
       flat_y = tf.nest.flatten(y)
       if self.head is not None:
         labels = tf.nest.pack_sequence_as(self.head.label_struct,
@@ -295,6 +313,8 @@ class CellProgram:
                                   labels)
         n = flat_y[0].shape[0] if flat_y and flat_y[0].shape.rank else None
         sums = loss_lib.WeightedSums(terms, n)
+        if aux is not None:  # Weighed as the micro-batch's loss (aux_carry).
+          sums = sums._replace(loss=sums.loss + sums.weight * aux)
         target = sums.loss * scale if self.head.scaled else sums.loss
         sums_flat = tf.nest.flatten(sums)
         self.sums_struct = sums

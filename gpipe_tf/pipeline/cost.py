@@ -8,6 +8,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from gpipe_tf import errors
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import core
 from gpipe_tf.layers import skips as skips_lib
 
@@ -106,8 +107,9 @@ def ProfileCosts(layer_params: Sequence, input_shapes: Sequence,
     xs = skips_lib.Pop(lp, xs, stashed)
     signature = tuple((tuple(x.shape), x.dtype.name) for x in xs)
     layer = lp.Copy().Instantiate(parent_path='_profile')
-    ys = tuple(tf.stop_gradient(y)
-               for y in core.AsTuple(layer.FProp(*xs, training=True)))
+    with aux_losses.Collect():  # Timed, not trained: its terms are dropped.
+      ys = tuple(tf.stop_gradient(y)
+                 for y in core.AsTuple(layer.FProp(*xs, training=True)))
     key = (lp.Copy().Set(name='').ToText(), signature)
     if key not in timed:
       if signature not in overhead:
@@ -134,7 +136,9 @@ def _SecondsPerRun(layer, xs: tuple, repeats: int, min_seconds: float
              for x in xs]
       with tf.GradientTape() as tape:
         tape.watch(ins)
-        ys = core.AsTuple(layer.FProp(*ins, training=True)) if layer else ins
+        with aux_losses.Collect():  # Timed, not trained.
+          ys = (core.AsTuple(layer.FProp(*ins, training=True)) if layer
+                else ins)
         loss = tf.add_n([tf.reduce_sum(tf.cast(y, tf.float32)) for y in ys
                          if y.dtype.is_floating] or [tf.constant(0.0)])
       grads = tape.gradient(loss, variables + [x for x in ins

@@ -24,9 +24,11 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from gpipe_tf import errors
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import core
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.pipeline import aux_carry
 from gpipe_tf.pipeline import cell_program as program_lib
 from gpipe_tf.pipeline import interpreter
 from gpipe_tf.pipeline import leaves
@@ -76,8 +78,14 @@ def _Inputs(cells: Sequence[Any], schedule: schedule_lib.Schedule,
 
 
 def _Packed(compiled: interpreter.Compiled, flat: Sequence[Any]) -> Any:
-  return core.FromTuple(tf.nest.pack_sequence_as(
-      compiled.programs[-1].out_struct, list(flat)))
+  """The last stage's merged outputs in their nest. Where they carry the
+  batch's auxiliary losses (the tape path), those go to the auxiliary losses
+  in scope (aux_losses.Add), for the loss the caller computes."""
+  struct = compiled.programs[-1].out_struct
+  if isinstance(struct, aux_carry.Carried):
+    aux_losses.Add(aux_carry.MergedAux(flat), 'PipeliningLayer')
+    struct, flat = struct.outputs, flat[:-1]
+  return core.FromTuple(tf.nest.pack_sequence_as(struct, list(flat)))
 
 
 # The engine builds its ops explicitly and branches only on Python values, so

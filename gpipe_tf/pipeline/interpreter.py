@@ -165,13 +165,13 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
         else (head.loss_fn, program_lib.NestKey(head.label_struct),
               tuple(map(repr, head.label_specs)), head.scaled),
         input_grads or s > 0, dy_present, dskip_present,
-        precision.CurrentPolicy(), jit_compile, s in defers_w)
+        precision.CurrentPolicy(), jit_compile, s in defers_w, s == last)
     if key not in cell.programs:
       with ticks_lib.Naming(ticks[0], s):
         cell.programs[key] = program_lib.CellProgram(
             cell, structs[s], in_specs[s], seed_spec, training, stage_head,
             input_grads or s > 0, dy_present, jit_compile, s in defers_w,
-            stage_skips, dskip_present)
+            stage_skips, dskip_present, s == last)
     programs[s] = cell.programs[key]
   layouts = tuple(slots_lib.LayoutOf(p, schedule.num_micro_batches)
                   if training else None for p in programs)

@@ -7,11 +7,17 @@ constructor refuses, ``LlamaTransformerDecoder.get_config()`` reads an
 attribute it never set. ``Config`` tries, in turn::
 
     1. layer.get_config()               literals, and from_config takes it
+       ... serialised                   Keras objects in it serialised (an
+                                        initializer: D-FINE), a layer class
+                                        written by path where get_config()
+                                        serialises a class (Swin), checked
+                                        as 3 is
     2. the constructor's arguments      as Keras recorded them (_auto_config,
                                         only when all were literals)
     3. the constructor's arguments      read back from the layer's attributes
        read from the layer              of the same names (Keras objects and
-                                        functions serialised), accepted only
+                                        functions serialised, a layer class
+                                        by its path), accepted only
                                         when the layer it rebuilds, given the
                                         same weights, computes the same
                                         outputs on random inputs
@@ -91,6 +97,8 @@ def Config(layer: keras.layers.Layer, call: Any, tensors: dict, where: str
     return _LambdaConfig(layer, call.name, where)
   failures = []
   for what, get in (('get_config()', layer.get_config),
+                    ('get_config() serialised',
+                     lambda: _Serialized(_WithClassesNamed(layer.get_config))),
                     ('its recorded constructor arguments',
                      lambda: _Recorded(layer)),
                     ('its attributes', lambda: _FromAttributes(layer))):
@@ -98,7 +106,7 @@ def Config(layer: keras.layers.Layer, call: Any, tensors: dict, where: str
       config = {k: Plain(v) for k, v in get().items() if k != 'name'}
       CheckLiteral(call.name, config, 'config')
       _CheckRebuilds(type(layer), config)
-      if what == 'its attributes':
+      if what in ('its attributes', 'get_config() serialised'):
         _CheckSameOutputs(layer, config, call, tensors)
       return config
     except Exception as e:  # pylint: disable=broad-except
@@ -109,6 +117,29 @@ def Config(layer: keras.layers.Layer, call: Any, tensors: dict, where: str
       f"({'; '.join(failures)}): give {name} a get_config() that returns "
       'every constructor argument as literals (Keras objects serialised), '
       'so that from_config(get_config()) rebuilds it.')
+
+
+def _WithClassesNamed(get_config: Any) -> dict:
+  """get_config() with Keras's serialize_keras_object writing a Keras layer
+  class as keras_classes.LayerClassConfig (keras_hub's Swin layers pass it
+  the class of an argument, which it cannot serialise)."""
+  original = keras.saving.serialize_keras_object
+
+  def _Serialize(value):
+    if isinstance(value, type) and issubclass(value, keras.layers.Layer):
+      return keras_classes.LayerClassConfig(value)
+    return original(value)
+
+  modules = (keras.saving, keras.utils)
+  saved = [m.serialize_keras_object for m in modules]
+  try:
+    for m in modules:
+      m.serialize_keras_object = _Serialize
+    config = get_config()
+  finally:
+    for m, fn in zip(modules, saved):
+      m.serialize_keras_object = fn
+  return config
 
 
 def _CheckRebuilds(cls: type, config: dict) -> None:
@@ -161,6 +192,8 @@ def _Serialized(value: Any) -> Any:
     return {k: _Serialized(v) for k, v in value.items()}
   if isinstance(value, keras.DTypePolicy):
     return value.name
+  if isinstance(value, type) and issubclass(value, keras.layers.Layer):
+    return keras_classes.LayerClassConfig(value)  # Swin's norm_layer.
   return keras.saving.serialize_keras_object(value)
 
 
@@ -168,8 +201,11 @@ def _FromAttributes(layer: keras.layers.Layer) -> dict:
   """The constructor's arguments read from the layer's attributes of the
   same names; an argument with a default and no attribute keeps its
   default (the outputs check catches one that mattered)."""
+  params = inspect.signature(type(layer).__init__).parameters
   config = {'dtype': layer.dtype_policy.name, 'trainable': layer.trainable}
-  for name, param in inspect.signature(type(layer).__init__).parameters.items():
+  if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    config = {k: v for k, v in config.items() if k in params}  # Flux's.
+  for name, param in params.items():
     if name == 'self' or param.kind in (param.VAR_KEYWORD,
                                         param.VAR_POSITIONAL):
       continue

@@ -21,6 +21,7 @@ import tensorflow as tf
 from gpipe_tf import hyperparams
 from gpipe_tf.tasks import optimizers
 from gpipe_tf.tasks import lr_schedules
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
@@ -149,16 +150,21 @@ class BaseTask(base_layer.BaseLayer):
 
     Metrics are means over the batch; the evaluator averages them over the
     evaluation set weighted by batch size. The default runs the model on
-    ModelInputs and reduces LossTerms to weighted means.
+    ModelInputs and reduces LossTerms to weighted means, plus the auxiliary
+    losses its layers add in training (aux_losses).
     """
     if type(self).LossTerms is BaseTask.LossTerms:
       raise NotImplementedError(
           f'{type(self).__name__}: implement LossTerms (with INPUT_KEYS and '
           'LABEL_KEYS), or override ComputeLoss.')
-    outputs = self.model.FProp(*self.ModelInputs(batch), training=training)
+    with aux_losses.Collect() as aux:  # Layers' terms (add_loss, AddAuxLoss).
+      outputs = self.model.FProp(*self.ModelInputs(batch), training=training)
     outputs = precision.ToFloat32(outputs)  # The loss in float32.
     loss, metrics = loss_lib.ReduceTerms(
         self.LossTerms(outputs, self.Labels(batch)))
+    if aux.terms:
+      loss = loss + aux.Total()
+      metrics['loss'] = loss
     metrics.update(self.BatchMetrics(batch))
     return loss, metrics
 

@@ -22,7 +22,10 @@ One training step (Keras's ``train_step``, traced once by ``fit``)::
   optimizer.apply_gradients(grads)              (once per batch)
 
 so any schedule trains (GPipe, 1F1B, interleaved, zero-bubble), and the
-update equals the one of the unpipelined model on the whole batch. A layer
+update equals the one of the unpipelined model on the whole batch. Losses
+the layers add with ``add_loss`` in training (a MoE router's) are in the
+loss and its gradients, as Keras adds ``model.losses`` (aux_losses;
+weighed per micro-batch, docs/keras.md). A layer
 without ``ComputeLossAndGradients`` (e.g. a SequentialLayer) trains with a
 GradientTape around ``FProp``.
 
@@ -62,6 +65,7 @@ import tensorflow as tf
 
 from gpipe_tf import errors
 from gpipe_tf import hyperparams
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import run_errors
@@ -253,8 +257,11 @@ class PipelineModel(keras.Model):
             inputs, y, self.LossTerms, variables)
       else:
         with tf.GradientTape() as tape:
-          outputs = self.layer.FProp(*inputs, training=True)
+          with aux_losses.Collect() as aux:  # As Keras adds model.losses.
+            outputs = self.layer.FProp(*inputs, training=True)
           loss, metrics = loss_lib.ReduceTerms(self.LossTerms(outputs, y))
+          if aux.terms:
+            loss = metrics['loss'] = loss + aux.Total()
         grads = tape.gradient(loss, variables)
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
     self.optimizer.apply_gradients(pairs)

@@ -12,6 +12,7 @@ import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf import errors
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import core
 from gpipe_tf.layers import keras_layer
 from gpipe_tf.layers import normalization
@@ -54,6 +55,30 @@ class AuxLoss(keras.layers.Layer):
   def get_config(self):
     return dict(super().get_config(),
                 aux_loss_coefficient=self.aux_loss_coefficient)
+
+
+@keras.saving.register_keras_serializable(package='gpipe_test')
+class RecurrentAuxLoss(keras.layers.Layer):
+  """A SimpleRNN whose last output's squares, in training, it adds as a
+  loss: a layer with a recurrent loop (called with its weights read first)
+  that adds a loss."""
+
+  def __init__(self, units=3, **kwargs):
+    super().__init__(**kwargs)
+    self.units = units
+    self.rnn = keras.layers.SimpleRNN(units)
+
+  def build(self, input_shape):
+    self.rnn.build(input_shape)
+
+  def call(self, x, training=None):
+    y = self.rnn(x)
+    if training:
+      self.add_loss(keras.ops.sum(y * y))
+    return y
+
+  def get_config(self):
+    return dict(super().get_config(), units=self.units)
 
 
 def _Keras(name, cls, shapes, **config):
@@ -256,24 +281,33 @@ class KerasLayerTest(tf.test.TestCase):
     self.assertBetween(float(tf.reduce_mean(tf.cast(kept > 0, tf.float32))),
                        0.2, 0.8)
 
-  def testAddedLossIsRefusedUnlessItsCoefficientIsZero(self):
-    # A pipeline's loss is its loss_fn of the outputs: a loss a Keras layer
-    # adds with add_loss in training would be dropped, so it is refused
-    # when the pipeline runs it in training; a coefficient of 0 makes it 0.
+  def testAddedLossGoesToTheAuxiliaryLossesInScope(self):
+    # A loss a Keras layer adds with add_loss in training goes to the
+    # aux_losses.Collect() in scope (the loss that trains the layer adds
+    # it, as Keras adds model.losses); with none in scope it is refused,
+    # not dropped; inference adds none.
     x = tf.random.stateless_normal([4, 3], seed=[6, 6])
-    layers = [_Keras('fc', 'Dense', [(None, 3)], units=3),
-              _Keras('aux', 'gpipe_test>AuxLoss', [(None, 3)],
-                     aux_loss_coefficient=0.1)]
-    pipe = _Pipe(layers, 2, 2)
-    self.assertEqual(pipe.FProp(x).shape, [4, 3])  # Inference adds none.
-    with self.assertRaisesRegex(
-        keras_layer.UnsupportedKerasLayerError,
-        r"'net/aux' .*aux_loss_coefficient=0.1\) adds a loss .* left out"):
-      pipe.FProp(x, training=True)
-    layers[1].config['aux_loss_coefficient'] = 0.0
-    pipe = _Pipe(layers, 2, 2)
-    self.assertEqual(pipe.FProp(x, training=True).shape, [4, 3])
-    self.assertEmpty(pipe.layers[1].keras_layer.losses)
+    layer = _Keras('aux', 'gpipe_test>AuxLoss', [(None, 3)],
+                   aux_loss_coefficient=0.1).Instantiate()
+    self.assertEqual(layer.FProp(x).shape, [4, 3])
+    with aux_losses.Collect() as aux:
+      layer.FProp(x)
+      self.assertEmpty(aux.terms)
+      layer.FProp(x, training=True)
+    self.assertAllClose(aux.Total(), 0.1 * tf.reduce_sum(x * x))
+    self.assertEmpty(layer.keras_layer.losses)  # Taken, not left behind.
+    with self.assertRaisesRegex(aux_losses.AuxLossNotCollectedError,
+                                r"KerasLayer 'aux' \(AuxLoss\) adds"):
+      layer.FProp(x, training=True)
+    # A layer with a recurrent loop runs in a keras.StatelessScope, which
+    # holds its losses: they are taken from it too.
+    rnn = _Keras('rnn', 'gpipe_test>RecurrentAuxLoss',
+                 [(None, 5, 3)]).Instantiate()
+    with aux_losses.Collect() as aux:
+      y = rnn.FProp(tf.reshape(tf.range(30, dtype=tf.float32) / 30,
+                               [2, 5, 3]), training=True)
+    self.assertGreater(float(aux.Total()), 0.0)
+    self.assertAllClose(aux.Total(), tf.reduce_sum(y * y))
 
   def testBadParamsRaiseNamedErrors(self):
     cases = [
@@ -287,8 +321,8 @@ class KerasLayerTest(tf.test.TestCase):
          keras_layer.KerasInputShapeError, r'\[\(None, 28, 28, 1\)\]'),
         (_Keras('x', 'Dense', [(None, 3)], units=2, kernel_regularizer='l2'),
          keras_layer.UnsupportedKerasLayerError, 'Set it to None'),
-        (_Keras('x', 'Dense', [(None, 3)], units=2, trainable=False),
-         keras_layer.UnsupportedKerasLayerError, 'Set it to True'),
+        (_Keras('x', 'BatchNormalization', [(None, 3)], trainable=False),
+         keras_layer.UnsupportedKerasLayerError, 'inference mode'),
         (_Keras('x', 'BatchNormalization', [(None, 3)], axis=0),
          keras_layer.UnsupportedKerasLayerError, r"axis=0 \(use -1"),
         (_Keras('x', 'Dense', [(None, 3)], units=2).Set(passthrough=[1]),
@@ -316,6 +350,54 @@ class KerasLayerTest(tf.test.TestCase):
     with self.assertRaisesRegex(keras_layer.UnknownKerasClassError,
                                 'register_keras_serializable'):
       keras_layer.KerasClassPath(Local)
+
+
+class FrozenKerasLayerTest(tf.test.TestCase):
+
+  def _Model(self):
+    keras.utils.set_random_seed(5)
+    x = inputs = keras.Input((6,))
+    x = keras.layers.Dense(8, activation='tanh', name='fc0')(x)
+    x = keras.layers.Dense(8, activation='tanh', name='frozen')(x)
+    x = keras.layers.Dense(8, activation='tanh', name='fc1')(x)
+    model = keras.Model(inputs, keras.layers.Dense(3, name='logits')(x))
+    model.get_layer('frozen').trainable = False  # A fine-tuner's freeze.
+    model.compile(keras.optimizers.SGD(0.5), 'mse')
+    return model
+
+  def testFrozenLayerStepsAsKerasAndIsCheckpointed(self):
+    from gpipe_tf.train import keras_model  # pylint: disable=g-import-not-at-top
+    from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(8, 6).astype(np.float32), rng.randn(8, 3)
+    want = self._Model()
+    frozen_before = [w.numpy() for w in want.get_layer('frozen').weights]
+    want_loss = want.train_on_batch(x, y)
+    keras_net = self._Model()
+    model = keras_model.PipelineModel(PipeliningLayer.Params().Set(
+        name='net', layers=pipeline.FromKeras(keras_net), num_partitions=2,
+        num_micro_batches=2, schedule='1f1b'))
+    pairs = dict((id(k), v) for k, v in
+                 pipeline.LoadKerasWeights(model.layer, keras_net))
+    frozen = [pairs[id(w)] for w in keras_net.get_layer('frozen').weights]
+    trainable = {id(v) for v in model.layer.trainable_variables}
+    self.assertLen(trainable, 6)  # fc0, fc1, logits: kernels and biases.
+    self.assertFalse(any(id(v) in trainable for v in frozen))
+    model.compile(keras.optimizers.SGD(0.5), 'mse')
+    self.assertAllClose(want_loss, model.train_on_batch(x, y), rtol=1e-5)
+    for w, mine in zip(want.weights, keras_net.weights):
+      self.assertAllClose(w.numpy(), pairs[id(mine)].numpy(), rtol=1e-5,
+                          atol=1e-6)
+    for before, v in zip(frozen_before, frozen):
+      self.assertAllEqual(before, v.numpy())  # Never updated.
+    # Checkpoints hold the frozen weights.
+    path = tf.train.Checkpoint(net=model.layer).write(
+        os.path.join(self.get_temp_dir(), 'ckpt'))
+    for v in frozen:
+      v.assign(tf.zeros_like(v))
+    tf.train.Checkpoint(net=model.layer).read(path).assert_consumed()
+    for before, v in zip(frozen_before, frozen):
+      self.assertAllEqual(before, v.numpy())
 
 
 if __name__ == '__main__':

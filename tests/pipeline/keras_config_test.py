@@ -104,6 +104,66 @@ class EagerScale(keras.layers.Layer):
     return dict(super().get_config(), units=self.units)
 
 
+class ClassArgument(keras.layers.Layer):
+  """Takes a layer class (norm_layer) and keeps it under another name;
+  get_config() passes the class to serialize_keras_object, which cannot
+  serialise it, and from_config deserialises it: keras_hub's Swin
+  PatchEmbedding and SwinTransformerStage."""
+
+  def __init__(self, units, norm_layer=None, **kwargs):
+    super().__init__(**kwargs)
+    self.units = units
+    self._norm_cls = norm_layer
+    self.dense = keras.layers.Dense(units)
+    self.norm = norm_layer(epsilon=1e-3, name='norm')
+
+  def call(self, x):
+    return self.norm(self.dense(x))
+
+  def get_config(self):
+    return dict(super().get_config(), units=self.units,
+                norm_layer=keras.saving.serialize_keras_object(self._norm_cls))
+
+  @classmethod
+  def from_config(cls, config):
+    config['norm_layer'] = keras.saving.deserialize_keras_object(
+        config['norm_layer'])
+    return cls(**config)
+
+
+class InitializerObject(keras.layers.Layer):
+  """get_config() returns an initializer object, and an argument has no
+  attribute of its name: keras_hub's DFineHybridEncoder."""
+
+  def __init__(self, units, kernel_initializer='zeros', scale=1.0, **kwargs):
+    super().__init__(**kwargs)
+    self.units = units
+    self.kernel_initializer = keras.initializers.get(kernel_initializer)
+    self.factor = scale
+    self.dense = keras.layers.Dense(
+        units, kernel_initializer=self.kernel_initializer)
+
+  def call(self, x):
+    return self.dense(x) * self.factor
+
+  def get_config(self):
+    return dict(super().get_config(), units=self.units, scale=self.factor,
+                kernel_initializer=self.kernel_initializer)
+
+
+class NoKwargs(keras.Model):
+  """A constructor that takes neither name nor dtype (no **kwargs) and no
+  get_config(): keras_hub's Flux MLPEmbedder."""
+
+  def __init__(self, units):
+    super().__init__()
+    self.units = units
+    self.dense = keras.layers.Dense(units, activation='silu')
+
+  def call(self, x):
+    return self.dense(x)
+
+
 def Double(x):
   """A module-level function a Lambda calls: importable by name."""
   return x * 2.0
@@ -158,6 +218,30 @@ class KerasConfigTest(tf.test.TestCase):
     meta = p.cls.FPropMeta(p, (4, 5))
     self.assertEqual(meta.out_shapes[0], (4, 3))
     self.assertEqual(meta.num_params, 18)
+
+  def testGetConfigsWithAClassOrAKerasObjectAndBareConstructorsConvert(self):
+    inputs = keras.Input((5,))
+    h = ClassArgument(6, norm_layer=keras.layers.LayerNormalization,
+                      name='classy')(inputs)
+    h = InitializerObject(
+        4, kernel_initializer=keras.initializers.RandomNormal(stddev=0.3),
+        scale=0.5, name='init')(h)
+    h = NoKwargs(3)(h)  # Named 'no_kwargs' by Keras.
+    model = keras.Model(inputs, keras.layers.Dense(2, name='out')(h))
+    params = _Step(self, model, self.x)
+    by_name = {p.name: p for p in params}
+    self.assertEqual(by_name['classy'].config['norm_layer'],
+                     {'class_name': 'keras_layer_class',
+                      'config': 'keras.layers.LayerNormalization'})
+    self.assertEqual(
+        by_name['init'].config['kernel_initializer']['class_name'],
+        'RandomNormal')
+    self.assertEqual(by_name['init'].config['scale'], 0.5)
+    self.assertNotIn('dtype', by_name['no_kwargs'].config)
+    net = layers.SequentialLayer.Params().Set(
+        name='net', layers=params).Instantiate()
+    pipeline.LoadKerasWeights(net, model)
+    self.assertAllClose(model(self.x), net.FProp(self.x), rtol=1e-5)
 
   def testConfigsArePlainPython(self):
     inputs = keras.Input((5,))

@@ -10,6 +10,15 @@ from gpipe_tf.tasks import lr_schedules
 from gpipe_tf.tasks import optimizers
 
 
+class _AuxFC(core.FCLayer):
+  """An FC layer that adds 0.25 * sum(w^2) to the training loss."""
+
+  def FProp(self, x, training=False):
+    if training:
+      self.AddAuxLoss(0.25 * tf.reduce_sum(tf.square(self.w)))
+    return super().FProp(x, training=training)
+
+
 def _TaskParams(**kwargs):
   """A ClassificationTask over one FC layer (3 -> 2): BaseTask's behaviour."""
   return tasks.ClassificationTask.Params().Set(
@@ -95,6 +104,24 @@ class BaseTaskTest(tf.test.TestCase):
   def testBatchSize(self):
     self.assertEqual(int(tasks.BatchSize({'a': tf.zeros([5, 2]),
                                           'b': tf.zeros([5])})), 5)
+
+  def testAuxLossIsInTheLossAndGradients(self):
+    # A layer's AddAuxLoss: in ComputeLoss's loss and 'loss' metric in
+    # training (not in evaluation), and in the gradients.
+    task = tasks.ClassificationTask.Params().Set(
+        model=_AuxFC.Params().Set(input_dim=3, output_dim=2)).Instantiate()
+    batch = {'inputs': tf.ones([4, 3]), 'labels': tf.constant([0, 1, 1, 0])}
+    plain, _ = task.ComputeLoss(batch)
+    loss, metrics, grads = task.ComputeLossAndGradients(
+        batch, [task.model.w])
+    aux = 0.25 * tf.reduce_sum(tf.square(task.model.w))
+    self.assertGreater(float(aux), 0.01)
+    self.assertAllClose(loss, plain + aux)
+    self.assertAllClose(metrics['loss'], loss)
+    with tf.GradientTape() as tape:  # Evaluation's loss, plus the term.
+      want = task.ComputeLoss(batch)[0] + 0.25 * tf.reduce_sum(
+          tf.square(task.model.w))
+    self.assertAllClose(grads[0], tape.gradient(want, task.model.w))
 
 
 if __name__ == '__main__':

@@ -228,6 +228,39 @@ class FromKerasFitTest(tf.test.TestCase):
     self.assertLess(losses[-1], 0.9 * losses[0])
 
 
+class AuxLossFitTest(tf.test.TestCase):
+
+  def testAddLossIsInTheLossAndTheUpdateAsInKeras(self):
+    # Layers that add losses with add_loss (one per cell): the loss one
+    # training step reports and the weights after it are Keras's own step's
+    # (SGD, M=1), pipelined (the loss inside) and in a SequentialLayer (the
+    # tape).
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(8, 6).astype(np.float32), rng.randn(8, 3)
+    want_net = test_utils.KerasAuxLossModel()
+    want_net.compile(keras.optimizers.SGD(0.5), 'mse')
+    want_loss = want_net.train_on_batch(x, y)
+    for pipelined in (True, False):
+      with self.subTest(pipelined=pipelined):
+        keras_net = test_utils.KerasAuxLossModel()
+        layers = pipeline.FromKeras(keras_net)
+        model = keras_model.PipelineModel(
+            PipeliningLayer.Params().Set(
+                name='net', layers=layers, num_partitions=2,
+                num_micro_batches=1, schedule='1f1b') if pipelined else
+            core.SequentialLayer.Params().Set(name='net', layers=layers))
+        pairs = dict((id(k), v) for k, v in
+                     pipeline.LoadKerasWeights(model.layer, keras_net))
+        model.compile(keras.optimizers.SGD(0.5), 'mse')
+        plain = float(np.mean((keras_net.predict(x, verbose=0) - y)**2))
+        loss = model.train_on_batch(x, y)
+        self.assertGreater(loss - plain, 0.05)  # The terms count.
+        self.assertAllClose(want_loss, loss, rtol=1e-5)
+        for want, mine in zip(want_net.weights, keras_net.weights):
+          self.assertAllClose(want.numpy(), pairs[id(mine)].numpy(),
+                              rtol=1e-5, atol=1e-6)
+
+
 class PipelineModelErrorsTest(tf.test.TestCase):
 
   def testAnOpErrorAsFitRunsNamesItsActions(self):

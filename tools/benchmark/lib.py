@@ -54,6 +54,7 @@ from gpipe_tf.runtime import devices as devices_lib
 from gpipe_tf.runtime import distribute
 from gpipe_tf import layers
 from gpipe_tf import pipeline as pipeline_lib
+from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
@@ -522,7 +523,8 @@ def StageInputs(spec: ModelSpec, num_blocks: int, num_examples: int,
         name='stage', layers=[_BlockParams(spec, i)
                               for i in range(num_blocks)]).Instantiate()
     inputs = tuple(tf.identity(x[:num_examples]) for x in _Inputs(spec))
-    layer.FProp(*inputs, training=True)  # Creates the variables here.
+    with aux_losses.Collect():  # Creates the variables; timed, not trained.
+      layer.FProp(*inputs, training=True)
   return layer, inputs
 
 
@@ -589,9 +591,13 @@ def _PerExampleLoss(outputs, labels):
 
 
 def _Loss(model, inputs, training):
-  out = precision.ToFloat32(model.FProp(*inputs, training=training))
+  """The mean squared output, plus in training the auxiliary losses the
+  layers add (aux_losses: a pipeline's FProp gives its batch's, weighed by
+  micro-batch size, as ComputeLossAndGradients weighs them here)."""
+  with aux_losses.Collect() as aux:
+    out = precision.ToFloat32(model.FProp(*inputs, training=training))
   y = out[0] if isinstance(out, tuple) else out
-  return tf.reduce_mean(tf.square(y))
+  return tf.reduce_mean(tf.square(y)) + aux.Total()
 
 
 def _BlockParams(spec, i):

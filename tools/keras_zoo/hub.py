@@ -10,9 +10,9 @@ NotBuiltError naming them, and the zoo's table says so.
 ``Build(name, randomness=False)`` sets every constructor argument whose name
 says dropout to 0 (the exact comparison with Keras); ``randomness=True``
 keeps the class's defaults (its real settings: GPT-2's 0.1). A MoE
-backbone's router auxiliary loss coefficient is 0 either way: a pipeline
-refuses a layer that adds a loss (``add_loss``), since its loss is its
-loss_fn of the outputs, and the zoo's loss is a squared error on them.
+backbone keeps its router auxiliary loss coefficient (keras_hub's default,
+0.001 for Qwen-MoE): the loss it adds with ``add_loss`` in training is in
+the pipeline's loss and in Keras's step alike (docs/keras.md).
 """
 
 from __future__ import annotations
@@ -400,10 +400,6 @@ def _Backbone(name: str, randomness: bool) -> Any:
       value = config.get(k, p.default)
       if _IsRandomness(k, value):
         config[k] = 0.0
-  for k in params:
-    if k.startswith('router_aux_loss_coef'):
-      # A pipeline refuses add_loss (KerasLayer); the zoo's loss is its own.
-      config[k] = 0.0
   try:
     return cls(**config)
   except Exception as e:  # pylint: disable=broad-except

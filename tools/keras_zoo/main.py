@@ -218,13 +218,15 @@ def SquaredError(outputs: Any, targets: Any) -> Any:
 
 
 def KerasStep(model: Any, x: Any, targets: Any, m: int,
-              per_example: Callable[[Any, Any], Any] = SquaredError
-              ) -> tuple[Any, list]:
+              per_example: Callable[[Any, Any], Any] = SquaredError,
+              reverse: bool = False) -> tuple[Any, list]:
   """Keras's own tape step over the m micro-batches a pipeline takes.
 
   Each micro-batch is a separate training call (BatchNormalization
   normalises each on its own, as in the pipeline); the loss is the mean of
-  `per_example` over all examples.
+  `per_example` over all examples, plus each micro-batch's
+  ``model.losses`` (add_loss: a MoE router's loss) weighed by its share of
+  the examples, as a pipeline weighs them (docs/keras.md).
 
   Args:
     model: the Keras model.
@@ -232,6 +234,8 @@ def KerasStep(model: Any, x: Any, targets: Any, m: int,
     targets: what `per_example` compares the outputs with, the whole batch.
     m: the number of micro-batches.
     per_example: (outputs, targets) -> the loss of each example.
+    reverse: take the micro-batches in reverse order (the same step,
+      summed in another order).
 
   Returns:
     (loss, its gradients in the order of model.trainable_variables).
@@ -239,11 +243,18 @@ def KerasStep(model: Any, x: Any, targets: Any, m: int,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
   flat_x, flat_t = tf.nest.flatten(x), tf.nest.flatten(targets)
-  xs, ts = microbatch.Split(flat_x, m), microbatch.Split(flat_t, m)
+  pairs = list(zip(microbatch.Split(flat_x, m), microbatch.Split(flat_t, m)))
   with tf.GradientTape() as tape:
-    total = tf.add_n([tf.reduce_sum(per_example(
-        model(tf.nest.pack_sequence_as(x, xm), training=True),
-        tf.nest.pack_sequence_as(targets, tm))) for xm, tm in zip(xs, ts)])
+    terms = []
+    for xm, tm in pairs[::-1] if reverse else pairs:
+      y = model(tf.nest.pack_sequence_as(x, xm), training=True)
+      term = tf.reduce_sum(per_example(y, tf.nest.pack_sequence_as(targets,
+                                                                   tm)))
+      if model.losses:
+        term += tf.cast(tf.shape(xm[0])[0], term.dtype) * tf.add_n(
+            [tf.cast(l, term.dtype) for l in model.losses])
+      terms.append(term)
+    total = tf.add_n(terms)
     loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
   grads = tape.gradient(loss, model.trainable_variables)
   # A variable the loss does not read (an untied output embedding of a
@@ -327,7 +338,8 @@ def UnpipelinedStep(model: Any, params: list, x: Any, targets: Any, m: int,
   micro-batch i in turn under the step seed a pipeline gives it,
   ``FoldIn(step_seed, i)``, so every layer draws the masks it draws in the
   pipeline at any K, schedule and recompute; the loss is the mean of
-  `per_example` over all examples.
+  `per_example` over all examples plus each micro-batch's auxiliary losses
+  weighed by its share of the examples, as KerasStep's.
 
   Returns:
     (loss, its gradients in the order of model.trainable_variables).
@@ -335,6 +347,7 @@ def UnpipelinedStep(model: Any, params: list, x: Any, targets: Any, m: int,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
   from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.layers import aux_losses  # pylint: disable=g-import-not-at-top
   from gpipe_tf.layers import random_seeds  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import microbatch  # pylint: disable=g-import-not-at-top
   seq = layers.SequentialLayer.Params().Set(name='net',
@@ -347,11 +360,14 @@ def UnpipelinedStep(model: Any, params: list, x: Any, targets: Any, m: int,
     total = 0.0
     for i, (xm, tm) in enumerate(zip(xs, ts)):
       xm = tf.nest.pack_sequence_as(x, xm)
-      with random_seeds.StepSeedScope(random_seeds.FoldIn(step, i)):
+      with random_seeds.StepSeedScope(random_seeds.FoldIn(step, i)), (
+          aux_losses.Collect()) as aux:
         y = seq.FProp(*(xm if isinstance(xm, tuple) else (xm,)),
                       training=True)
-      total += tf.reduce_sum(per_example(
+      term = tf.reduce_sum(per_example(
           y, tf.nest.pack_sequence_as(targets, tm)))
+      total += term + tf.cast(tf.cast(tf.shape(tf.nest.flatten(xm)[0])[0],
+                                      tf.float32) * aux.Total(), term.dtype)
     loss = total / tf.cast(tf.shape(flat_x[0])[0], total.dtype)
   by_var = dict(zip(map(id, seq.trainable_variables),
                     tape.gradient(loss, seq.trainable_variables)))
@@ -417,7 +433,7 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
     _, truth = KerasStep(_Float64Twin(name, model, built), _AsFloat64(x),
                          _AsFloat64(targets), m)
   except Exception:  # pylint: disable=broad-except
-    truth, truth_kind = _Float32Truth(model, x, targets)
+    truth, truth_kind = _Float32Truth(model, x, targets, m)
   try:
     noisy = _Noisy(name, model)
     if noisy is not None:
@@ -454,7 +470,8 @@ def Run(name: str, runs: Sequence[tuple[int, str]],
   return rows
 
 
-def _Float32Truth(model: Any, x: Any, targets: Any) -> tuple[Any, str]:
+def _Float32Truth(model: Any, x: Any, targets: Any, m: int
+                  ) -> tuple[Any, str]:
   """(gradients, Row.truth) for a model Keras cannot step in float64.
 
   keras_hub's MoE blocks cast to float32 inside (their load-balancing
@@ -467,12 +484,22 @@ def _Float32Truth(model: Any, x: Any, targets: Any) -> tuple[Any, str]:
   against float64, so the bound max(FACTOR x spread, FLOOR) is the f64
   verdict's within a factor of 6 (docs/keras.md). A model with
   BatchNormalization (its statistics depend on the micro-batch) gets
-  (None, F64): no verdict.
+  (None, F64): no verdict. A model that adds losses in training (a MoE
+  router's, at its real coefficient) adds them per micro-batch, a function
+  of the micro-batch, so its truth is Keras's float32 step over the same
+  micro-batches taken in reverse order (F32_REVERSED): the same step summed
+  in another order.
   """
   import keras  # pylint: disable=g-import-not-at-top
   if any(isinstance(layer, keras.layers.BatchNormalization)
          for layer in model._flatten_layers()):  # pylint: disable=protected-access
     return None, table_lib.F64
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  model(tf.nest.map_structure(lambda t: t[:t.shape[0] // m], x),
+        training=True)
+  if model.losses:
+    return (KerasStep(model, x, targets, m, reverse=True)[1],
+            table_lib.F32_REVERSED)
   return KerasStep(model, x, targets, 1)[1], table_lib.F32
 
 

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any, NamedTuple, Sequence
 
-__all__ = ['DOCS', 'F32', 'F64', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'Merged',
+__all__ = ['DOCS', 'F32', 'F32_REVERSED', 'F64', 'FACTOR', 'FLOOR', 'README', 'Row', 'Errors', 'Merged',
            'ReadResults',
            'SupportTable', 'Table', 'UpdateDocs', 'UpdateReadme', 'Verdict',
            'WriteResults']
@@ -37,6 +37,9 @@ FLOOR = 1e-6
 # float64) Keras's float32 step over the whole batch at once.
 F64 = 'float64'
 F32 = 'float32 M=1'
+# (a model that adds losses per micro-batch) Keras's float32 step over the
+# same micro-batches, taken in reverse order.
+F32_REVERSED = 'float32 reversed'
 
 
 class Row(NamedTuple):
@@ -112,7 +115,7 @@ def Verdict(row: Row) -> str:
 def _E(value: float | None, truth: str = F64) -> str:
   if value is None:
     return '-'
-  return f'{value:.1e}' + (' (f32)' if truth == F32 else '')
+  return f'{value:.1e}' + (' (f32)' if truth != F64 else '')
 
 
 def Table(rows: Sequence[Row], seeded: bool = False) -> str:

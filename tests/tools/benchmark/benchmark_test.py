@@ -7,6 +7,7 @@ import os
 import statistics
 import subprocess
 import sys
+from unittest import mock
 
 import test_utils  # pylint: disable=g-bad-import-order
 
@@ -15,6 +16,7 @@ test_utils.SetUpDevices()
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from tools.benchmark import baseline as baseline_lib  # pylint: disable=g-import-not-at-top
+from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import introspect  # pylint: disable=g-import-not-at-top
 from gpipe_tf.pipeline import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
 from tools.benchmark import lib  # pylint: disable=g-import-not-at-top
@@ -205,6 +207,52 @@ class MeasureTest(tf.test.TestCase):
                         rtol=1e-5)
     self.assertAllClose(losses['gpipe', False], losses['zb_h1', True],
                         rtol=1e-5)
+
+  def testLayersThatAddLossesTrainWithTheirTermsOnEveryPath(self):
+    # A block whose FProp adds an auxiliary loss (aux_losses): the tape
+    # row (FProp under a GradientTape), the loss-inside rows, the
+    # unpipelined row and StageInputs run it, and every training row's loss
+    # has its terms (equal micro-batches: the paths weigh them alike).
+    spec = lib.ModelSpec(num_blocks=4, dim=8, batch_size=16, learning_rate=0.5)
+    devices = test_utils.devices.LogicalCpus()[:2]
+    rows = (('gpipe', False, True), ('gpipe', True, True),
+            ('zb_h1', True, True), ('gpipe', False, False))
+
+    def _FirstLosses(block):
+      with mock.patch.object(lib, '_BlockParams', block):
+        out = {}
+        for name, inside, pipelined in rows:
+          step = lib.MakeStep(spec, lib.Config(
+              pipelined, 2 if pipelined else 1, 4 if pipelined else 1,
+              'never', schedule=name, loss_inside=inside), devices)
+          out[name, inside, pipelined] = float(step())
+        layer, inputs = lib.StageInputs(spec, 2, 4, devices[0])
+        self.assertLen(layer.layers, 2)
+        return out
+
+    plain, routed = _FirstLosses(lib._BlockParams), _FirstLosses(_RoutedBlock)
+    for row in rows:
+      with self.subTest(row=row):
+        self.assertGreater(routed[row] - plain[row], 1e-3)
+    self.assertAllClose(routed[rows[0]], routed[rows[1]], rtol=1e-5)
+    self.assertAllClose(routed[rows[0]], routed[rows[2]], rtol=1e-5)
+
+
+class _RoutedFC(layers.FCLayer):
+  """An FC block that adds its outputs' squared batch mean to the loss in
+  training (a router's load-balancing loss in miniature)."""
+
+  def FProp(self, x, training=False):
+    y = super().FProp(x, training=training)
+    if training:
+      self.AddAuxLoss(tf.reduce_sum(tf.square(tf.reduce_mean(y, axis=0))))
+    return y
+
+
+def _RoutedBlock(spec, i):
+  d = spec.dim
+  return _RoutedFC.Params().Set(name=f'block{i}', input_dim=d, output_dim=d,
+                                activation='RELU')  # As lib's 'fc' block.
 
 
 class ModelPeakTest(tf.test.TestCase):

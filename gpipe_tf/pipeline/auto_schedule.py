@@ -91,7 +91,7 @@ def LayerCosts(layer_params: Sequence, cost: str, input_shapes: Sequence,
   if activations == 'traced':
     kept = layer_bytes.KeptBytes(layer_params, input_shapes, policy=policy)
     joined = layer_bytes.JoinedBytes(layer_params, input_shapes,
-                                     policy=policy)
+                                     policy=policy, kept=kept)
   return [layout.LayerCost(c, c, c, memory.StageBytesOf(
       i, [_Bytes(m.out_shapes, value_bytes)], int(m.num_params), batch,
       _PARAM_BYTES, _PARAM_BYTES,

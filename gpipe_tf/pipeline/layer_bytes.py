@@ -115,27 +115,21 @@ def _HasSkips(layer_params: Any) -> bool:
 
 
 def JoinedBytes(layer_params: Sequence[Any], input_shapes: Sequence,
-                batch: int = 2, policy: str = 'float32'
+                batch: int = 2, policy: str = 'float32',
+                kept: Sequence[tuple[int, int] | None] | None = None
                 ) -> list[tuple[int, int] | None]:
   """Per layer, (the bytes per example its stage keeps for the backwards,
   those its B stashes for the W) beyond its own KeptBytes and the layer
   before's when the two run in one stage: the two traced as one cell less
   each traced alone (module docstring). None for the first layer, and
   where a trace cannot tell or either layer stashes or pops a skip (its
-  neighbour's inputs are then not its outputs).
-
-  Args:
-    layer_params: the layers' Params, in order.
-    input_shapes: the first layer's input shapes (batch dimension None).
-    batch: examples of the traced step.
-    policy: the precision policy the layers run under
-      (layers/precision.py).
-
-  Raises:
-    precision.PolicyError: an unknown policy.
+  neighbour's inputs are then not its outputs). Args and Raises as
+  KeptBytes's; `kept`, KeptBytes's answer for the same arguments where the
+  caller has it (else traced here).
   """
   from gpipe_tf.layers import core  # pylint: disable=g-import-not-at-top
-  alone = KeptBytes(layer_params, input_shapes, batch, policy)
+  alone = (KeptBytes(layer_params, input_shapes, batch, policy)
+           if kept is None else kept)
   chain = core.InputsAndMetaOfSequence(list(layer_params),
                                        tuple(input_shapes))
   cache: dict = {}

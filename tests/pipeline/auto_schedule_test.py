@@ -14,6 +14,7 @@ from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import auto_schedule
 from gpipe_tf.pipeline import introspect
+from gpipe_tf.pipeline import layer_bytes
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
 from gpipe_tf.pipeline import schedule as schedule_lib
@@ -151,6 +152,15 @@ class AutoScheduleTest(tf.test.TestCase):
     traced = [b.activations for b in introspect.TracedStageBytes(pipe.cells)]
     self.assertEqual(model[:-1], traced[:-1])
     self.assertAllClose(model[-1], traced[-1], rtol=0.02)
+
+  def testEachDistinctLayerAndPairIsTracedOnce(self):
+    with mock.patch.object(layer_bytes, '_Trace',
+                           wraps=layer_bytes._Trace) as trace:
+      layers = auto_schedule.LayerCosts(_Wide(4), 'flops', ((8, 4, 8),),
+                                        None, 2)
+    self.assertEqual(trace.call_count, 2)  # One block alone, one pair.
+    self.assertEqual(layers[0].joined, memory.StageBytes())
+    self.assertGreater(layers[1].joined.activations, 0)
 
   def testOutputsSizesAreTheOtherChoice(self):
     layers = _Wide(2)

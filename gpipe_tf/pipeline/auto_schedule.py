@@ -8,7 +8,9 @@ gradient and half for the weight gradients). Its sizes, per micro-batch of
 ProfileBatchSize examples (memory.StageBytesOf): its input from FPropMeta;
 what its backward keeps and what its B hands its W from a trace of its
 training step (activations='traced', layer_bytes.KeptBytes: each distinct
-layer built and traced once on a small batch), or its FPropMeta outputs
+layer built and traced once on a small batch; and layer_bytes.JoinedBytes,
+what a stage keeps beyond that when the layer runs after the one before it,
+each distinct pair traced once), or its FPropMeta outputs
 (activations='outputs', or where the trace cannot build the layer: right
 for an FC layer, about 15x under for a Transformer block, whose backward
 also keeps its attention probabilities and its 4d-wide hidden layer); 4
@@ -85,15 +87,20 @@ def LayerCosts(layer_params: Sequence, cost: str, input_shapes: Sequence,
                                     num_micro_batches)
   ins = [_Bytes(input_shapes, value_bytes)] + [
       _Bytes(m.out_shapes, value_bytes) for m in metas[:-1]]
-  kept = [None] * len(metas)
+  kept = joined = [None] * len(metas)
   if activations == 'traced':
     kept = layer_bytes.KeptBytes(layer_params, input_shapes, policy=policy)
+    joined = layer_bytes.JoinedBytes(layer_params, input_shapes,
+                                     policy=policy, kept=kept)
   return [layout.LayerCost(c, c, c, memory.StageBytesOf(
       i, [_Bytes(m.out_shapes, value_bytes)], int(m.num_params), batch,
       _PARAM_BYTES, _PARAM_BYTES,
       kept_bytes=None if k is None else [k[0]],
-      wcut_bytes=None if k is None else [k[1]]))
-          for c, i, m, k in zip(costs, ins, metas, kept)]
+      wcut_bytes=None if k is None else [k[1]]),
+                            memory.StageBytes() if j is None else
+                            memory.StageBytes(activations=j[0] * batch,
+                                              wcut=j[1] * batch))
+          for c, i, m, k, j in zip(costs, ins, metas, kept, joined)]
 
 
 def Choose(layers: Sequence[layout.LayerCost], num_devices: int,

@@ -22,6 +22,16 @@ class StageBytesOfTest(unittest.TestCase):
     self.assertEqual(layout.StageBytesOf([a, b]),
                      memory.StageBytes(1, 22, 33, 44, 55, 66))
 
+  def testALaterLayerAddsWhatItKeepsJoined(self):
+    # Each layer keeps 4 alone and 3 more after the one before it: a
+    # stage of two keeps 4 + 4 + 3; a stage's first layer adds nothing.
+    joined = layout.LayerCost(1.0, 1.0, 1.0, _BYTES,
+                              memory.StageBytes(activations=3, wcut=1))
+    problem = layout.StageProblem([joined] * 4, (1, 2, 1), 3, 4)
+    self.assertEqual([b.activations for b in problem.stage_bytes],
+                     [4, 11, 4])
+    self.assertEqual([b.wcut for b in problem.stage_bytes], [4, 9, 4])
+
 
 class StageProblemTest(unittest.TestCase):
 

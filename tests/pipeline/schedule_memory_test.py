@@ -85,12 +85,22 @@ class ProfileTest(absltest.TestCase):
     # Interleaved V = 2: device 0 holds stages 0 and 2.
     prof = _Profile('interleaved_1f1b', v=2, stage=stage)
     self.assertEqual(prof.weights, (200, 200))
-    self.assertTrue(all(row[0] >= 20 and row[1] >= 20 for row in prof.held))
     self.assertEqual(prof.peak, tuple(200 + p for p in prof.step_peak))
-    # The gradient sums are held from the start (beside F(0, 0)'s 5) to the
-    # end of the step.
-    self.assertEqual(prof.held[0], (25, 20))
+    # No sums at the start (F(0, 0)'s 5 alone); both stages' sums at the end.
+    self.assertEqual(prof.held[0], (5, 0))
     self.assertEqual(prof.held[-1], (20, 20))
+
+  def testTheSumsStartWithTheFirstWeightGradients(self):
+    # The engine's sums are the first piece's gradients, added to after:
+    # GPipe K = 2, M = 2 (unit times), dev 1 during BW1 (t = 3-5) holds F0,
+    # F1 (10) and BW1's gradients (10), no sums yet; from BW1's end on the
+    # sums (10), and during BW0 its gradients beside them.
+    stage = memory.StageBytes(input=1, activations=4, gradients=10)
+    prof = _Profile('gpipe', m=2, stage=stage)
+    held = dict(zip(prof.times, prof.held))
+    self.assertEqual(held[3.0], (10, 20))
+    self.assertEqual(held[5.0], (20, 25))  # F0 and BW0's 10 beside the sums.
+    self.assertEqual(prof.step_peak, (25, 25))
 
   def testABackwardHoldsItsWeightGradientsBesideTheSums(self):
     # A piece's weight gradients are added to the sums when it returns:

@@ -90,8 +90,8 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     'The remat policy --synthesize plans for.', **fv)
   flags.DEFINE_bool(
       'synthesize_table', False, 'Print synthesized against library '
-      'schedules for 32 Transformer benchmark blocks (measured costs, '
-      'tools/plan/synthesize.TRANSFORMER) at --table_devices x '
+      'schedules for 32 Transformer benchmark blocks (measured times, '
+      'bytes traced: tools/plan/synthesize.TransformerBlock) at --table_devices x '
       '--table_micro_batches x --table_budgets; no --model needed.', **fv)
   flags.DEFINE_list('table_devices', ['4', '8', '16'], 'K of the table.',
                     **fv)
@@ -199,7 +199,7 @@ def Run(fv: flags.FlagValues) -> str:
   """
   if fv.synthesize_table:
     rows = plan_synthesize.Table(
-        plan_synthesize.TRANSFORMER, 32, plan_synthesize.TRANSFORMER_COMM,
+        plan_synthesize.TransformerBlock(), 32, plan_synthesize.TRANSFORMER_COMM,
         [int(k) for k in fv.table_devices],
         [int(m) for m in fv.table_micro_batches],
         [float(b) for b in fv.table_budgets])

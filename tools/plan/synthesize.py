@@ -1,13 +1,16 @@
 """tools.plan --synthesize and --synthesize_table: a model's synthesized schedule, written and drawn, and synthesized against library schedules on paper.
 
 Pure Python over the library (gpipe_tf/pipeline/schedule/synthesize.py and
-layout.py) but for Draw, which imports matplotlib:
+layout.py) but for Draw, which imports matplotlib, and TransformerBlock,
+which traces a block with TensorFlow:
 
   * LayerCosts: a plan_lib.Model's layers as layout.LayerCost, F = B = W =
     a layer's FLOPs x micro-batch / flops_per_second (as plan_lib times a
     stage), bytes as plan_lib counts them (memory.StageBytesOf);
   * Report, Draw: the chosen layout in words, its unit-time grid
     (Schedule.ToAscii) and a PNG of its simulated step;
+  * TransformerBlock: the Transformer benchmark block, measured times and
+    bytes traced now (imports TensorFlow);
   * Table, FormatTable: at each K, M and budget (a fraction of 1F1B's
     peak), the simulated step and fullest device's peak of 1F1B, of the
     best library schedule that fits and of the synthesized one, for L
@@ -27,7 +30,7 @@ from gpipe_tf.pipeline.schedule import synthesize
 from tools.plan import lib as plan_lib
 
 __all__ = ['Draw', 'FormatTable', 'LayerCosts', 'Report', 'Row', 'Table',
-           'TRANSFORMER']
+           'TRANSFORMER_COMM', 'TRANSFORMER_TIMES', 'TransformerBlock']
 
 
 def LayerCosts(model: plan_lib.Model, micro_batch_size: int,
@@ -91,18 +94,42 @@ def Draw(choice: layout.Choice, path: str) -> None:
   plt.close(fig)
 
 
-# The Transformer benchmark block (d=256, 32 tokens, float32): per block
-# and micro-batch of 8 sequences, the engine's pieces' CPU time at K=2, M=8,
-# remat 'never' (benchmarks/benchmark/README.md, "Schedules as
-# accelerators run them", Transformer at M=8: F 46.7, B 49.3, W 37.4 ms per
-# 4-block stage, a message 0.66 ms + 0.41 ms of CPU), and per example the
-# bytes layer_bytes.py traces for one block (input 32,896; its kept
-# forward 508,448 beyond that; its B's stash for W 655,360).
-TRANSFORMER = layout.LayerCost(
-    46.7e-3 / 4, 49.3e-3 / 4, 37.4e-3 / 4,
-    memory.StageBytes(input=32896 * 8, activations=508448 * 8,
-                      wcut=655360 * 8))
+# The Transformer benchmark block (tools.benchmark --block=transformer:
+# d=256, 32 tokens, float32) per micro-batch of 8 sequences: the engine's
+# pieces' CPU time at K=2, M=8, remat 'never' (benchmarks/benchmark/README.md,
+# "Schedules as accelerators run them", Transformer at M=8: F 46.7, B 49.3,
+# W 37.4 ms per 4-block stage, a message 0.66 ms + 0.41 ms of CPU). Its
+# bytes are traced when the table is made (TransformerBlock).
+TRANSFORMER_TIMES = (46.7e-3 / 4, 49.3e-3 / 4, 37.4e-3 / 4)
+TRANSFORMER_MICRO_BATCH = 8
 TRANSFORMER_COMM = (0.66 + 0.41) * 1e-3
+
+
+def TransformerBlock() -> layout.LayerCost:
+  """The Transformer benchmark block's LayerCost per micro-batch of 8 sequences.
+
+  F, B and W are TRANSFORMER_TIMES (measured); the bytes are traced now, as
+  schedule='auto' sizes a layer: its input from its input shapes (float32),
+  what its kept forward stashes beyond its inputs and what its B stashes for
+  its W from layer_bytes.KeptBytes (introspect.ProgramBytes over the
+  block's traced training step). Imports TensorFlow and builds one block.
+
+  Raises:
+    plan_lib.PlanError: the trace cannot size the block.
+  """
+  from gpipe_tf.pipeline import layer_bytes  # pylint: disable=g-import-not-at-top
+  from tools.benchmark import lib as bench_lib  # pylint: disable=g-import-not-at-top
+  blocks, shapes = bench_lib.LayersOf(
+      bench_lib.ModelSpec(block='transformer', num_blocks=1))
+  traced = layer_bytes.KeptBytes(blocks, shapes)[0]
+  if traced is None:
+    raise plan_lib.PlanError('the Transformer benchmark block could not be '
+                             'traced (layer_bytes.KeptBytes gave None)')
+  kept, wcut = traced
+  b = TRANSFORMER_MICRO_BATCH
+  input_bytes = 4 * sum(math.prod(s[1:]) for s in shapes)
+  return layout.LayerCost(*TRANSFORMER_TIMES, memory.StageBytes(
+      input=input_bytes * b, activations=kept * b, wcut=wcut * b))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,8 @@ and keeps the shortest simulated step that fits the memory budget; ties go
 to the layout tried first. Layouts are tried in the order of a lower bound
 of their step (their busiest device's work), and one whose bound is no
 shorter than the best step found is skipped. A stage's bytes are its layers' sums
-but its input, which is its first layer's input (memory.StageBytes).
+and what its later layers add joined to the layer before (LayerCost.joined) but
+its input, which is its first layer's input (memory.StageBytes).
 
 Pure Python; importing it does not import TensorFlow.
 """
@@ -48,11 +49,15 @@ class LayerCost:
   Attributes:
     forward, backward, weight: the durations of its F, B and W.
     bytes: its memory.StageBytes, `input` being its own input.
+    joined: what its stage holds beyond `bytes` and the layer before's when
+      it runs after that layer in one stage (layer_bytes.JoinedBytes: the
+      inputs its backward reads that the layer before does not keep).
   """
   forward: float
   backward: float
   weight: float
   bytes: memory.StageBytes = memory.StageBytes()
+  joined: memory.StageBytes = memory.StageBytes()
 
 
 _NOTHING = LayerCost(0.0, 0.0, 0.0)
@@ -93,11 +98,15 @@ class Choice:
     return self.synthesized.best.peaks
 
 
-def StageBytesOf(layers: Sequence[memory.StageBytes]) -> memory.StageBytes:
-  """A stage's bytes from its layers': the first one's input, the rest summed."""
+def StageBytesOf(layers: Sequence[memory.StageBytes],
+                 joined: Sequence[memory.StageBytes] = ()
+                 ) -> memory.StageBytes:
+  """A stage's bytes from its layers': the first one's input, the rest
+  summed, with `joined`, its later layers' LayerCost.joined."""
+  every = list(layers) + list(joined)
   return memory.StageBytes(
       input=layers[0].input,
-      **{f: sum(getattr(x, f) for x in layers)
+      **{f: sum(getattr(x, f) for x in every)
          for f in ('activations', 'wcut', 'pinned', 'weights', 'gradients')})
 
 
@@ -151,7 +160,8 @@ def StageProblem(layers: Sequence[LayerCost], balance: Sequence[int],
       [sum(x.forward for x in st) for st in stages],
       [sum(x.backward for x in st) for st in stages],
       [sum(x.weight for x in st) for st in stages],
-      [StageBytesOf([x.bytes for x in st]) for st in stages],
+      [StageBytesOf([x.bytes for x in st], [x.joined for x in st[1:]])
+       for st in stages],
       num_virtual_stages=len(balance) // num_devices, comm_time=comm_time,
       remat=remat)
 

@@ -18,8 +18,10 @@ the device of stage s, micro-batch m holds::
     from the end of B(s, m) to the end of W(s, m)   (split backward only)
         wcut                         layer inputs and output gradients
 
-and the stage's gradient sums are held for the whole step (its weights too,
-but they are allocated before the step: ``step_peak`` leaves them out). A
+and the stage's gradient sums from the end of its first piece that makes
+weight gradients (the engine's sums start as that piece's gradients, with
+nothing before them) to the end of the step; its weights for the whole step
+(allocated before it: ``step_peak`` leaves them out). A
 release at time t comes before a hold at t. GPipe (K = 2, M = 4, every
 forward kept, unit times) thus holds on device 0 four micro-batches at the
 end of its forwards; 1F1B at most K - d on device d::
@@ -211,13 +213,17 @@ def Profile(schedule: table.Schedule, stages: Sequence[StageBytes],
   sim = sim or simulate_lib.Simulate(schedule)
   kept = frozenset(kept)
   k = schedule.num_devices
-  events = [(0.0, st.gradients, schedule.DeviceOf(s))
-            for s, st in enumerate(stages)]
+  events = []
+  first = {}  # Per stage, when its first weight gradients are made.
   for d, acts in enumerate(schedule.actions):
     for a in acts:
+      defers_w = schedule.DefersW(a.stage, a.micro_batch)
       events += _Events(a, d, stages[a.stage], sim,
-                        (a.stage, a.micro_batch) in kept,
-                        schedule.DefersW(a.stage, a.micro_batch))
+                        (a.stage, a.micro_batch) in kept, defers_w)
+      if a.kind in (BW, W) or (a.kind == FB and not defers_w):
+        first[a.stage] = min(first.get(a.stage, sim.end[a]), sim.end[a])
+  events += [(first[s], st.gradients, schedule.DeviceOf(s))
+             for s, st in enumerate(stages) if s in first]
   changes = {}
   for t, delta, d in events:
     changes.setdefault(t, []).append((delta, d))

@@ -2,10 +2,12 @@
 
 import os
 import tempfile
+from unittest import mock
 
 from absl import flags
 from absl.testing import absltest
 
+from gpipe_tf.pipeline import layer_bytes
 from gpipe_tf.pipeline import schedule as schedule_lib
 from gpipe_tf.pipeline.schedule import layout
 from gpipe_tf.pipeline.schedule import memory
@@ -29,6 +31,35 @@ class LayerCostsTest(absltest.TestCase):
         input=2048 * 8, activations=4096 * 8, wcut=(2048 + 4096) * 8,
         weights=12000, gradients=4000))
     self.assertEqual(costs[1].bytes.input, 4096 * 8)
+
+
+class TransformerBlockTest(absltest.TestCase):
+
+  def testBytesComeFromTheTrace(self):
+    with mock.patch.object(layer_bytes, 'KeptBytes',
+                           return_value=[(1000, 3000)]) as traced:
+      block = plan_synthesize.TransformerBlock()
+    (params, shapes), _ = traced.call_args
+    self.assertLen(params, 1)
+    self.assertEqual([tuple(s) for s in shapes], [(None, 32, 256), (None, 32)])
+    b = plan_synthesize.TRANSFORMER_MICRO_BATCH
+    # Input: 32 x 256 values and a mask of 32, float32, per sequence.
+    self.assertEqual(block.bytes, memory.StageBytes(
+        input=(32 * 256 + 32) * 4 * b, activations=1000 * b, wcut=3000 * b))
+    self.assertEqual((block.forward, block.backward, block.weight),
+                     plan_synthesize.TRANSFORMER_TIMES)
+
+  def testAnUntraceableBlockIsAPlanError(self):
+    with mock.patch.object(layer_bytes, 'KeptBytes', return_value=[None]):
+      with self.assertRaisesRegex(plan_lib.PlanError, 'could not be traced'):
+        plan_synthesize.TransformerBlock()
+
+  def testTheRealTraceKeepsMoreThanTheBlocksOutput(self):
+    block = plan_synthesize.TransformerBlock()
+    # Attention probabilities and the 4d-wide hidden layer: far over the
+    # block's input (which its output's size equals); W reads more still.
+    self.assertGreater(block.bytes.activations, 10 * block.bytes.input)
+    self.assertGreater(block.bytes.wcut, block.bytes.activations)
 
 
 class TableTest(absltest.TestCase):

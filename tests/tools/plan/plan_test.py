@@ -64,20 +64,21 @@ class EvaluateTest(absltest.TestCase):
     self.assertAlmostEqual(plan.examples_per_sec, 32 / plan.makespan)
     self.assertEqual(plan.peak_in_flight, (4, 4))
     self.assertEqual(plan.static_bytes, (4000 * 12,) * 2)
-    # Gradient sums + 4 micro-batches x 8 examples x (input + 4 outputs),
-    # and once the first backward runs, its own weight gradients.
-    self.assertEqual(plan.step_bytes, (2 * 4000 * 4 + 4 * 8 * 5 * 4096,) * 2)
+    # 4 micro-batches x 8 examples x (input + 4 outputs) and the first
+    # backward's weight gradients; no sums yet (they start as those).
+    self.assertEqual(plan.step_bytes, (4000 * 4 + 4 * 8 * 5 * 4096,) * 2)
 
   def testGivenStageBytesReplaceTheEstimate(self):
     # Sizes read from a traced step (gpipe_tf/pipeline/introspect.py): GPipe at
-    # M = 4 holds 4 micro-batches of each stage's input + activations, the
-    # sums and a running backward's gradients; device 1's first backward
-    # runs while device 0 still holds all 4.
+    # M = 4 holds 4 micro-batches of each stage's input + activations and
+    # its first backward's gradients (no sums before them); device 1's
+    # first backward runs while device 0 still holds all 4.
     stage = memory.StageBytes(input=10, activations=100, gradients=7)
     plan = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32,
                              stage_bytes=[stage, stage])
-    self.assertEqual(plan.step_bytes, (2 * 7 + 4 * 110,) * 2)
-    self.assertEqual(plan.total_step_bytes, 3 * 7 + 2 * 4 * 110)
+    self.assertEqual(plan.step_bytes, (7 + 4 * 110,) * 2)
+    # All 8 micro-batches and device 1's first gradients, no sums yet.
+    self.assertEqual(plan.total_step_bytes, 7 + 2 * 4 * 110)
     with self.assertRaisesRegex(plan_lib.PlanError, 'one StageBytes per '
                                 'stage.*2 stages, got 1'):
       plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4), 32, stage_bytes=[stage])
@@ -87,10 +88,10 @@ class EvaluateTest(absltest.TestCase):
     always = plan_lib.Evaluate(_MODEL, _Layout(k=2, m=4, remat='always'), 32)
     # 4 inputs + one stage's 4 outputs, of 8 examples each: micro-batches 0-2
     # while BW(0, 2) recomputes, or all 4 inputs and the kept micro-batch 3
-    # (its BW directly follows its F) until BW(0, 3); the sums, and the
-    # running backward's gradients.
+    # (its BW directly follows its F) until BW(0, 3), and that first
+    # backward's gradients (no sums before them).
     self.assertEqual(always.step_bytes[0],
-                     2 * 4000 * 4 + (4 + 4) * 8 * 4096)
+                     4000 * 4 + (4 + 4) * 8 * 4096)
     # 3 of 4 micro-batches recomputed: BW = 2F + 3/4 F on both stages, and
     # fill-drain takes (M + K - 1)(F + BW): 3.75 F against 3 F per slot.
     self.assertAlmostEqual(always.makespan / never.makespan, 3.75 / 3)
@@ -132,14 +133,16 @@ class EvaluateTest(absltest.TestCase):
     plan = plan_lib.Evaluate(_MODEL, _Layout(k=4, m=2, schedule='1f1b',
                                              remat='always'), 32)
     unit = 16 * 4096  # One example-layer output of the 16-example batch.
-    # Stages 0-2: 2 inputs + a recompute of 2 outputs; stage 3: one whole;
-    # each while a backward runs (the sums and its own gradients).
-    self.assertEqual(plan.step_bytes, (2 * 2000 * 4 + 4 * unit,) * 3 +
+    # Stages 0-2: 2 inputs + a recompute of 2 outputs while their first
+    # backward runs (its gradients, no sums yet); stage 3: one whole while
+    # its second runs (the sums and its own gradients).
+    self.assertEqual(plan.step_bytes, (2000 * 4 + 4 * unit,) * 3 +
                      (2 * 2000 * 4 + 3 * unit,))
     # At [7, 9): devices 0 and 1 hold 2 inputs each, device 2 recomputes
     # (4), device 3 holds micro-batch 1 whole (3): 11 units, not 4 + 4 + 4 +
-    # 3; devices 2 and 3 each run a backward (its gradients beside the sums).
-    self.assertEqual(plan.total_step_bytes, (4 + 2) * 2000 * 4 + 11 * unit)
+    # 3; devices 2 and 3 each run a backward (its gradients), and only
+    # device 3 has made gradients before, so only its sums exist.
+    self.assertEqual(plan.total_step_bytes, (1 + 2) * 2000 * 4 + 11 * unit)
 
   def testMoreMicroBatchesLowerTheBubble(self):
     bubbles = [plan_lib.Evaluate(_MODEL, _Layout(k=4, m=m), 64).bubble_fraction
@@ -185,14 +188,17 @@ class RankTest(absltest.TestCase):
     gpipe_never = [p for p in plans if (p.layout.schedule, p.layout.remat,
                                         p.layout.num_partitions) ==
                    ('gpipe', 'never', 2)]
-    budget = min(p.memory_bytes for p in gpipe_never) - 1
+    # GPipe at M <= K is 1F1B; from M = 8 on it holds the most.
+    budget = min(p.memory_bytes for p in gpipe_never
+                 if p.layout.num_micro_batches >= 8) - 1
     plans = plan_lib.Rank(big, 2, 64, budget, schedules=['gpipe', '1f1b'])
     best = plan_lib.Best(plans)
     self.assertEqual(best.layout.num_partitions, 2)
     self.assertTrue(best.layout.remat == 'always' or
                     best.layout.schedule == '1f1b', best.layout)
     self.assertLessEqual(best.memory_bytes, budget)
-    excluded = {p.layout for p in gpipe_never}
+    excluded = {p.layout for p in gpipe_never if p.memory_bytes > budget}
+    self.assertTrue(excluded)
     self.assertFalse(any(p.fits for p in plans if p.layout in excluded))
     self.assertIn('Memory decided it: without the budget K=1 R=2',
                   plan_lib.Reason(plans, budget))

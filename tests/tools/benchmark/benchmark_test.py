@@ -262,19 +262,22 @@ class ModelPeakTest(tf.test.TestCase):
     # 4 FC blocks of 8 on 16 examples, K = 2, M = 4, every forward kept,
     # unit times: gpipe's worst moment is device 0's BW(0, 3) beside device
     # 1's BW(1, 2) (4 + 3 micro-batches), 1f1b's 2 + 1; both devices run a
-    # backward then, holding its gradients beside the sums.
+    # backward then, holding its gradients beside the sums. A stage's sums
+    # start with its first backward's gradients (the engine's), so device
+    # 0's first backward in gpipe holds its gradients alone.
     peaks = {name: lib.ModelPeakBytes(_TINY, lib.Config(
         True, 2, 4, 'never', schedule=name, loss_inside=True))
              for name in ('gpipe', '1f1b')}
     # A micro-batch of 4 examples: per stage input 8 + 2 layers' outputs 16
     # values; gradients 2 x (8 x 8 + 8) values per stage; 4 bytes each.
     grads, unit = 2 * 2 * 72 * 4, 4 * 24 * 4
-    self.assertEqual(peaks['gpipe'], 2 * grads + 7 * unit)
+    self.assertEqual(peaks['gpipe'], grads // 2 + grads + 7 * unit)
     self.assertEqual(peaks['1f1b'], 2 * grads + 3 * unit)
-    # Each device's own worst moment: its last backward's gradients beside
-    # its sums (one stage's: grads / 2 each) and the micro-batches it holds
-    # then: 4 each in gpipe, K - d in 1f1b.
-    for name, held in (('gpipe', (4, 4)), ('1f1b', (2, 1))):
+    # Each device's own worst moment: a backward's gradients beside its
+    # sums (one stage's: grads / 2 each) and the micro-batches it holds
+    # then: 3 each in gpipe (its second backward; at its first, 4 without
+    # sums, is less), K - d in 1f1b.
+    for name, held in (('gpipe', (3, 3)), ('1f1b', (2, 1))):
       plan = lib.ModelPlan(_TINY, lib.Config(True, 2, 4, 'never',
                                              schedule=name, loss_inside=True))
       self.assertEqual(

@@ -22,7 +22,7 @@ import keras
 
 from gpipe_tf.layers.keras_errors import UnknownKerasClassError
 
-__all__ = ['FromConfig', 'FunctionConfig', 'KerasClassPath',
+__all__ = ['Accepted', 'FromConfig', 'FunctionConfig', 'KerasClassPath',
            'LayerClassConfig', 'ResolveKerasClass']
 
 _LAYER_CLASS = 'keras_layer_class'
@@ -155,7 +155,7 @@ def FromConfig(cls: type, config: dict) -> keras.layers.Layer:
   `trainable` (nor **kwargs) is not given them; the layer gets its name
   after.
   """
-  config, name = _Accepted(cls, config)
+  config, name = Accepted(cls, config)
   layer = _FromConfig(cls, config)
   if name is not None:
     layer.name = name  # Before it is built: its weights' paths use it.
@@ -167,7 +167,7 @@ def FromConfig(cls: type, config: dict) -> keras.layers.Layer:
 _BASE_ARGUMENTS = ('name', 'dtype', 'trainable')
 
 
-def _Accepted(cls: type, config: dict) -> tuple[dict, str | None]:
+def Accepted(cls: type, config: dict) -> tuple[dict, str | None]:
   """(`config` less the base arguments `cls`'s constructor does not take,
   the name to give the layer after it is built from it, else None)."""
   params = inspect.signature(cls.__init__).parameters

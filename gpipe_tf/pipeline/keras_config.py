@@ -202,9 +202,8 @@ def _FromAttributes(layer: keras.layers.Layer) -> dict:
   same names; an argument with a default and no attribute keeps its
   default (the outputs check catches one that mattered)."""
   params = inspect.signature(type(layer).__init__).parameters
-  config = {'dtype': layer.dtype_policy.name, 'trainable': layer.trainable}
-  if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-    config = {k: v for k, v in config.items() if k in params}  # Flux's.
+  config, _ = keras_classes.Accepted(type(layer), {  # Flux's takes neither.
+      'dtype': layer.dtype_policy.name, 'trainable': layer.trainable})
   for name, param in params.items():
     if name == 'self' or param.kind in (param.VAR_KEYWORD,
                                         param.VAR_POSITIONAL):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ['LENGTHS', 'NotBuiltError', 'Build', 'Names', 'TASKS']
+__all__ = ['INPUTS', 'LENGTHS', 'NotBuiltError', 'Build', 'Names', 'TASKS']
 
 # Task models: (task class, its backbone class, extra task arguments).
 TASKS = {
@@ -198,7 +198,37 @@ _ABSTRACT = ('Backbone', 'FeaturePyramidBackbone')
 LENGTHS = {'MoonshineBackbone': {'encoder_input_values': 1024,
                                  'encoder_padding_mask': 1024},
            # No mask prompts (keras_hub's sam_backbone_test feeds 0).
-           'SAMBackbone': {'masks': 0}}
+           'SAMBackbone': {'masks': 0},
+           # keras_hub 0.32.0's SAM3 geometry encoder hands its (batch,
+           # boxes + 1) prompt mask to attention unexpanded, so Keras runs
+           # it only where boxes + 1 is the batch of the call (or 1): 3
+           # boxes for micro-batches of 4 (docs/keras.md).
+           'SAM3PromptableConceptBackbone': {'boxes': 3, 'box_labels': 3}}
+
+
+def _Sam3Boxes(shape: list[int], per_call: int, seed: int) -> Any:
+  """SAM3 box prompts (image row, cx, cy, w, h) for `per_call` examples a
+  call: the row, which roi_align gathers from, is the image's within its
+  own call (its micro-batch), the box inside the image."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  n, boxes = shape[0], shape[1]
+  row = tf.cast(tf.range(n) % per_call, tf.float32)
+  row = tf.broadcast_to(row[:, None, None], [n, boxes, 1])
+  where = tf.random.stateless_uniform([n, boxes, 4], [seed, 3], 0.2, 0.6)
+  return tf.concat([row, where], -1)
+
+
+def _Sam3Labels(shape: list[int], per_call: int, seed: int) -> Any:
+  """SAM3 box labels, 0 or 1 (negative or positive; none is padding)."""
+  del per_call
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.random.stateless_uniform(shape, [seed, 4], 0, 2, tf.int32)
+
+
+# Inputs a random draw would make invalid, by model class and input name:
+# (shape, examples per call, seed) -> the tensor.
+INPUTS = {'SAM3PromptableConceptBackbone': {'boxes': _Sam3Boxes,
+                                            'box_labels': _Sam3Labels}}
 
 
 def _ResNet(stages: int, filters: int = 8) -> Any:
@@ -243,6 +273,33 @@ def _Sam() -> dict[str, Any]:
           num_layers=2, hidden_size=16, intermediate_dim=32, num_heads=8,
           embedding_dim=8, num_multimask_outputs=3, iou_head_depth=3,
           iou_head_hidden_dim=8))
+
+
+def _Sam3() -> dict[str, Any]:
+  """keras_hub's sam3_pc_backbnoe_test.py (sic) sub-models, vocabulary 50."""
+  from keras_hub.src.models.sam3 import sam3_detr_decoder  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.sam3 import sam3_detr_encoder  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.sam3 import sam3_geometry_encoder  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.sam3 import sam3_mask_decoder  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.sam3 import sam3_text_encoder  # pylint: disable=g-import-not-at-top
+  from keras_hub.src.models.sam3 import sam3_vision_encoder  # pylint: disable=g-import-not-at-top
+  image, width = (28, 28, 3), dict(num_layers=2, hidden_dim=16,
+                                   intermediate_dim=32, num_heads=2)
+  return dict(
+      vision_encoder=sam3_vision_encoder.SAM3VisionEncoder(
+          image_shape=image, patch_size=14, fpn_hidden_dim=16,
+          fpn_scale_factors=[4.0, 2.0, 1.0, 0.5],
+          pretrain_image_shape=(42, 42, 3), window_size=2,
+          global_attn_indexes=[1, 2], **width),
+      text_encoder=sam3_text_encoder.SAM3TextEncoder(
+          vocabulary_size=50, embedding_dim=16, **width),
+      geometry_encoder=sam3_geometry_encoder.SAM3GeometryEncoder(
+          roi_size=7, **width),
+      detr_encoder=sam3_detr_encoder.SAM3DetrEncoder(**width),
+      detr_decoder=sam3_detr_decoder.SAM3DetrDecoder(
+          image_shape=image, patch_size=14, num_queries=8, **width),
+      mask_decoder=sam3_mask_decoder.SAM3MaskDecoder(
+          num_upsampling_stages=3, hidden_dim=16, num_heads=2))
 
 
 def _Blip2() -> dict[str, Any]:
@@ -339,6 +396,7 @@ _PARTS = {
     'BASNetBackbone': lambda: dict(image_encoder=_ResNet(4, 64)),
     'RetinaNetBackbone': lambda: dict(image_encoder=_ResNet(4)),
     'SAMBackbone': _Sam,
+    'SAM3PromptableConceptBackbone': _Sam3,
     'BLIP2Backbone': _Blip2,
     'DepthAnythingBackbone': _DepthAnything,
     'PARSeqBackbone': _Parseq,
@@ -354,9 +412,6 @@ _NOT_BUILT = {
         'refinement heads are 64 filters wide and need a ResNet of 64 '
         'filters at every stage), too large for the zoo; a pipeline would '
         'take it as it takes ResNetBackbone'),
-    'SAM3PromptableConceptBackbone': (
-        'six sub-models (vision, text and geometry encoders, DETR encoder '
-        'and decoder, mask decoder), each with its own config'),
 }
 
 

@@ -176,11 +176,16 @@ def _Inputs(model: Any, n: int) -> Any:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import keras  # pylint: disable=g-import-not-at-top
 
-  lengths = _Lengths().get(type(model).__name__, {})
+  from tools.keras_zoo import hub as keras_zoo_hub  # pylint: disable=g-import-not-at-top
+  lengths = keras_zoo_hub.LENGTHS.get(type(model).__name__, {})
+  made = keras_zoo_hub.INPUTS.get(type(model).__name__, {})
 
   def _One(t, i):
-    seq = lengths.get(t.name.split(':')[0], _SEQ)
-    shape = [n] + [seq if d is None else d for d in t.shape[1:]]
+    key = t.name.split(':')[0]
+    shape = [n] + [lengths.get(key, _SEQ) if d is None else d
+                   for d in t.shape[1:]]
+    if key in made:  # Values a random draw would make invalid (SAM3's boxes).
+      return tf.cast(made[key](shape, _PER_MICRO_BATCH, i), t.dtype)
     if 'int' in keras.backend.standardize_dtype(t.dtype) or (
         keras.backend.standardize_dtype(t.dtype) == 'bool'):
       if 'mask' in t.name:  # Padding: example j keeps its first L_j tokens.
@@ -198,11 +203,6 @@ def _Inputs(model: Any, n: int) -> Any:
     return {k: _One(t, i) for i, (k, t) in enumerate(sorted(struct.items()))}
   xs = [_One(t, i) for i, t in enumerate(model.inputs)]
   return xs[0] if len(xs) == 1 else tuple(xs)
-
-
-def _Lengths() -> dict[str, dict[str, int]]:
-  from tools.keras_zoo import hub as keras_zoo_hub  # pylint: disable=g-import-not-at-top
-  return keras_zoo_hub.LENGTHS
 
 
 def SquaredError(outputs: Any, targets: Any) -> Any:

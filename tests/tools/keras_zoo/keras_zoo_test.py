@@ -100,8 +100,8 @@ class KerasZooTest(tf.test.TestCase):
     self.assertEqual(clip.vision_encoder.hidden_dim, 16)
     self.assertEqual(clip.text_encoder.max_sequence_length, keras_zoo_hub.SEQ)
     with self.assertRaisesRegex(keras_zoo_hub.NotBuiltError,
-                                'not built: six sub-models'):
-      keras_zoo_hub.Build('SAM3PromptableConceptBackbone')
+                                'not built: its smallest build holds'):
+      keras_zoo_hub.Build('BASNetBackbone')
     # An input named in LENGTHS gets its length (Moonshine's audio).
     moonshine = keras_zoo_hub.Build('MoonshineBackbone')
     x = keras_zoo._Inputs(moonshine, 2)  # pylint: disable=protected-access
@@ -115,6 +115,22 @@ class KerasZooTest(tf.test.TestCase):
     self.assertFalse(keras_zoo_hub.HasRandomness(quiet))
     self.assertTrue(keras_zoo_hub.HasRandomness(
         keras_zoo_hub.Build('BertBackbone', randomness=True)))
+
+  def testSam3BoxPromptsIndexTheirOwnMicroBatch(self):
+    # A SAM3 box's first number is the row of its image in the call's batch
+    # (roi_align gathers there), so each micro-batch of 4 numbers its own
+    # images 0-3; labels are 0 or 1 (-10 would be padding). keras_hub's
+    # geometry encoder runs only with boxes + 1 = the batch of a call: 3.
+    sam3 = keras_zoo_hub.Build('SAM3PromptableConceptBackbone')
+    x = keras_zoo._Inputs(sam3, 8)  # pylint: disable=protected-access
+    self.assertEqual(x['boxes'].shape, [8, 3, 5])
+    self.assertAllEqual(x['boxes'][:, :, 0],
+                        [[i % 4] * 3 for i in range(8)])
+    self.assertAllInRange(x['boxes'][:, :, 1:], 0.2, 0.6)
+    self.assertAllInSet(x['box_labels'], [0, 1])
+    for part in (slice(0, 4), slice(4, 8)):  # Keras runs each micro-batch.
+      out = sam3(tf.nest.map_structure(lambda t, p=part: t[p], x))
+      self.assertEqual(out['pred_boxes'].shape, [4, 8, 4])
 
 
 if __name__ == '__main__':

@@ -11,6 +11,10 @@ model stand for different values at each of its calls.
 A layer called at several places (tied embeddings, a shared block, a nested
 model called twice) gives one call per place; each later call names its
 first (``Call.first``), whose variables it reads.
+
+A Keras tensor at several places of one call's outputs (a layer whose
+``compute_output_spec`` repeats a spec) holds its last place's value, as in
+Keras's functional run; the earlier places get Keys nothing reads.
 """
 
 from __future__ import annotations
@@ -211,7 +215,7 @@ class _Walker:
         self._Nested(op, inner, node, scope, _Key, alias)
         continue
       name, first = self._Name(op)
-      outs = [_Key(t) for t in node.outputs]
+      outs = _OutputKeys(node.outputs, _Key)
       self.tensors.update(zip(outs, node.outputs))
       masks = {_Key(t): _Key(_Mask(t)) for t in node.arguments.keras_tensors
                if _Mask(t) is not None}
@@ -252,6 +256,23 @@ class _Walker:
         inner, sub_scope, {id(w): key(g) for w, g in zip(wanted, given)}))
     for t, k in zip(node.outputs, outs):
       alias[id(t)] = k
+
+
+def _OutputKeys(outputs: list, key: Callable[[Any], Key]) -> list:
+  """The Keys of a call's flat outputs.
+
+  A Keras tensor may stand at several places of them: a layer whose
+  compute_output_spec returns one spec for several outputs (keras_hub's
+  DFineDecoder gives every decoder layer's attention weights the same
+  one). Keras's functional run sets each output tensor's value in turn,
+  so the tensor holds its last place's value, and every reader (the
+  model's outputs too) gets that. So here: the last place gets the
+  tensor's Key, each earlier place a Key of its own that nothing reads.
+  """
+  last = {id(t): j for j, t in enumerate(outputs)}
+  return [key(t) if last[id(t)] == j else
+          Key(key(t).path + (('overwritten', j),))
+          for j, t in enumerate(outputs)]
 
 
 def _Nodes(graph: Any) -> list:

@@ -104,31 +104,32 @@ class PlanSynthesizeToolTest(absltest.TestCase):
                   '--activations=outputs', '--memory_budget_mib=0.001',
                   f'--synthesize={os.path.join(tmp, "x.csv")}')
 
+  def _Table(self, *block_flags):
+    """--synthesize_table at K=2, M=8 and 1F1B's peak, for the block the
+    flags give."""
+    return self._Run('--synthesize_table', '--table_devices=2',
+                     '--table_micro_batches=8', '--table_budgets=1',
+                     *block_flags)
+
   def testTable(self):
-    text = self._Run('--synthesize_table', '--table_devices=2',
-                     '--table_micro_batches=8', '--table_budgets=1')
+    text = self._Table()
     self.assertIn('| 2 | 8 | 1 |', text)
     self.assertIn("At 1F1B's peak", text)
     self.assertIn('d=256, T=32, h=4, H=1024', text)
     self.assertIn('measured on the benchmark block', text)
 
   def testTableOfAChosenBlock(self):
-    text = self._Run('--synthesize_table', '--table_devices=2',
-                     '--table_micro_batches=8', '--table_budgets=1',
-                     '--table_width=8', '--table_tokens=4',
-                     '--table_heads=2', '--table_micro_batch=2')
-    self.assertIn('d=8, T=4, h=2, H=32, float32, micro-batches of 2', text)
-    # Per sequence: 4 tokens x 8 values and a mask of 4, float32.
-    self.assertIn('input 144,', text)
-    self.assertIn('scaled by FLOPs', text)
-    self.assertIn('| 2 | 8 | 1 |', text)
-
-  def testHiddenWidthOfTheTableBlock(self):
-    text = self._Run('--synthesize_table', '--table_devices=2',
-                     '--table_micro_batches=8', '--table_budgets=1',
-                     '--table_width=8', '--table_tokens=4',
-                     '--table_heads=2', '--table_hidden=12')
-    self.assertIn('d=8, T=4, h=2, H=12,', text)
+    tiny = ('--table_width=8', '--table_tokens=4', '--table_heads=2',
+            '--table_micro_batch=2')
+    for hidden, named in [((), 'H=32'), (('--table_hidden=12',), 'H=12')]:
+      with self.subTest(hidden=named):  # Default: 4 x --table_width.
+        text = self._Table(*tiny, *hidden)
+        self.assertIn(f'd=8, T=4, h=2, {named}, float32, micro-batches of 2',
+                      text)
+        # Per sequence: 4 tokens x 8 values and a mask of 4, float32.
+        self.assertIn('input 144,', text)
+        self.assertIn('scaled by FLOPs', text)
+        self.assertIn('| 2 | 8 | 1 |', text)
 
   def testBadTableBlockIsAPlanError(self):
     with self.assertRaisesRegex(plan_lib.PlanError, '--table_heads'):

@@ -13,7 +13,7 @@ budget and prints the fastest as a table, with the reason for the winner::
   python -m tools.plan --model=synthetic.mlp.Tiny --devices=2 \\
       --synthesize=tiny.csv     # a schedule made for the model, and tiny.png
   python -m tools.plan --synthesize_table   # synthesized vs library, on paper
-  python -m tools.plan --synthesize_table --table_width=1024 \
+  python -m tools.plan --synthesize_table --table_width=1024 \\
       --table_heads=16 --table_tokens=512   # ... for a larger block
 
 Bytes per parameter: weight + optimizer slots in the model's dtype (Adam 4 +

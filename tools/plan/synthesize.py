@@ -134,9 +134,16 @@ def Table(layer: layout.LayerCost, num_layers: int, comm_time: float,
   into K stages (V = 1) and, where 2K divides them, 2K (V = 2); 1F1B's
   peak on its fullest device (V = 1) is the reference budget, multiplied
   by each fraction. V-Half is evaluated on the V = 2 split.
+
+  Raises:
+    plan_lib.PlanError: a K that does not divide num_layers.
   """
   rows = []
   for k in devices:
+    if k < 1 or num_layers % k:
+      raise plan_lib.PlanError(
+          f'K = {k} devices cannot split the table\'s {num_layers} layers '
+          f'evenly: pass --table_devices that divide {num_layers}.')
     for m in micro_batches:
       problems = [layout.StageProblem(
           [layer] * num_layers, [num_layers // (k * v)] * (k * v), k, m,

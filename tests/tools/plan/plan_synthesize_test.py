@@ -131,6 +131,10 @@ class PlanSynthesizeToolTest(absltest.TestCase):
         self.assertIn('scaled by FLOPs', text)
         self.assertIn('| 2 | 8 | 1 |', text)
 
+  def testDevicesThatCannotSplitTheLayersAreAPlanError(self):
+    with self.assertRaisesRegex(plan_lib.PlanError, '--table_devices'):
+      self._Table('--table_devices=3')
+
   def testBadTableBlockIsAPlanError(self):
     with self.assertRaisesRegex(plan_lib.PlanError, '--table_heads'):
       self._Run('--synthesize_table', '--table_width=10', '--table_heads=4')

@@ -16,9 +16,8 @@ CPU times measured on it (TRANSFORMER_TIMES). At any other size:
     attention) over the benchmark block's. Not measured: on 2 shared CPU
     cores one forward of a d=1024, T=512 block on 8 sequences would take
     seconds (3.2 s by this scaling), and kernels run nearer their peak on
-    larger matmuls, so the
-    scaled times are an estimate whose ratios F : B : W are the
-    benchmark block's but for W's share of attention;
+    larger matmuls, so the scaled times are an estimate whose ratios
+    F : B : W are the benchmark block's but for W's share of attention;
   * a message between stages (TRANSFORMER_COMM at the benchmark's size)
     scales with the bytes it carries (the block's input, b sequences).
 

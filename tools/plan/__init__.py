@@ -7,6 +7,9 @@
 * ``trace``: what each layer's backward keeps, read from a traced step
   (``--activations=traced``, through gpipe_tf.pipeline.introspect);
 * ``synthesize``: ``--synthesize`` and ``--synthesize_table``;
+* ``block``: the Transformer block of ``--synthesize_table`` at a chosen
+  size (bytes traced, times scaled by FLOPs from the measured benchmark
+  block);
 * ``check``: the estimates beside measured tools.benchmark rows
   (``--compare``);
 * ``model_stats`` (``python -m tools.plan.model_stats``): a registered

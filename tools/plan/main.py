@@ -13,6 +13,8 @@ budget and prints the fastest as a table, with the reason for the winner::
   python -m tools.plan --model=synthetic.mlp.Tiny --devices=2 \\
       --synthesize=tiny.csv     # a schedule made for the model, and tiny.png
   python -m tools.plan --synthesize_table   # synthesized vs library, on paper
+  python -m tools.plan --synthesize_table --table_width=1024 \\
+      --table_heads=16 --table_tokens=512   # ... for a larger block
 
 Bytes per parameter: weight + optimizer slots in the model's dtype (Adam 4 +
 8 in float32; tools.plan.model_stats.BytesPerParam) + the gradient (4). The batch
@@ -38,6 +40,7 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
+from tools.plan import block as plan_block
 from tools.plan import check as plan_check
 from tools.plan import lib as plan_lib
 from tools.plan import synthesize as plan_synthesize
@@ -90,9 +93,22 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     'The remat policy --synthesize plans for.', **fv)
   flags.DEFINE_bool(
       'synthesize_table', False, 'Print synthesized against library '
-      'schedules for 32 Transformer benchmark blocks (measured times, '
-      'bytes traced: tools/plan/synthesize.TransformerBlock) at --table_devices x '
-      '--table_micro_batches x --table_budgets; no --model needed.', **fv)
+      'schedules for 32 Transformer blocks of --table_width ... '
+      '--table_micro_batch (bytes traced; times measured on the benchmark '
+      'block, scaled by FLOPs at other sizes: tools/plan/block.py) at '
+      '--table_devices x --table_micro_batches x --table_budgets; no '
+      '--model needed.', **fv)
+  default = plan_block.BlockSize()
+  flags.DEFINE_integer('table_width', default.width, "The table block's "
+                       'model width d (default: the benchmark block).', **fv)
+  flags.DEFINE_integer('table_tokens', default.tokens,
+                       "The table block's sequence length T.", **fv)
+  flags.DEFINE_integer('table_heads', default.heads,
+                       "The table block's attention heads h.", **fv)
+  flags.DEFINE_integer('table_hidden', 0, "The table block's feed-forward "
+                       'hidden width H; 0: 4 x --table_width.', **fv)
+  flags.DEFINE_integer('table_micro_batch', default.micro_batch,
+                       "Sequences per micro-batch of the table.", **fv)
   flags.DEFINE_list('table_devices', ['4', '8', '16'], 'K of the table.',
                     **fv)
   flags.DEFINE_list('table_micro_batches', ['8', '16', '32', '64'],
@@ -198,13 +214,15 @@ def Run(fv: flags.FlagValues) -> str:
     OSError and json.JSONDecodeError.
   """
   if fv.synthesize_table:
+    block = plan_block.TransformerBlock(plan_block.BlockSize(
+        fv.table_width, fv.table_tokens, fv.table_heads,
+        fv.table_hidden or 4 * fv.table_width, fv.table_micro_batch))
     rows = plan_synthesize.Table(
-        plan_synthesize.TransformerBlock(), 32, plan_synthesize.TRANSFORMER_COMM,
-        [int(k) for k in fv.table_devices],
+        block.cost, 32, block.comm_time, [int(k) for k in fv.table_devices],
         [int(m) for m in fv.table_micro_batches],
         [float(b) for b in fv.table_budgets])
-    return '\n'.join([plan_synthesize.FormatTable(rows), ''] +
-                      plan_synthesize.Targets(rows))
+    return '\n'.join([block.Describe(), '', plan_synthesize.FormatTable(rows),
+                      ''] + plan_synthesize.Targets(rows))
   measured = None
   if fv.compare:
     with open(fv.compare) as f:

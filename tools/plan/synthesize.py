@@ -1,20 +1,19 @@
 """tools.plan --synthesize and --synthesize_table: a model's synthesized schedule, written and drawn, and synthesized against library schedules on paper.
 
 Pure Python over the library (gpipe_tf/pipeline/schedule/synthesize.py and
-layout.py) but for Draw, which imports matplotlib, and TransformerBlock,
-which traces a block with TensorFlow:
+layout.py) but for Draw, which imports matplotlib:
 
   * LayerCosts: a plan_lib.Model's layers as layout.LayerCost, F = B = W =
     a layer's FLOPs x micro-batch / flops_per_second (as plan_lib times a
     stage), bytes as plan_lib counts them (memory.StageBytesOf);
   * Report, Draw: the chosen layout in words, its unit-time grid
     (Schedule.ToAscii) and a PNG of its simulated step;
-  * TransformerBlock: the Transformer benchmark block, measured times and
-    bytes traced now (imports TensorFlow);
   * Table, FormatTable: at each K, M and budget (a fraction of 1F1B's
-    peak), the simulated step and fullest device's peak of 1F1B, of the
-    best library schedule that fits and of the synthesized one, for L
-    identical layers split evenly (V = 1 and V = 2 both tried).
+    peak), the simulated step and fullest device's peak of 1F1B, of V-Half
+    (controllable.VHalf, V = 2, whatever the budget), of the best library
+    schedule that fits and of the synthesized one, for L identical layers
+    split evenly (V = 1 and V = 2 both tried); the table's layer is
+    tools/plan/block.py's Transformer block.
 """
 
 from __future__ import annotations
@@ -24,13 +23,14 @@ import dataclasses
 import math
 
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline.schedule import controllable
 from gpipe_tf.pipeline.schedule import layout
 from gpipe_tf.pipeline.schedule import memory
 from gpipe_tf.pipeline.schedule import synthesize
 from tools.plan import lib as plan_lib
 
 __all__ = ['Draw', 'FormatTable', 'LayerCosts', 'Report', 'Row', 'Table',
-           'TRANSFORMER_COMM', 'TRANSFORMER_TIMES', 'TransformerBlock']
+           'Targets']
 
 
 def LayerCosts(model: plan_lib.Model, micro_batch_size: int,
@@ -94,44 +94,6 @@ def Draw(choice: layout.Choice, path: str) -> None:
   plt.close(fig)
 
 
-# The Transformer benchmark block (tools.benchmark --block=transformer:
-# d=256, 32 tokens, float32) per micro-batch of 8 sequences: the engine's
-# pieces' CPU time at K=2, M=8, remat 'never' (benchmarks/benchmark/README.md,
-# "Schedules as accelerators run them", Transformer at M=8: F 46.7, B 49.3,
-# W 37.4 ms per 4-block stage, a message 0.66 ms + 0.41 ms of CPU). Its
-# bytes are traced when the table is made (TransformerBlock).
-TRANSFORMER_TIMES = (46.7e-3 / 4, 49.3e-3 / 4, 37.4e-3 / 4)
-TRANSFORMER_MICRO_BATCH = 8
-TRANSFORMER_COMM = (0.66 + 0.41) * 1e-3
-
-
-def TransformerBlock() -> layout.LayerCost:
-  """The Transformer benchmark block's LayerCost per micro-batch of 8 sequences.
-
-  F, B and W are TRANSFORMER_TIMES (measured); the bytes are traced now, as
-  schedule='auto' sizes a layer: its input from its input shapes (float32),
-  what its kept forward stashes beyond its inputs and what its B stashes for
-  its W from layer_bytes.KeptBytes (introspect.ProgramBytes over the
-  block's traced training step). Imports TensorFlow and builds one block.
-
-  Raises:
-    plan_lib.PlanError: the trace cannot size the block.
-  """
-  from gpipe_tf.pipeline import layer_bytes  # pylint: disable=g-import-not-at-top
-  from tools.benchmark import lib as bench_lib  # pylint: disable=g-import-not-at-top
-  blocks, shapes = bench_lib.LayersOf(
-      bench_lib.ModelSpec(block='transformer', num_blocks=1))
-  traced = layer_bytes.KeptBytes(blocks, shapes)[0]
-  if traced is None:
-    raise plan_lib.PlanError('the Transformer benchmark block could not be '
-                             'traced (layer_bytes.KeptBytes gave None)')
-  kept, wcut = traced
-  b = TRANSFORMER_MICRO_BATCH
-  input_bytes = 4 * sum(math.prod(s[1:]) for s in shapes)
-  return layout.LayerCost(*TRANSFORMER_TIMES, memory.StageBytes(
-      input=input_bytes * b, activations=kept * b, wcut=wcut * b))
-
-
 @dataclasses.dataclass(frozen=True)
 class Row:
   """One K, M and budget of Table (steps in seconds, peaks in bytes)."""
@@ -142,6 +104,9 @@ class Row:
   one_f_one_b: tuple[float, float]  # (step, fullest device's peak).
   library: tuple[str, float, float] | None  # (name, step, peak) or None.
   synthesized: tuple[str, float, float] | None  # None: nothing fits.
+  # V-Half's (step, peak) on the V = 2 split, fitting or not; None: no
+  # V = 2 split (2K does not divide the layers).
+  v_half: tuple[float, float] | None = None
 
 
 def _Best(problems: Sequence[synthesize.Problem], budget: float, search: bool
@@ -165,12 +130,20 @@ def Table(layer: layout.LayerCost, num_layers: int, comm_time: float,
           fractions: Sequence[float]) -> list[Row]:
   """Synthesized against library schedules for num_layers identical layers.
 
-  At each K (dividing num_layers / 2) and M the layers are split evenly
-  into K stages (V = 1) and 2K (V = 2); 1F1B's peak on its fullest device
-  (V = 1) is the reference budget, multiplied by each fraction.
+  At each K (dividing num_layers) and M the layers are split evenly
+  into K stages (V = 1) and, where 2K divides them, 2K (V = 2); 1F1B's
+  peak on its fullest device (V = 1) is the reference budget, multiplied
+  by each fraction. V-Half is evaluated on the V = 2 split.
+
+  Raises:
+    plan_lib.PlanError: a K that does not divide num_layers.
   """
   rows = []
   for k in devices:
+    if k < 1 or num_layers % k:
+      raise plan_lib.PlanError(
+          f'K = {k} devices cannot split the table\'s {num_layers} layers '
+          f'evenly: pass --table_devices that divide {num_layers}.')
     for m in micro_batches:
       problems = [layout.StageProblem(
           [layer] * num_layers, [num_layers // (k * v)] * (k * v), k, m,
@@ -178,31 +151,39 @@ def Table(layer: layout.LayerCost, num_layers: int, comm_time: float,
                   if num_layers % (k * v) == 0]
       base = synthesize.Evaluate(problems[0],
                                  schedule_lib.Make('1f1b', k, m))
+      v_half = None
+      if len(problems) == 2:
+        half = synthesize.Evaluate(problems[1], controllable.VHalf(k, m),
+                                   'v_half')
+        v_half = (half.makespan, max(half.peaks))
       for f in fractions:
         budget = f * max(base.peaks)
         rows.append(Row(k, m, f, budget, (base.makespan, max(base.peaks)),
                         _Best(problems, budget, search=False),
-                        _Best(problems, budget, search=True)))
+                        _Best(problems, budget, search=True), v_half))
   return rows
 
 
 def FormatTable(rows: Sequence[Row]) -> str:
   """The rows as markdown: steps relative to 1F1B's, peaks to its peak."""
-  lines = ['| K | M | budget (x 1F1B peak) | best library schedule that fits: '
-           'step, peak | synthesized: step, peak | synthesized schedule |',
-           '|---|---|---|---|---|---|']
+  lines = ['| K | M | budget (x 1F1B peak) | v_half (fits or not): step, '
+           'peak | best library schedule that fits: step, peak | '
+           'synthesized: step, peak | synthesized schedule |',
+           '|---|---|---|---|---|---|---|']
 
-  def Cell(found):
+  def Cell(found, digits=2):
     if found is None:
       return 'none fits'
     return (f'{found[1] / r.one_f_one_b[0]:.3f}, '
-            f'{found[2] / r.one_f_one_b[1]:.2f}')
+            f'{found[2] / r.one_f_one_b[1]:.{digits}f}')
 
   for r in rows:
     lib = ('none fits' if r.library is None else
            f'{r.library[0]} {Cell(r.library)}')
+    half = '-' if r.v_half is None else Cell(('v_half',) + r.v_half, 3)
     lines.append(f'| {r.num_devices} | {r.num_micro_batches} | '
-                 f'{r.budget_fraction:g} | {lib} | {Cell(r.synthesized)} | '
+                 f'{r.budget_fraction:g} | {half} | {lib} | '
+                 f'{Cell(r.synthesized)} | '
                  f'{r.synthesized[0] if r.synthesized else "-"} |')
   return '\n'.join(lines)
 

@@ -7,10 +7,11 @@ from unittest import mock
 from absl import flags
 from absl.testing import absltest
 
-from gpipe_tf.pipeline import layer_bytes
 from gpipe_tf.pipeline import schedule as schedule_lib
+from gpipe_tf.pipeline.schedule import controllable
 from gpipe_tf.pipeline.schedule import layout
 from gpipe_tf.pipeline.schedule import memory
+from gpipe_tf.pipeline.schedule import synthesize
 from tools.plan import lib as plan_lib
 from tools.plan import synthesize as plan_synthesize
 
@@ -31,35 +32,6 @@ class LayerCostsTest(absltest.TestCase):
         input=2048 * 8, activations=4096 * 8, wcut=(2048 + 4096) * 8,
         weights=12000, gradients=4000))
     self.assertEqual(costs[1].bytes.input, 4096 * 8)
-
-
-class TransformerBlockTest(absltest.TestCase):
-
-  def testBytesComeFromTheTrace(self):
-    with mock.patch.object(layer_bytes, 'KeptBytes',
-                           return_value=[(1000, 3000)]) as traced:
-      block = plan_synthesize.TransformerBlock()
-    (params, shapes), _ = traced.call_args
-    self.assertLen(params, 1)
-    self.assertEqual([tuple(s) for s in shapes], [(None, 32, 256), (None, 32)])
-    b = plan_synthesize.TRANSFORMER_MICRO_BATCH
-    # Input: 32 x 256 values and a mask of 32, float32, per sequence.
-    self.assertEqual(block.bytes, memory.StageBytes(
-        input=(32 * 256 + 32) * 4 * b, activations=1000 * b, wcut=3000 * b))
-    self.assertEqual((block.forward, block.backward, block.weight),
-                     plan_synthesize.TRANSFORMER_TIMES)
-
-  def testAnUntraceableBlockIsAPlanError(self):
-    with mock.patch.object(layer_bytes, 'KeptBytes', return_value=[None]):
-      with self.assertRaisesRegex(plan_lib.PlanError, 'could not be traced'):
-        plan_synthesize.TransformerBlock()
-
-  def testTheRealTraceKeepsMoreThanTheBlocksOutput(self):
-    block = plan_synthesize.TransformerBlock()
-    # Attention probabilities and the 4d-wide hidden layer: far over the
-    # block's input (which its output's size equals); W reads more still.
-    self.assertGreater(block.bytes.activations, 10 * block.bytes.input)
-    self.assertGreater(block.bytes.wcut, block.bytes.activations)
 
 
 class TableTest(absltest.TestCase):
@@ -84,6 +56,23 @@ class TableTest(absltest.TestCase):
     targets = plan_synthesize.Targets(rows)
     self.assertIn('2 of 2 rows', targets[0])
     self.assertIn('of 1 rows', targets[1])  # M = 8 >= 4K only.
+
+  def testVHalfOnTheVShapedSplit(self):
+    layer = layout.LayerCost(1.0, 1.0, 1.0, memory.StageBytes(
+        input=1, activations=4, wcut=4))
+    row, = plan_synthesize.Table(layer, 8, 0.0, (2,), (8,), (0.5,))
+    # V-Half on 4 stages of 2 layers, fitting 0.5x or not.
+    half = synthesize.Evaluate(
+        layout.StageProblem([layer] * 8, [2] * 4, 2, 8),
+        controllable.VHalf(2, 8))
+    self.assertEqual(row.v_half, (half.makespan, max(half.peaks)))
+    self.assertIn(f'| 2 | 8 | 0.5 | {half.makespan / row.one_f_one_b[0]:.3f}, '
+                  f'{max(half.peaks) / row.one_f_one_b[1]:.3f} |',
+                  plan_synthesize.FormatTable([row]))
+    # 6 layers on K = 2: no V = 2 split of 4 stages, so no V-Half.
+    row, = plan_synthesize.Table(layer, 6, 0.0, (2,), (8,), (0.5,))
+    self.assertIsNone(row.v_half)
+    self.assertIn('| 2 | 8 | 0.5 | - |', plan_synthesize.FormatTable([row]))
 
 
 class PlanSynthesizeToolTest(absltest.TestCase):
@@ -115,11 +104,40 @@ class PlanSynthesizeToolTest(absltest.TestCase):
                   '--activations=outputs', '--memory_budget_mib=0.001',
                   f'--synthesize={os.path.join(tmp, "x.csv")}')
 
+  def _Table(self, *block_flags):
+    """--synthesize_table at K=2, M=8 and 1F1B's peak, for the block the
+    flags give."""
+    return self._Run('--synthesize_table', '--table_devices=2',
+                     '--table_micro_batches=8', '--table_budgets=1',
+                     *block_flags)
+
   def testTable(self):
-    text = self._Run('--synthesize_table', '--table_devices=2',
-                     '--table_micro_batches=8', '--table_budgets=1')
+    text = self._Table()
     self.assertIn('| 2 | 8 | 1 |', text)
     self.assertIn("At 1F1B's peak", text)
+    self.assertIn('d=256, T=32, h=4, H=1024', text)
+    self.assertIn('measured on the benchmark block', text)
+
+  def testTableOfAChosenBlock(self):
+    tiny = ('--table_width=8', '--table_tokens=4', '--table_heads=2',
+            '--table_micro_batch=2')
+    for hidden, named in [((), 'H=32'), (('--table_hidden=12',), 'H=12')]:
+      with self.subTest(hidden=named):  # Default: 4 x --table_width.
+        text = self._Table(*tiny, *hidden)
+        self.assertIn(f'd=8, T=4, h=2, {named}, float32, micro-batches of 2',
+                      text)
+        # Per sequence: 4 tokens x 8 values and a mask of 4, float32.
+        self.assertIn('input 144,', text)
+        self.assertIn('scaled by FLOPs', text)
+        self.assertIn('| 2 | 8 | 1 |', text)
+
+  def testDevicesThatCannotSplitTheLayersAreAPlanError(self):
+    with self.assertRaisesRegex(plan_lib.PlanError, '--table_devices'):
+      self._Table('--table_devices=3')
+
+  def testBadTableBlockIsAPlanError(self):
+    with self.assertRaisesRegex(plan_lib.PlanError, '--table_heads'):
+      self._Run('--synthesize_table', '--table_width=10', '--table_heads=4')
 
 
 if __name__ == '__main__':

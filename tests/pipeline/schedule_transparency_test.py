@@ -10,6 +10,7 @@ with batch statistics, dropout) are compared with the GradientTape path of the
 same K and M: the schedule changes the order of the work, never its result.
 """
 
+import functools
 import itertools
 
 import test_utils  # pylint: disable=g-bad-import-order
@@ -88,6 +89,21 @@ def _TapeLossAndGrads(model, x, y):
   return loss, metrics, tape.gradient(loss, model.trainable_variables)
 
 
+_SPLIT_LAYERS = {'batch_stats': lambda: _BatchNormLayers(False),
+                 'dropout': _DropoutLayers,
+                 'moving_avg': lambda: _BatchNormLayers(True)}
+
+
+@functools.lru_cache(maxsize=None)
+def _SplitReference(kind):
+  """(reference pipe, its tape (loss, metrics, grads)) of the GPipe tape path
+  at K=2, M=3 on _Data(12), layers _SPLIT_LAYERS[kind]: run once, shared by
+  the tests below (the pipe keeps its state after that one step)."""
+  x, y = _Data(12)
+  ref = _Pipe(_SPLIT_LAYERS[kind](), 2, 3, 'always')
+  return ref, _TapeLossAndGrads(ref, x, y)
+
+
 def _InsideLossAndGrads(pipe, x, y):
   with random_seeds.StepSeedScope(tf.constant(_SEED, tf.int64)):
     return pipe.ComputeLossAndGradients(x, y, _LossFn)
@@ -130,13 +146,17 @@ class ScheduleTransparencyTest(tf.test.TestCase):
 
   def testInFunction(self):
     # The graph path pins every device's order with control dependencies and
-    # defers zb_h1's weight-gradient ops; a subset of the grid (tracing costs).
+    # defers zb_h1's weight-gradient ops; a subset of the grid (tracing costs):
+    # each schedule at one of the two (K, M, remat), each taken by two
+    # schedules. Every schedule's graph path at K=2, M=3 is
+    # testUnrolledExecution's and testLoopWithoutBudgetRunsAsOneSwitchLoop's;
+    # at K=2, M=8, testLoopFoldsRepeatsIntoWhileLoops'.
     x, y = _Data()
     seq = core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate()
     want = _TapeLossAndGrads(seq, x, y)
-    for (name, v), (k, m, remat) in itertools.product(
-        SCHEDULES, [(2, 3, 'except_last'), (4, 8, 'always')]):
+    for (name, v), (k, m, remat) in zip(
+        SCHEDULES, itertools.cycle([(2, 3, 'except_last'), (4, 8, 'always')])):
       with self.subTest(schedule=name, remat=remat, k=k, m=m):
         pipe = _Pipe(_MlpLayers(), k, m, remat, name, v)
         got = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))()
@@ -144,7 +164,9 @@ class ScheduleTransparencyTest(tf.test.TestCase):
 
   def testBatchNormMovingAverageRows(self):
     # Normalising with the moving statistics makes the forward independent of
-    # the split: equal to SequentialLayer for every schedule and remat.
+    # the split: equal to SequentialLayer for every schedule and remat,
+    # eagerly. The graph path of every schedule with moving-average BatchNorm
+    # is support_test.testEveryCell's (its 'loss inside' column, bn1).
     x, y = _Data()
     seq = core.SequentialLayer.Params().Set(
         name='net', layers=_BatchNormLayers(True)).Instantiate()
@@ -152,10 +174,7 @@ class ScheduleTransparencyTest(tf.test.TestCase):
     for (name, v), remat in itertools.product(SCHEDULES, REMATS):
       with self.subTest(schedule=name, remat=remat):
         pipe = _Pipe(_BatchNormLayers(True), 2, 4, remat, name, v)
-        step = lambda p=pipe: _InsideLossAndGrads(p, x, y)
-        if remat == 'always':  # The graph path once per schedule.
-          step = tf.function(step)
-        self._AssertSame(want, step())
+        self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
 
   def testSplitDependentRowsEqualTheTapePath(self):
     # Batch statistics per micro-batch and dropout masks per micro-batch: every
@@ -163,25 +182,26 @@ class ScheduleTransparencyTest(tf.test.TestCase):
     # pair of (layers, schedule, remat) values runs: each schedule once per
     # layer kind, with the other remat for the other kind (8 cells, not 16).
     x, y = _Data(12)
-    for l, layers_fn in enumerate((lambda: _BatchNormLayers(False),
-                                   _DropoutLayers)):
-      want = _TapeLossAndGrads(_Pipe(layers_fn(), 2, 3, 'always'), x, y)
+    for l, kind in enumerate(('batch_stats', 'dropout')):
+      want = _SplitReference(kind)[1]
       for i, (name, v) in enumerate(SCHEDULES):
         remat = ('always', 'never')[(i + l) % 2]
-        with self.subTest(layers=layers_fn.__name__, schedule=name,
-                          remat=remat):
-          pipe = _Pipe(layers_fn(), 2, 3, remat, name, v)
+        with self.subTest(layers=kind, schedule=name, remat=remat):
+          pipe = _Pipe(_SPLIT_LAYERS[kind](), 2, 3, remat, name, v)
           self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
 
   def testUnrolledExecution(self):
     # The same interpreter without the loop: same numbers, with
     # batch-statistics BatchNorm, moving-average BatchNorm and dropout. The
-    # graph shows which execution ran (no While op when unrolled).
+    # graph shows which execution ran (no While op when unrolled). Each
+    # schedule traced with one remat, each remat by two schedules (as
+    # support_test.testEveryCell's 'unrolled' cells, remat by a Latin square).
     x, y = _Data(12)
     seq = core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate()
     want = _TapeLossAndGrads(seq, x, y)
-    for (name, v), remat in itertools.product(SCHEDULES, ('always', 'never')):
+    for (name, v), remat in zip(SCHEDULES,
+                                itertools.cycle(('always', 'never'))):
       with self.subTest(schedule=name, remat=remat):
         pipe = _Pipe(_MlpLayers(), 2, 3, remat, name, v, 'unrolled')
         step = tf.function(lambda p=pipe: _InsideLossAndGrads(p, x, y))
@@ -192,14 +212,15 @@ class ScheduleTransparencyTest(tf.test.TestCase):
     # Eagerly, steps this small build whole under 'loop' too: every
     # schedule's eager rows are testSplitDependentRowsEqualTheTapePath's and
     # testBatchNormMovingAverageRows'; here one schedule a layer kind.
-    for layers_fn, (name, v) in zip(
-        (lambda: _BatchNormLayers(False), _DropoutLayers,
-         lambda: _BatchNormLayers(True)), SCHEDULES[1:]):
-      want = _TapeLossAndGrads(_Pipe(layers_fn(), 2, 3, 'always'), x, y)
-      with self.subTest(layers=layers_fn.__name__, schedule=name):
-        pipe = _Pipe(layers_fn(), 2, 3, 'always', name, v, 'unrolled')
+    for kind, (name, v) in zip(('batch_stats', 'dropout', 'moving_avg'),
+                               SCHEDULES[1:]):
+      want = _SplitReference(kind)[1]
+      with self.subTest(layers=kind, schedule=name):
+        pipe = _Pipe(_SPLIT_LAYERS[kind](), 2, 3, 'always', name, v,
+                     'unrolled')
         self._AssertSame(want, _InsideLossAndGrads(pipe, x, y))
-      unrolled = _Pipe(layers_fn(), 2, 3, 'except_last', execution='unrolled')
+      unrolled = _Pipe(_SPLIT_LAYERS[kind](), 2, 3, 'except_last',
+                       execution='unrolled')
       self._AssertSame(want, _TapeLossAndGrads(unrolled, x, y))
 
   def testLoopWithoutBudgetRunsAsOneSwitchLoop(self):
@@ -219,16 +240,17 @@ class ScheduleTransparencyTest(tf.test.TestCase):
         self._AssertSame(want, step())
 
   def testLoopFoldsRepeatsIntoWhileLoops(self):
-    # M = 12 is long enough for every schedule's steady state to repeat.
+    # M = 8 is long enough for every schedule's steady state to repeat (as
+    # in support_test.testEveryScheduleFolded; assertIn below checks it).
     # execution='folded' (as 'loop' builds steps too big to build whole):
     # each repeat is one while loop, the rest built tick by tick, and the
     # numbers are SequentialLayer's.
-    x, y = _Data(24)
+    x, y = _Data(16)
     want = _TapeLossAndGrads(core.SequentialLayer.Params().Set(
         name='net', layers=_MlpLayers()).Instantiate(), x, y)
     for (name, v), remat in zip(SCHEDULES + (('zbv', 2), ('dualpipe_v', 2)),
                                 itertools.cycle(REMATS)):
-      pipe = _Pipe(_MlpLayers(), 2, 12, remat, name, v, 'folded')
+      pipe = _Pipe(_MlpLayers(), 2, 8, remat, name, v, 'folded')
       with self.subTest(schedule=name, remat=remat):
         joined = ticks.JoinBackward(pipe.schedule)
         program = ticks.Lower(ticks.FuseLast(joined))
@@ -244,8 +266,7 @@ class ScheduleTransparencyTest(tf.test.TestCase):
 
   def testBatchNormMovingStatsMoveOnce(self):
     x, y = _Data(12)
-    ref = _Pipe(_BatchNormLayers(False), 2, 3, 'always')
-    _TapeLossAndGrads(ref, x, y)
+    ref = _SplitReference('batch_stats')[0]
     for name, v in SCHEDULES:
       with self.subTest(schedule=name):
         pipe = _Pipe(_BatchNormLayers(False), 2, 3, 'always', name, v)

@@ -124,20 +124,30 @@ class SupportTest(tf.test.TestCase):
     super().setUp()
     test_utils.SHARED['v'] = tf.Variable(tf.fill([8], 1.1), name='shared')
 
-  def _Models(self, name, v, remat, execution):
+  def _Want(self, ids, labels):
+    """One SequentialLayer, its reference computed once for every cell:
+    (initial values, inference output, loss, grads, outputs, final values)."""
     seq = core.SequentialLayer.Params().Set(
         name='net', layers=_Layers()).Instantiate()
+    initial = [v.numpy() for v in seq.variables]
+    inferred = seq.FProp(ids)  # Before the step moves the statistics.
+    loss, grads, out = _Reference(seq, ids, labels)
+    return (initial, inferred, loss, grads, out,
+            [v.numpy() for v in seq.variables])
+
+  def _Pipe(self, name, v, remat, execution, initial):
     pipe = PipeliningLayer.Params().Set(
         name='net', layers=_Layers(), num_partitions=K, num_micro_batches=M,
         num_virtual_stages=v, balance=_Balance(v), schedule=name,
         remat=remat, execution=execution).Instantiate()
-    for a, b in zip(pipe.variables, seq.variables):
+    self.assertLen(pipe.variables, len(initial))
+    for a, b in zip(pipe.variables, initial):
       a.assign(b)
-    return seq, pipe
+    return pipe
 
-  def _AssertSameState(self, seq, pipe):
-    for a, b in zip(seq.variables, pipe.variables):
-      self.assertAllClose(a, b, rtol=1e-5, atol=1e-6, msg=a.name)
+  def _AssertSameState(self, want, pipe):
+    for a, b in zip(want, pipe.variables):
+      self.assertAllClose(a, b, rtol=1e-5, atol=1e-6, msg=b.name)
 
   def testEveryCell(self):
     ids, labels = _Data()
@@ -145,6 +155,10 @@ class SupportTest(tf.test.TestCase):
     # The loop as it builds these small steps (whole), and as one switch
     # loop (periods.py); testEveryScheduleFolded folds them.
     executions = ('loop', 'unrolled', 'switch')
+    # One reference for every cell (each cell's pipe starts from its initial
+    # values and must end at its final ones).
+    initial, inferred, want_loss, want_grads, want_out, final = self._Want(
+        ids, labels)
     for i, (name, v) in enumerate(SCHEDULES):
       sched = schedule_lib.Make(name, K, M, v)
       for j, path in enumerate(support.PATHS):
@@ -152,18 +166,16 @@ class SupportTest(tf.test.TestCase):
         execution = executions[(i + 2 * j) % 3]
         with self.subTest(schedule=name, v=v, path=path, remat=remat,
                           execution=execution):
-          seq, pipe = self._Models(name, v, remat, execution)
+          pipe = self._Pipe(name, v, remat, execution, initial)
           reason = support.Refusal(path, sched)
           if reason is not None:
             with self.assertRaises(engine.ScheduleNeedsLossError):
               pipe.FProp(ids, training=True)
             continue
           if path == 'inference':
-            want = seq.FProp(ids)
             got = tf.function(lambda p=pipe: p.FProp(ids))()
-            self.assertAllClose(want, got, rtol=1e-5, atol=1e-6)
+            self.assertAllClose(inferred, got, rtol=1e-5, atol=1e-6)
             continue
-          want_loss, want_grads, want_out = _Reference(seq, ids, labels)
           trace = trace_lib.ScheduleTrace()
           with random_seeds.StepSeedScope(_SEED):
             if path == 'loss inside':
@@ -183,7 +195,7 @@ class SupportTest(tf.test.TestCase):
           for a, b in zip(want_grads, grads):
             self.assertAllClose(a, tf.convert_to_tensor(b), rtol=1e-4,
                                 atol=1e-6)
-          self._AssertSameState(seq, pipe)
+          self._AssertSameState(final, pipe)
 
   def testEveryScheduleFolded(self):
     # The loss inside, every feature at once, each program's repeats folded
@@ -192,13 +204,13 @@ class SupportTest(tf.test.TestCase):
     remats = ('never', 'except_last', 'always')
     with mock.patch(f'{__name__}.M', 8), mock.patch(f'{__name__}.N', 22):
       ids, labels = _Data()
+      initial, _, want_loss, want_grads, _, final = self._Want(ids, labels)
       for i, (name, v) in enumerate(SCHEDULES):
         with self.subTest(schedule=name, v=v, remat=remats[i % 3]):
-          seq, pipe = self._Models(name, v, remats[i % 3], 'folded')
+          pipe = self._Pipe(name, v, remats[i % 3], 'folded', initial)
           joined = ticks.JoinBackward(pipe.schedule)
           program = ticks.Lower(ticks.FuseLast(joined))
           plan = periods.Plan(periods.Columns(program), 'folded', 0)
-          want_loss, want_grads, _ = _Reference(seq, ids, labels)
           with random_seeds.StepSeedScope(_SEED):
             loss, _, grads = tf.function(
                 lambda p=pipe: p.ComputeLossAndGradients(ids, labels,
@@ -208,7 +220,7 @@ class SupportTest(tf.test.TestCase):
           for a, b in zip(want_grads, grads):
             self.assertAllClose(a, tf.convert_to_tensor(b), rtol=1e-4,
                                 atol=1e-6)
-          self._AssertSameState(seq, pipe)
+          self._AssertSameState(final, pipe)
 
   def testDocsShowTheMatrix(self):
     # Compares, never writes: the page is generated by support_doc.COMMAND.

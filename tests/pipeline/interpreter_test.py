@@ -71,18 +71,22 @@ class InterpreterTest(tf.test.TestCase):
 
   def testLoopGraphDoesNotGrowWithMicroBatches(self):
     layers = [_Fc(i) for i in range(8)]
-    for schedule, v in (('gpipe', 1), ('1f1b', 1), ('zb_h1', 1),
-                        ('interleaved_1f1b', 2)):
+    # A Latin square over (schedule, execution): each schedule in one of
+    # 'folded' and 'switch', each execution for two schedules (half the
+    # graphs to trace; support_test and schedule_transparency_test trace
+    # every schedule in both, for their numbers).
+    for (schedule, v), folds in zip(
+        (('gpipe', 1), ('1f1b', 1), ('zb_h1', 1), ('interleaved_1f1b', 2)),
+        ('folded', 'switch', 'switch', 'folded')):
       # Past its budget the loop folds a program's repeats (these steps are
       # too small for the default budget in ops to fold them at these M:
       # 'folded' folds whatever the budget); what it builds is then the
       # same at any M.
-      with self.subTest(schedule=schedule):
+      with self.subTest(schedule=schedule, execution=folds):
         ops = {}
         # The count sees what grows (the unrolled graph does): shown once.
         grows = (('unrolled', (4, 8)),) if schedule == 'gpipe' else ()
-        for execution, ms in (('folded', (16, 32)), ('switch', (16, 32)),
-                              *grows):
+        for execution, ms in ((folds, (16, 32)), *grows):
           for m in ms:
             pipe = _Pipe(layers, num_partitions=2, num_micro_batches=m,
                          schedule=schedule, num_virtual_stages=v,
@@ -91,8 +95,7 @@ class InterpreterTest(tf.test.TestCase):
             step = tf.function(lambda p=pipe: p.ComputeLossAndGradients(
                 x, tf.zeros([32], tf.int32), _LossFn)[2])
             ops[execution, m] = _NumOps(step.get_concrete_function())
-        self.assertEqual(ops['folded', 16], ops['folded', 32])
-        self.assertEqual(ops['switch', 16], ops['switch', 32])
+        self.assertEqual(ops[folds, 16], ops[folds, 32])
         if grows:
           self.assertGreater(ops['unrolled', 8], 1.25 * ops['unrolled', 4])
 

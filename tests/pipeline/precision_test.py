@@ -92,9 +92,15 @@ class PrecisionTest(tf.test.TestCase):
   def testPipelinedEqualsSequentialUnderTheSamePolicy(self):
     # M=1: BatchNorm's batch statistics are the whole batch's, as in the
     # reference (M > 1 is the split-dependent case of the other tests).
+    # Each policy with one (schedule, execution), each of the two for a
+    # 16-bit policy (float32 with every schedule and execution is
+    # schedule_transparency_test's and support_test's).
+    configs = {'float32': ('1f1b', 'loop'),
+               'mixed_bfloat16': ('zb_h1', 'unrolled'),
+               'mixed_float16': ('1f1b', 'loop')}
     for policy in _TOLERANCE:
       want_out, want_loss, want = self._Reference(policy)
-      for schedule, execution in (('1f1b', 'loop'), ('zb_h1', 'unrolled')):
+      for schedule, execution in (configs[policy],):
         with self.subTest(policy=policy, schedule=schedule):
           pipe = self._Pipe(policy, schedule=schedule, execution=execution)
           loss, _, got = tf.function(lambda p=pipe: p.ComputeLossAndGradients(

@@ -201,8 +201,12 @@ class TrainLibTest(tf.test.TestCase):
                      r'accuracy=0\.\d{4}, loss=')
     self.assertTrue(os.path.exists(os.path.join(logdir, 'ckpt',
                                                 'ckpt-20.index')))
+    # No --num_logical_devices: a one-device model is not split (this run
+    # is TrainerSplitsTheCpuTest's case of a 1-device model, one process
+    # fewer).
     second = self._Run(logdir, 40)
     self.assertEqual(second.returncode, 0, second.stderr[-3000:])
+    self.assertNotIn('Split the CPU', second.stderr)
     self.assertRegex(second.stderr, r'Resuming from \S*ckpt-20 at global '
                      r'step 20\.')
     self.assertNotIn('Step 10/40', second.stderr)
@@ -258,9 +262,8 @@ class TrainerSplitsTheCpuTest(tf.test.TestCase):
     self.assertIn('Replica 1: cell 0 on /device:CPU:2, cell 1 on '
                   '/device:CPU:3', log)
 
-  def testAOneDeviceModelIsNotSplit(self):
-    log = self._Run('--model=synthetic.mlp.Tiny')
-    self.assertNotIn('Split the CPU', log)
+  # A one-device model is not split: TrainLibTest.testCliTrainsThenResumes
+  # (its second run has no device flags).
 
 
 class TrainerCliTest(test_utils.FlagsParsedTestCase):

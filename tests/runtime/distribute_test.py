@@ -125,14 +125,14 @@ class DistributeTest(tf.test.TestCase):
     self.assertGreater(result.train_metrics['grad_norm'], 0.0)
 
   def testResumedDistributedRunEqualsUninterruptedOne(self):
-    resumed, straight = (self.get_temp_dir() + '/resumed',
-                         self.get_temp_dir() + '/straight')
-    loop.train(_Piped, resumed, 2, num_replicas=2)
-    second = loop.train(_Piped, resumed, 4, num_replicas=2)
-    self.assertEqual(second.start_step, 2)
-    loop.train(_Piped, straight, 4, num_replicas=2)
-    a, b = (test_utils.CheckpointValues(resumed),
-            test_utils.CheckpointValues(straight))
+    # The uninterrupted run is the class's NUM_STEPS-step run of 2 replicas
+    # (shared with testTwoReplicasOfTwoCellsEqualOneDevice).
+    resumed = self.get_temp_dir() + '/resumed'
+    loop.train(_Piped, resumed, NUM_STEPS - 1, num_replicas=2)
+    second = loop.train(_Piped, resumed, NUM_STEPS, num_replicas=2)
+    self.assertEqual(second.start_step, NUM_STEPS - 1)
+    _, b, _ = self._Run(_Piped, num_replicas=2)
+    a = test_utils.CheckpointValues(resumed)
     self.assertEqual(sorted(a), sorted(b))
     for name in a:
       self.assertAllEqual(a[name], b[name], msg=name)

@@ -26,7 +26,7 @@ _CLIENT = client_lib.__file__
 RUN_TIMEOUT = 120
 MODEL = 'synthetic.mlp.TinyPipelined'
 OVERRIDE = 'model.layers[1].keep_prob : 1.0'  # No dropout: masks differ by split.
-TRAINER_STEPS = 4
+TRAINER_STEPS = 2  # One logging and saving interval of _Trainer.
 
 
 def _Task(t, d):

@@ -360,7 +360,7 @@ class WorkerFailureTest(tf.test.TestCase):
     newest = _NewestStep(logdir)
     workers.Start(1)
     workers.WaitServing([1])
-    final = newest + 4
+    final = newest + 2  # One logging and saving interval.
     rerun = _Trainer(self, cluster, logdir, final)
     self.assertEqual(rerun.Wait(RUN_TIMEOUT), 0, rerun.Output()[-3000:])
     self.assertRegex(rerun.Output(), rf'Resuming from \S*ckpt-{newest} at '

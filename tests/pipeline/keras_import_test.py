@@ -320,11 +320,14 @@ class FromKerasTest(tf.test.TestCase):
     y = tf.random.stateless_uniform([4], [3, 2], 0, 5, tf.int32)
     want_loss, want_grads = _KerasStep(model, x, y, 2)
     params = pipeline.FromKeras(model)
-    for cut in range(1, len(params)):
-      with self.subTest(cut=cut):
+    self.assertLen(params, 10)
+    # Each of the 9 places is cut by one of three K=4 pipelines (3 cuts
+    # each), not one K=2 pipeline a place: a third of the layers to trace.
+    for balance in ([1, 1, 1, 7], [4, 1, 1, 4], [7, 1, 1, 1]):
+      with self.subTest(balance=balance):
         _, loss, got = keras_zoo.PipelineStep(
-            model, params, x, y, 2, _PerExample, num_partitions=2,
-            balance=[cut, len(params) - cut])
+            model, params, x, y, 2, _PerExample, num_partitions=4,
+            balance=balance)
         self.assertAllClose(want_loss, loss, rtol=1e-5, atol=1e-6)
         for var, g, h in zip(model.trainable_variables, want_grads, got):
           self.assertAllClose(g, h, rtol=1e-5, atol=1e-6, msg=var.path)

@@ -47,9 +47,12 @@ class KerasRecurrentTest(tf.test.TestCase):
   def testEqualsKerasAtDropoutZero(self):
     model = _Recurrent()
     _Randomize(model, 1)
+    # gpipe and zb_h1 here, 1f1b in testDropoutRepeatsInRecompute: each
+    # schedule runs the recurrent layers once in this file (every schedule
+    # at every K on other models: keras_import_test's grid).
     test_utils.AssertPipelineEqualsKeras(
         self, model, self.x, self.targets,
-        [(2, schedule) for schedule in ('gpipe', '1f1b', 'zb_h1')])
+        [(2, schedule) for schedule in ('gpipe', 'zb_h1')])
 
   def testDropoutRepeatsInRecompute(self):
     model = _Recurrent(dropout=0.3, recurrent_dropout=0.3)

@@ -6,6 +6,7 @@ test_utils.SetUpDevices()
 
 import atexit  # pylint: disable=g-import-not-at-top
 import importlib.util
+import io
 import json
 import os
 import re
@@ -14,12 +15,16 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
+from absl import flags
+from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from gpipe_tf import model_registry
+from gpipe_tf import trainer as trainer_binary
 from gpipe_tf.runtime import pipeline_cluster
 from gpipe_tf.train import loop
 
@@ -440,20 +445,39 @@ class WorkerFailureTest(tf.test.TestCase):
         r'off\?\)\. .*--task_index=0')
 
   def testMissingWorkerFailsAtStart(self):
+    # The trainer's main() in this process (a subprocess costs a TensorFlow
+    # import): with no worker serving it fails in WaitForWorkers, before it
+    # connects, so this process stays unconnected. Its os._exit(1) raises
+    # SystemExit here instead; its stderr is read from a StringIO. The one
+    # line of a trainer process: the two tests above.
     cluster = _Cluster(2)
     logdir = os.path.join(self.get_temp_dir(), 'run')
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    stderr = io.StringIO()
     started = time.time()
-    trainer = _Trainer(self, cluster, logdir, 10)
-    self.assertEqual(trainer.Wait(RUN_TIMEOUT), 1, trainer.Output()[-3000:])
+    with flagsaver.flagsaver(
+        model=MODEL, logdir=logdir, mode='train', max_steps=10,
+        save_interval_steps=2, log_interval_steps=2,
+        pipeline_cluster=cluster, worker_timeout_seconds=WORKER_TIMEOUT), \
+        mock.patch.object(sys, 'stderr', stderr), \
+        mock.patch.object(os, '_exit', side_effect=SystemExit) as exit_:
+      with self.assertRaises(SystemExit):
+        trainer_binary.main(['trainer'])
+    exit_.assert_called_once_with(1)
     self.assertLess(time.time() - started, RUN_TIMEOUT)
-    self._AssertOneLineError(
-        trainer, r'^trainer: error: worker 0 \(.*\) cannot be reached at '
+    output = stderr.getvalue()
+    lines = [l for l in output.splitlines()
+             if l.startswith('trainer: error:')]
+    self.assertLen(lines, 1, output[-3000:])
+    self.assertEqual(output.strip().splitlines()[-1], lines[0])
+    self.assertRegex(
+        lines[0], r'^trainer: error: worker 0 \(.*\) cannot be reached at '
         r'localhost:\d+ \(.*Connection refused\); worker 1 \(.*\) cannot be '
         r'reached .*\(waited '
         rf'{WORKER_TIMEOUT} s\)\. Start each on its host \(python -m '
         r'gpipe_tf.runtime.serve_worker .*--task_index=0; .*--task_index=1\)')
     self.assertFalse(os.path.exists(logdir))
-
 
 if __name__ == '__main__':
   tf.test.main()

@@ -90,7 +90,7 @@ class ReplicaLayoutOnClusterTest(tf.test.TestCase):
 class ReplicasOnWorkersTest(tf.test.TestCase):
   """2 worker servers x 2 CPU devices host 2 replicas x 2 cells."""
 
-  def _RunClient(self):
+  def _ClientResults(self):
     out_dir = ClientOutputs(self)['replicas']
     with open(os.path.join(out_dir, 'placement.json')) as f:
       placement = json.load(f)
@@ -134,7 +134,7 @@ class ReplicasOnWorkersTest(tf.test.TestCase):
 
   def testTwoReplicasOfTwoCellsEqualOneProcess(self):
     cluster = SharedWorkers(self).cluster
-    out_dir, got, placement = self._RunClient()
+    out_dir, got, placement = self._ClientResults()
     sequential = self._CheckFcStep(got, placement)
 
     # The trainer wrote the workers' variables alone; this process restores

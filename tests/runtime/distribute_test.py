@@ -7,17 +7,18 @@ test_utils.SetUpDevices()
 import dataclasses  # pylint: disable=g-import-not-at-top
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from unittest import mock
 
+from absl import flags
 from absl import logging as absl_logging
+from absl.testing import flagsaver
 import pytest
 import tensorflow as tf
 
 from gpipe_tf.runtime import distribute
 from gpipe_tf import pipeline
+from gpipe_tf import trainer
 from gpipe_tf.train import loop
 from gpipe_tf.layers import normalization
 from gpipe_tf.pipeline import engine
@@ -25,7 +26,6 @@ from gpipe_tf.pipeline.schedule import periods
 from params.synthetic import mlp
 
 NUM_STEPS = 3
-_REPO_ROOT = test_utils.REPO_ROOT
 
 
 class _Plain(mlp.Tiny):
@@ -207,17 +207,26 @@ class DistributeTest(tf.test.TestCase):
     self.assertEqual(seen, {0: cpus[0:2], 1: cpus[2:4]})
 
   def testTrainerFlagLogsTheLayout(self):
-    out = subprocess.run(
-        [sys.executable, '-m', 'gpipe_tf.trainer',
-         '--model=synthetic.mlp.TinyPipelined', '--mode=train',
-         f'--logdir={self.get_temp_dir()}/cli', '--max_steps=2',
-         '--num_replicas=2', '--num_logical_devices=4'],
-        cwd=_REPO_ROOT, capture_output=True, text=True, timeout=120,
-        check=True)
-    self.assertIn('MirroredStrategy: 2 replicas x 2 cells', out.stderr)
+    # The trainer's main() in this process (its 4 logical CPUs are the split
+    # --num_logical_devices=4 asks for): a subprocess would cost a TensorFlow
+    # import. The binary as a process with --num_replicas=2:
+    # trainer_test.TrainerSplitsTheCpuTest.testReplicasTimesCells.
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.INFO)
+    self.addCleanup(absl_logging.set_verbosity, verbosity)
+    with flagsaver.flagsaver(
+        model='synthetic.mlp.TinyPipelined', mode='train',
+        logdir=f'{self.get_temp_dir()}/cli', max_steps=2, num_replicas=2,
+        num_logical_devices=4):
+      with self.assertLogs(level='INFO') as logs:
+        trainer.main(['trainer'])
+    text = '\n'.join(logs.output)
+    self.assertIn('MirroredStrategy: 2 replicas x 2 cells', text)
     self.assertIn('Replica 1: cell 0 on /device:CPU:2, cell 1 on '
-                  '/device:CPU:3', out.stderr)
-    self.assertIn('Done at global step 2', out.stderr)
+                  '/device:CPU:3', text)
+    self.assertIn('Done at global step 2', text)
 
   def testNumReplicasThatFitUsesEveryDevice(self):
     four = [f'/device:CPU:{i}' for i in range(4)]

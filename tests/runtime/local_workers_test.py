@@ -34,6 +34,14 @@ def _WaitGone(test, pids):
   test.assertEqual([p for p in pids if _Alive(p)], [])
 
 
+def _AssertPinned(test, pids):
+  """Worker i of `pids` runs on CoreOf(i) of this process's cores alone."""
+  cores = sorted(os.sched_getaffinity(0))
+  for i, pid in enumerate(pids):
+    test.assertEqual(os.sched_getaffinity(pid),
+                     {local_workers.CoreOf(i, cores)})
+
+
 def _Kill(pids):
   for pid in pids:
     if _Alive(pid):
@@ -68,28 +76,27 @@ class PureTest(tf.test.TestCase):
 
 class LifecycleTest(tf.test.TestCase):
 
-  def testWorkersArePinnedAnswerAndStopOnAnException(self):
+  def testWorkerIsPinnedAnswersAndStopsOnAnException(self):
+    # One worker: each costs a TensorFlow import. Two workers pinned to
+    # their round-robin cores: testWorkersDieWithAKilledParent.
     pids = []
     with self.assertRaisesRegex(RuntimeError, 'raised in the with block'):
       with local_workers.LocalWorkers(
-          local_workers.Options(num_workers=2)) as workers:
+          local_workers.Options(num_workers=1)) as workers:
         pids = list(workers.pids)
         self.addCleanup(_Kill, pids)
         self.assertTrue(all(_Alive(p) for p in pids))
-        cores = sorted(os.sched_getaffinity(0))
-        for i, pid in enumerate(pids):
-          self.assertEqual(os.sched_getaffinity(pid),
-                           {local_workers.CoreOf(i, cores)})
+        _AssertPinned(self, pids)
         self.assertRegex(workers.Describe(),
-                         r'^2 local worker processes \(worker 0 on core \d+, '
-                         r'worker 1 on core \d+\), 1 intra-op and 2 inter-op')
+                         r'^1 local worker processes \(worker 0 on core \d+\), '
+                         r'1 intra-op and 2 inter-op')
         memory = workers.Memory(reset=True)
-        self.assertLen(memory, 2)
+        self.assertLen(memory, 1)
         for m in memory:
           self.assertGreaterEqual(m['peak'], m['current'])
         self.assertTrue(all(s >= 0 for s in workers.CpuSeconds()))
         raise RuntimeError('raised in the with block')
-    self.assertLen(pids, 2)
+    self.assertLen(pids, 1)
     _WaitGone(self, pids)
 
   def testWorkersDieWithAKilledParent(self):
@@ -103,6 +110,8 @@ class LifecycleTest(tf.test.TestCase):
     self.addCleanup(_Kill, pids)
     self.assertLen(pids, 2)
     self.assertTrue(all(_Alive(p) for p in pids))
+    # The parent inherited this process's cores and pinned its workers.
+    _AssertPinned(self, pids)
     parent.send_signal(signal.SIGKILL)  # No cleanup code of its runs.
     parent.wait()
     _WaitGone(self, pids)

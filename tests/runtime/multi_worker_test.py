@@ -26,7 +26,7 @@ MODEL = 'synthetic.mlp.TinyPipelined'  # K=2 cells, M=4 micro-batches.
 # Without dropout, 2 replicas on half batches equal one device on the whole.
 OVERRIDE = 'model.layers[1].keep_prob : 1.0'
 NUM_TASKS = 2
-STEPS_AFTER_RESTART = 4
+STEPS_AFTER_RESTART = 2  # One logging and saving interval.
 START_TIMEOUT = 120    # Seconds for a job to train its first checkpoint.
 JOB_TIMEOUT = 180      # Seconds for a whole job.
 PEER_FAILURE_BOUND = 60  # Seconds for a survivor to fail after a peer dies.

@@ -10,6 +10,7 @@ import re
 import shutil
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from gpipe_tf import base_experiment
@@ -19,10 +20,8 @@ from gpipe_tf.runtime import pipeline_cluster
 from gpipe_tf.train import loop
 import pipeline_cluster_replicas_client as client_lib  # pylint: disable=g-bad-import-order
 import pipeline_cluster_client as fc  # pylint: disable=g-bad-import-order
-from pipeline_cluster_test import RunClient, _Cluster, _Trainer, _Workers  # pylint: disable=g-bad-import-order
+from pipeline_cluster_test import GROUP, ClientOutputs, SharedWorkers, _Trainer  # pylint: disable=g-bad-import-order
 
-_REPO_ROOT = test_utils.REPO_ROOT
-_CLIENT = client_lib.__file__
 RUN_TIMEOUT = 120
 MODEL = 'synthetic.mlp.TinyPipelined'
 OVERRIDE = 'model.layers[1].keep_prob : 1.0'  # No dropout: masks differ by split.
@@ -85,12 +84,14 @@ class ReplicaLayoutOnClusterTest(tf.test.TestCase):
       distribute.ReplicaLayout.OnCluster([rows[0], rows[0]], 'cpu')
 
 
+# The workers are pipeline_cluster_test's shared ones (one xdist worker runs
+# the classes that use them).
+@pytest.mark.xdist_group(GROUP)
 class ReplicasOnWorkersTest(tf.test.TestCase):
   """2 worker servers x 2 CPU devices host 2 replicas x 2 cells."""
 
-  def _RunClient(self, cluster):
-    out_dir = self.get_temp_dir()
-    RunClient(self, _CLIENT, cluster, out_dir)
+  def _ClientResults(self):
+    out_dir = ClientOutputs(self)['replicas']
     with open(os.path.join(out_dir, 'placement.json')) as f:
       placement = json.load(f)
     return out_dir, np.load(os.path.join(out_dir, 'results.npz')), placement
@@ -132,9 +133,8 @@ class ReplicasOnWorkersTest(tf.test.TestCase):
     return sequential
 
   def testTwoReplicasOfTwoCellsEqualOneProcess(self):
-    cluster = _Cluster(2)
-    workers = _Workers(self, cluster, num_logical_devices=2)
-    out_dir, got, placement = self._RunClient(cluster)
+    cluster = SharedWorkers(self).cluster
+    out_dir, got, placement = self._ClientResults()
     sequential = self._CheckFcStep(got, placement)
 
     # The trainer wrote the workers' variables alone; this process restores
@@ -206,7 +206,6 @@ class ReplicasOnWorkersTest(tf.test.TestCase):
         '3 replicas x 2 cells = 6 cells over 2 workers put 3 cells on worker '
         '0, which has 2 devices') + r'.*--num_logical_devices=3.*use 3 '
         'workers of 2 devices each')
-    del workers
 
 
 if __name__ == '__main__':

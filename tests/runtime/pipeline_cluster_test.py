@@ -4,7 +4,9 @@ import test_utils  # pylint: disable=g-bad-import-order
 
 test_utils.SetUpDevices()
 
-import importlib.util  # pylint: disable=g-import-not-at-top
+import atexit  # pylint: disable=g-import-not-at-top
+import importlib.util
+import io
 import json
 import os
 import re
@@ -13,12 +15,16 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
+from absl import flags
+from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from gpipe_tf import model_registry
+from gpipe_tf import trainer as trainer_binary
 from gpipe_tf.runtime import pipeline_cluster
 from gpipe_tf.train import loop
 
@@ -47,16 +53,48 @@ def _Read(path):
     return f.read()
 
 
-def RunClient(test, client, cluster, out_dir):
-  """Runs the chief script `client` on `cluster`, writing to `out_dir`;
-  fails `test` with the end of its log if it does not exit 0."""
-  log = os.path.join(out_dir, 'client.log')
-  with open(log, 'w') as f:
-    run = subprocess.run(
-        [sys.executable, client, cluster, out_dir], cwd=_REPO_ROOT,
-        env=dict(_Env(), PYTHONPATH=_REPO_ROOT), stdout=f,
-        stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
-  test.assertEqual(run.returncode, 0, _Read(log)[-3000:])
+# The chief of both client scripts in one process (a second costs a
+# TensorFlow import): connected once, it runs pipeline_cluster_client's main,
+# then pipeline_cluster_replicas_client's (whose connect is then a no-op).
+_CHIEF = """
+import sys
+from gpipe_tf.runtime import pipeline_cluster
+import pipeline_cluster_client
+import pipeline_cluster_replicas_client
+cluster, cells_dir, replicas_dir = sys.argv[1:]
+pipeline_cluster.ConnectToCluster(pipeline_cluster.ParseCluster(cluster), 60)
+pipeline_cluster.ConnectToCluster = lambda *args, **kwargs: None
+pipeline_cluster_client.main(cluster, cells_dir)
+pipeline_cluster_replicas_client.main(cluster, replicas_dir)
+"""
+_chief_dirs = None
+
+
+def ClientOutputs(test):
+  """{'cells': OUT_DIR of pipeline_cluster_client, 'replicas': of
+  pipeline_cluster_replicas_client}, both run once on the shared workers
+  (SharedWorkers) by one chief process; fails `test` with the end of its log
+  if it does not exit 0."""
+  global _chief_dirs
+  if _chief_dirs is None:
+    cluster = SharedWorkers(test).cluster
+    root = test.get_temp_dir()
+    dirs = {'cells': os.path.join(root, 'cells'),
+            'replicas': os.path.join(root, 'replicas')}
+    for d in dirs.values():
+      os.makedirs(d, exist_ok=True)
+    log = os.path.join(root, 'chief.log')
+    with open(log, 'w') as f:
+      run = subprocess.run(
+          [sys.executable, '-c', _CHIEF, cluster, dirs['cells'],
+           dirs['replicas']], cwd=_REPO_ROOT,
+          env=dict(_Env(), PYTHONPATH=os.pathsep.join(
+              [_REPO_ROOT, os.path.dirname(_CLIENT)])),
+          stdout=f, stderr=subprocess.STDOUT, timeout=2 * RUN_TIMEOUT,
+          check=False)
+    test.assertEqual(run.returncode, 0, _Read(log)[-3000:])
+    _chief_dirs = dirs
+  return _chief_dirs
 
 
 class _Workers:
@@ -222,14 +260,49 @@ class ParseAndLayoutTest(tf.test.TestCase):
         cluster, tf.errors.UnavailableError(None, None, 'socket closed')))
 
 
+# One start of 2 worker servers x 2 CPU devices (each start costs a TensorFlow
+# import a process) serves RemoteCellsTest, WorkerFailureTest and
+# pipeline_cluster_replicas_test's ReplicasOnWorkersTest: one xdist worker
+# runs the three classes (GROUP). The trainers' K=2 cells of TinyPipelined
+# still go one per worker (AssignCells spreads K over the workers first).
+GROUP = 'pipeline_cluster_workers'
+_shared_workers = None
+
+
+def SharedWorkers(test):
+  """The 2 shared workers, serving; any that is not running (re)started.
+
+  Killed at this module's teardown, or at exit if this module's tests do not
+  run (the replicas test alone).
+  """
+  global _shared_workers
+  if _shared_workers is None:
+    _shared_workers = _Workers(test, _Cluster(2), num_logical_devices=2,
+                               kill_at_cleanup=False)
+    atexit.register(_shared_workers.KillAll)
+    return _shared_workers
+  workers = _shared_workers
+  workers.test = test
+  ended = [i for i, p in enumerate(workers.processes) if p.poll() is not None]
+  for i in ended:
+    workers.Start(i)
+  workers.WaitServing(ended)
+  return workers
+
+
+def tearDownModule():  # pylint: disable=invalid-name
+  global _shared_workers
+  if _shared_workers is not None:
+    _shared_workers.KillAll()
+    _shared_workers = None
+
+
+@pytest.mark.xdist_group(GROUP)
 class RemoteCellsTest(tf.test.TestCase):
   """2 worker servers x 2 CPU devices; the chief is a client subprocess."""
 
   def testGradientsEqualOneProcessAndOpsRunOnWorkers(self):
-    cluster = _Cluster(2)
-    _Workers(self, cluster, num_logical_devices=2)
-    out_dir = self.get_temp_dir()
-    RunClient(self, _CLIENT, cluster, out_dir)
+    out_dir = ClientOutputs(self)['cells']
     got = np.load(os.path.join(out_dir, 'results.npz'))
     with open(os.path.join(out_dir, 'placement.json')) as f:
       placement = json.load(f)
@@ -270,40 +343,15 @@ class RemoteCellsTest(tf.test.TestCase):
       self.assertAllClose(v.numpy(), old + 1.0, rtol=0, atol=1e-6)
 
 
-# One xdist worker runs the class: its tests share one start of the 2 workers.
-@pytest.mark.xdist_group('pipeline_cluster_failures')
+@pytest.mark.xdist_group(GROUP)
 class WorkerFailureTest(tf.test.TestCase):
   """The trainer on 2 workers: kill -9, SIGSTOP, no worker at all.
 
-  The tests share the class's 2 worker servers (each start costs a
-  TensorFlow import a process): a test gets them all serving, a worker it
-  killed or stopped restarted first. A trainer of one test never meets
-  another's: each ends (or is killed) before its test does.
+  The tests share the 2 worker servers (SharedWorkers, with
+  RemoteCellsTest and the replicas test): a test gets them all serving, a worker it killed or
+  stopped restarted first. A trainer of one test never meets another's:
+  each ends (or is killed) before its test does.
   """
-
-  _workers = None
-
-  @classmethod
-  def tearDownClass(cls):
-    if cls._workers is not None:
-      cls._workers.KillAll()
-      cls._workers = None
-    super().tearDownClass()
-
-  def _ServingWorkers(self):
-    """The class's workers, any that is not running (re)started."""
-    cls = type(self)
-    if cls._workers is None:
-      cls._workers = _Workers(self, _Cluster(2), kill_at_cleanup=False)
-      return cls._workers
-    workers = cls._workers
-    workers.test = self
-    ended = [i for i, p in enumerate(workers.processes)
-             if p.poll() is not None]
-    for i in ended:
-      workers.Start(i)
-    workers.WaitServing(ended)
-    return workers
 
   def _AssertOneLineError(self, trainer, pattern):
     lines = trainer.ErrorLines()
@@ -324,7 +372,7 @@ class WorkerFailureTest(tf.test.TestCase):
     Returns (workers, cluster, logdir, trainer, seconds from the signal until
     the trainer exited with status 1).
     """
-    workers = self._ServingWorkers()
+    workers = SharedWorkers(self)
     cluster = workers.cluster
     logdir = os.path.join(self.get_temp_dir(), 'run')
     trainer = _Trainer(self, cluster, logdir, 100000)
@@ -397,20 +445,39 @@ class WorkerFailureTest(tf.test.TestCase):
         r'off\?\)\. .*--task_index=0')
 
   def testMissingWorkerFailsAtStart(self):
+    # The trainer's main() in this process (a subprocess costs a TensorFlow
+    # import): with no worker serving it fails in WaitForWorkers, before it
+    # connects, so this process stays unconnected. Its os._exit(1) raises
+    # SystemExit here instead; its stderr is read from a StringIO. The one
+    # line of a trainer process: the two tests above.
     cluster = _Cluster(2)
     logdir = os.path.join(self.get_temp_dir(), 'run')
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    stderr = io.StringIO()
     started = time.time()
-    trainer = _Trainer(self, cluster, logdir, 10)
-    self.assertEqual(trainer.Wait(RUN_TIMEOUT), 1, trainer.Output()[-3000:])
+    with flagsaver.flagsaver(
+        model=MODEL, logdir=logdir, mode='train', max_steps=10,
+        save_interval_steps=2, log_interval_steps=2,
+        pipeline_cluster=cluster, worker_timeout_seconds=WORKER_TIMEOUT), \
+        mock.patch.object(sys, 'stderr', stderr), \
+        mock.patch.object(os, '_exit', side_effect=SystemExit) as exit_:
+      with self.assertRaises(SystemExit):
+        trainer_binary.main(['trainer'])
+    exit_.assert_called_once_with(1)
     self.assertLess(time.time() - started, RUN_TIMEOUT)
-    self._AssertOneLineError(
-        trainer, r'^trainer: error: worker 0 \(.*\) cannot be reached at '
+    output = stderr.getvalue()
+    lines = [l for l in output.splitlines()
+             if l.startswith('trainer: error:')]
+    self.assertLen(lines, 1, output[-3000:])
+    self.assertEqual(output.strip().splitlines()[-1], lines[0])
+    self.assertRegex(
+        lines[0], r'^trainer: error: worker 0 \(.*\) cannot be reached at '
         r'localhost:\d+ \(.*Connection refused\); worker 1 \(.*\) cannot be '
         r'reached .*\(waited '
         rf'{WORKER_TIMEOUT} s\)\. Start each on its host \(python -m '
         r'gpipe_tf.runtime.serve_worker .*--task_index=0; .*--task_index=1\)')
     self.assertFalse(os.path.exists(logdir))
-
 
 if __name__ == '__main__':
   tf.test.main()

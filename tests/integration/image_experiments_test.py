@@ -146,12 +146,16 @@ class OneTrainingStepTest(tf.test.TestCase):
     # programs (the suite's costliest kind of step); the ImageNet
     # experiments share these cells and the optimizer, and
     # FullSizeParamsTest checks their Params, testImageExperimentsAreRegistered
-    # every name.
+    # every name. One micro-batch (half the cell programs to run): the
+    # claim is that the experiment's Params train, and
+    # amoebanet_test.testPipelinedGradientsReachEveryVariable pipelines
+    # AmoebaNet over two micro-batches.
     kinds = ['image.digits.AmoebaNetTiny', 'image.cifar10.AmoebaNetB_18_512']
     self.assertContainsSubset(kinds, _Registered())
     for name in kinds:
       with self.subTest(name=name):
-        p = _Shrunk(model_registry.GetClass(name))().ExperimentParams()
+        p = _Shrunk(model_registry.GetClass(name),
+                    NUM_MICRO_BATCHES=1)().ExperimentParams()
         shape = p.task.model.input_shapes[0]
         num_classes = p.task.model.layers[-1].num_classes
         batch = {

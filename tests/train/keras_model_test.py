@@ -99,8 +99,13 @@ class PipelineModelFitTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLess(history['val_loss'][1], history['val_loss'][0])
     self.assertContainsSubset({'accuracy', 'val_accuracy'}, set(history))
 
-  @parameterized.parameters(*SCHEDULES)
-  def testUpdatesEqualHandWrittenSteps(self, schedule):
+  # The two checks that step the pipeline again each take one of the two
+  # fits (PipelineModel runs any schedule through the same
+  # ComputeLossAndGradients or FProp call; that each schedule computes the
+  # same numbers is schedule_transparency_test's and support_test's): half
+  # the steps to trace, every fit still checked against a truth.
+  def testUpdatesEqualHandWrittenSteps(self):
+    schedule = '1f1b'
     model, history, _, _ = self.runs[schedule]
     net = _Pipeline(schedule).Instantiate()
     optimizer = keras.optimizers.Adam(LEARNING_RATE)
@@ -123,8 +128,8 @@ class PipelineModelFitTest(tf.test.TestCase, parameterized.TestCase):
     # Keras's epoch loss: the mean over the epoch's (equal) batches.
     self.assertAllClose(history['loss'], np.mean(losses, axis=1), rtol=1e-5)
 
-  @parameterized.parameters(*SCHEDULES)
-  def testEvaluateAndPredictEqualSequentialLayer(self, schedule):
+  def testEvaluateAndPredictEqualSequentialLayer(self):
+    schedule = 'gpipe'
     model = self.runs[schedule][0]
     path = os.path.join(tempfile.mkdtemp(dir=self.root), 'w.weights.h5')
     model.save_weights(path)

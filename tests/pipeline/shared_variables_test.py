@@ -65,29 +65,36 @@ class SharedVariablesTest(tf.test.TestCase):
 
   def testLossInside(self):
     # [4, 3]: cell 0 holds t0 and t1 (one cell, two layers tracking it),
-    # cell 1 holds t2, and the loss reads it as well.
-    for schedule in ('gpipe', '1f1b', 'zb_h1'):
-      for execution in ('loop', 'unrolled'):
-        with self.subTest(schedule=schedule, execution=execution):
-          pipe = self._Pipe([4, 3], schedule, execution)
-          _, _, got = tf.function(lambda p=pipe: p.ComputeLossAndGradients(
-              self.x, self.y, _LossFn))()
-          self._AssertWanted(got)
+    # cell 1 holds t2, and the loss reads it as well. Steps this small build
+    # whole under 'loop' too (periods.Fold), so the two executions build the
+    # same graph: each schedule runs one, both run (3 cells, not 6).
+    for schedule, execution in (('gpipe', 'loop'), ('1f1b', 'unrolled'),
+                                ('zb_h1', 'loop')):
+      with self.subTest(schedule=schedule, execution=execution):
+        pipe = self._Pipe([4, 3], schedule, execution)
+        _, _, got = tf.function(lambda p=pipe: p.ComputeLossAndGradients(
+            self.x, self.y, _LossFn))()
+        self._AssertWanted(got)
 
   def testTapePath(self):
-    for balance in ([4, 3], [7], [2, 2, 3]):
-      for remat in ('always', 'never'):
-        with self.subTest(balance=balance, remat=remat):
-          pipe = self._Pipe(balance, remat=remat)
+    # One cell, two cells (t0 and t1 in one), three cells: the recompute
+    # ('always') where the variable crosses cells, 'never' in one cell; the
+    # tape path with [8, 8] and remat 'never' (two cells, t0 and t1 in one,
+    # the loss reading it) is support_test.testEveryCell's (eager) gpipe V=1
+    # 'tape' cell, 'except_last' over four cells its gpipe V=2 one.
+    for balance, remat in (([4, 3], 'always'), ([7], 'never'),
+                           ([2, 2, 3], 'always')):
+      with self.subTest(balance=balance, remat=remat):
+        pipe = self._Pipe(balance, remat=remat)
 
-          @tf.function
-          def _Step(p=pipe):
-            with tf.GradientTape() as tape:
-              loss, _ = loss_lib.ReduceTerms(
-                  _LossFn(p.FProp(self.x, training=True), self.y))
-            return tape.gradient(loss, p.trainable_variables)
+        @tf.function
+        def _Step(p=pipe):
+          with tf.GradientTape() as tape:
+            loss, _ = loss_lib.ReduceTerms(
+                _LossFn(p.FProp(self.x, training=True), self.y))
+          return tape.gradient(loss, p.trainable_variables)
 
-          self._AssertWanted(_Step())
+        self._AssertWanted(_Step())
 
 
 if __name__ == '__main__':

@@ -114,15 +114,15 @@ class SkipsTest(tf.test.TestCase):
 
   def testEveryScheduleExecutionAndRematEqualsSequential(self):
     # Each schedule once; each execution and each remat policy at least
-    # twice, long skips through V-shaped and interleaved placements.
+    # once ('folded', 'switch' and every remat twice), long skips through
+    # V-shaped and interleaved placements. testTapePathEqualsSequential runs
+    # 'loop', 'switch' and 'unrolled' again, on the tape path.
     cases = [('gpipe', 1, 4, 'loop', 'always'),
              ('1f1b', 1, 4, 'folded', 'except_last'),
              ('interleaved_1f1b', 2, 4, 'switch', 'never'),
              ('zb_h1', 1, 4, 'unrolled', 'always'),
              ('zbv', 2, 4, 'folded', 'never'),
-             ('dualpipe_v', 2, 8, 'switch', 'except_last'),
-             ('1f1b', 1, 4, 'unrolled', 'never'),
-             ('zb_h1', 1, 4, 'loop', 'except_last')]
+             ('dualpipe_v', 2, 8, 'switch', 'except_last')]
     for schedule, v, m, execution, remat in cases:
       with self.subTest(schedule=schedule, execution=execution, remat=remat):
         pipe = _Pipe(schedule, v, m, execution, remat)

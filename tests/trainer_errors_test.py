@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+import pytest
 
 import test_utils
 
@@ -25,7 +26,7 @@ _LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before |'
 # own. argv[1]: JSON [[flag, ...], ...]; stdout: JSON [[status, stderr], ...]
 # of the captured cases.
 _DRIVER = r'''
-import json, os, sys, tempfile
+import json, os, sys, tempfile, traceback
 from absl import app, flags
 from gpipe_tf import trainer
 
@@ -45,6 +46,9 @@ for case in cases[:-1]:
       if isinstance(status, str):
         print(status, file=sys.stderr)
         status = 1
+    except Exception:  # What the interpreter does with an uncaught one.
+      traceback.print_exc()
+      status = 1
     finally:
       sys.stderr.flush()
       os.dup2(saved, 2)
@@ -61,6 +65,9 @@ def _Args(logdir, *flags):
   return [f'--logdir={logdir}', '--max_steps=1', '--mode=train', *flags]
 
 
+# One worker runs the whole class, so its one child (setUpClass) runs once
+# under `pytest -n 2 --dist loadgroup`.
+@pytest.mark.xdist_group('trainer_errors_test')
 class TrainerErrorsTest(absltest.TestCase):
 
   @classmethod

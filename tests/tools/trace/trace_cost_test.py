@@ -18,33 +18,27 @@ _TINY = ['--partitions=2', '--micro_batches=2,4', '--num_blocks=2', '--dim=8',
 
 # One child (a child costs ~8 s of CPU to import TensorFlow) runs the tool's
 # entry point, app.run(cost.main) as `python -m tools.trace.cost` does, twice:
-# first with an unknown mode, its stderr written to the file argv[1] and its
-# exit status (1 for an uncaught exception) to that file's last line; then
-# the tiny run, which ends the child (its stdout and exit status are the
-# process's own).
+# first with an unknown mode, what it writes to sys.stderr (absl's usage and
+# error) and its exit status (1 for an uncaught exception) written to the
+# file argv[1], the status on the last line; then the tiny run, which ends
+# the child (its stdout and exit status are the process's own).
 _DRIVER = r'''
-import os, sys, traceback
+import contextlib, io, sys, traceback
 from absl import app, flags
 from tools.trace import cost
 
 tiny = sys.argv[2:]
-with open(sys.argv[1], 'w') as err:
-  sys.stderr.flush()
-  saved = os.dup(2)
-  os.dup2(err.fileno(), 2)
+err, status = io.StringIO(), 0
+with contextlib.redirect_stderr(err):
   try:
     app.run(cost.main, argv=['cost', '--modes=fast'] + tiny)
-    status = 0
   except SystemExit as e:
     status = e.code
   except Exception:  # What the interpreter does with an uncaught one.
     traceback.print_exc()
     status = 1
-  finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
-  err.write(f'\n{status}\n')
+with open(sys.argv[1], 'w') as f:
+  f.write(f'{err.getvalue()}\n{status}\n')
 flags.FLAGS.unparse_flags()
 app.run(cost.main, argv=['cost'] + tiny)
 '''

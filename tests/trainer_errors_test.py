@@ -1,5 +1,6 @@
 """The trainer binary reports any named library error as one stderr line and exit status 1; --debug adds the traceback."""
 
+import json
 import os
 import re
 import shutil
@@ -8,6 +9,7 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+import pytest
 
 import test_utils
 
@@ -15,27 +17,100 @@ import test_utils
 _LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before |'
                        r'\d{4}-\d\d-\d\d |\s*$)')
 
+# One child process runs the trainer's entry point (app.run(trainer.main), all
+# that `python -m gpipe_tf.trainer` runs) once per case: a child costs ~8 s of
+# CPU to import TensorFlow, a case a fraction of a second. Every case but the
+# last writes fd 2 to a file of its own and turns its SystemExit into what the
+# interpreter makes of it (a string: that line on stderr, status 1); the last
+# case ends the child itself, so its stderr and exit status are the process's
+# own. argv[1]: JSON [[flag, ...], ...]; stdout: JSON [[status, stderr], ...]
+# of the captured cases.
+_DRIVER = r'''
+import json, os, sys, tempfile, traceback
+from absl import app, flags
+from gpipe_tf import trainer
 
-def _Trainer(logdir, *flags):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  return subprocess.run(
-      [sys.executable, '-m', 'gpipe_tf.trainer', f'--logdir={logdir}',
-       '--max_steps=1', '--mode=train', *flags],
-      cwd=test_utils.REPO_ROOT, env=env, capture_output=True, text=True,
-      timeout=300, check=False)
+cases = json.loads(sys.argv[1])
+results = []
+for case in cases[:-1]:
+  flags.FLAGS.unparse_flags()
+  with tempfile.TemporaryFile('w+') as err:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(err.fileno(), 2)
+    try:
+      app.run(trainer.main, argv=['trainer'] + case)
+      status = 0
+    except SystemExit as e:
+      status = e.code
+      if isinstance(status, str):
+        print(status, file=sys.stderr)
+        status = 1
+    except Exception:  # What the interpreter does with an uncaught one.
+      traceback.print_exc()
+      status = 1
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+    err.seek(0)
+    results.append([status or 0, err.read()])
+print(json.dumps(results), flush=True)
+flags.FLAGS.unparse_flags()
+app.run(trainer.main, argv=['trainer'] + cases[-1])
+'''
 
 
+def _Args(logdir, *flags):
+  return [f'--logdir={logdir}', '--max_steps=1', '--mode=train', *flags]
+
+
+# One worker runs the whole class, so its one child (setUpClass) runs once
+# under `pytest -n 2 --dist loadgroup`.
+@pytest.mark.xdist_group('trainer_errors_test')
 class TrainerErrorsTest(absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     cls.root = tempfile.mkdtemp()
+    cls.partition_dir = os.path.join(cls.root, 'partition')
+    cls.missing = os.path.join(cls.root, 'no_such_run')
+    cls.override_dir = os.path.join(cls.root, 'override')
+    cls.override_flags = [
+        '--model=synthetic.mlp.Tiny',
+        '--model_params_override=learning_rate_schedle.learning_rate : 1']
+    # The partition case first: its --num_logical_devices=2 splits the CPU
+    # before TensorFlow starts, as in a process of its own.
+    cases = [
+        _Args(cls.partition_dir, '--model=synthetic.mlp.TinyPipelined',
+              '--num_logical_devices=2',
+              '--model_params_override=model.num_partitions : 3'),
+        _Args(os.path.join(cls.root, 'warm'), '--model=synthetic.mlp.Tiny',
+              f"--model_params_override=init_from_checkpoint : "
+              f"'{cls.missing}'"),
+        _Args(cls.override_dir, *cls.override_flags),
+        _Args(cls.override_dir, *cls.override_flags, '--debug'),
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    run = subprocess.run(
+        [sys.executable, '-c', _DRIVER, json.dumps(cases)],
+        cwd=test_utils.REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=300, check=False)
+    captured = json.loads(run.stdout.splitlines()[0]) if run.stdout else []
+    cls.runs = [subprocess.CompletedProcess(case, status, '', stderr)
+                for case, (status, stderr) in zip(cases, captured)]
+    cls.runs.append(run)  # The last case: the child's own exit.
+    cls.num_cases = len(cases)
 
   @classmethod
   def tearDownClass(cls):
     shutil.rmtree(cls.root, ignore_errors=True)
     super().tearDownClass()
+
+  def setUp(self):
+    super().setUp()
+    self.assertLen(self.runs, self.num_cases, self.runs[-1].stderr[-3000:])
 
   def _OneLineError(self, run, error_class):
     """The single 'trainer: error:' line of a failed run, checked."""
@@ -48,36 +123,25 @@ class TrainerErrorsTest(absltest.TestCase):
     return own[0]
 
   def testPartitionErrorIsOneLine(self):
-    logdir = os.path.join(self.root, 'partition')
-    run = _Trainer(logdir, '--model=synthetic.mlp.TinyPipelined',
-                   '--num_logical_devices=2',
-                   '--model_params_override=model.num_partitions : 3')
-    line = self._OneLineError(run, 'PartitionError')
+    line = self._OneLineError(self.runs[0], 'PartitionError')
     self.assertIn('3', line)
-    self.assertFalse(os.path.exists(os.path.join(logdir, 'ckpt')))
+    self.assertFalse(os.path.exists(os.path.join(self.partition_dir, 'ckpt')))
 
   def testMissingWarmStartCheckpointIsOneLine(self):
-    missing = os.path.join(self.root, 'no_such_run')
-    run = _Trainer(os.path.join(self.root, 'warm'),
-                   '--model=synthetic.mlp.Tiny',
-                   f"--model_params_override=init_from_checkpoint : "
-                   f"'{missing}'")
-    line = self._OneLineError(run, 'InitCheckpointNotFoundError')
-    self.assertIn(f"init_from_checkpoint '{missing}'", line)
+    line = self._OneLineError(self.runs[1], 'InitCheckpointNotFoundError')
+    self.assertIn(f"init_from_checkpoint '{self.missing}'", line)
 
   def testUnknownOverrideKeyIsOneLineAndDebugShowsTheTraceback(self):
-    logdir = os.path.join(self.root, 'override')
-    flags = ['--model=synthetic.mlp.Tiny',
-             '--model_params_override=learning_rate_schedle.learning_rate : 1']
-    line = self._OneLineError(_Trainer(logdir, *flags), 'UnknownParamError')
+    line = self._OneLineError(self.runs[2], 'UnknownParamError')
     self.assertIn('--model_params_override', line)
     self.assertIn('Did you mean: task.learning_rate_schedule?', line)
-    debug = _Trainer(logdir, *flags, '--debug')
+    # The child's own exit: status and stderr of the process itself.
+    debug = self.runs[3]
     self.assertEqual(debug.returncode, 1)
     self.assertIn('Traceback (most recent call last)', debug.stderr)
     self.assertIn('hyperparams.py', debug.stderr)
     self.assertEqual(debug.stderr.strip().splitlines()[-1], line)
-    self.assertFalse(os.path.exists(logdir))
+    self.assertFalse(os.path.exists(self.override_dir))
 
 
 if __name__ == '__main__':

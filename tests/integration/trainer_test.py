@@ -22,6 +22,7 @@ from gpipe_tf import base_experiment  # pylint: disable=g-import-not-at-top
 from gpipe_tf.train import checkpoints  # pylint: disable=g-import-not-at-top
 from gpipe_tf import model_registry  # pylint: disable=g-import-not-at-top
 from gpipe_tf import pipeline  # pylint: disable=g-import-not-at-top
+from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
 from gpipe_tf.train import loop  # pylint: disable=g-import-not-at-top
 from gpipe_tf import trainer  # pylint: disable=g-import-not-at-top
 from params.synthetic import mlp  # pylint: disable=g-import-not-at-top
@@ -228,34 +229,42 @@ class TrainLibTest(tf.test.TestCase):
       loop.train_and_evaluate(mlp.Tiny, self.root, max_steps=0)
 
 
-class TrainerSplitsTheCpuTest(tf.test.TestCase):
+class TrainerSplitsTheCpuTest(test_utils.FlagsParsedTestCase):
   """Without --num_logical_devices a CPU-only host gets the R x K devices the model needs."""
 
-  def _Run(self, *flags):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-    run = subprocess.run(
-        [sys.executable, '-m', 'gpipe_tf.trainer', '--mode=train',
-         '--max_steps=1', f'--logdir={self.get_temp_dir()}/run', *flags],
-        cwd=_REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-        check=False)
-    self.assertEqual(run.returncode, 0, run.stderr[-3000:])
-    self.assertIn('Done at global step 1', run.stderr)
-    return run.stderr
-
   def testATwoCellModelNeedsNoDeviceFlag(self):
-    # The README's digits model has 2 cells, like TinyPipelined, whose one
-    # step through the binary costs a fraction of an AmoebaNet's (a shrunk
-    # digits experiment trains a step in image_experiments_test; quick
-    # start 1 itself is timed in benchmarks/trainer).
+    # The README's digits model has 2 cells, like TinyPipelined.
     digits = model_registry.GetParams('image.digits.AmoebaNetTiny')
     self.assertEqual(
         pipeline.PipeliningLayer.NumDevicesOf(digits.task.model), 2)
-    log = self._Run('--model=synthetic.mlp.TinyPipelined')
+    # The trainer's split with its default flags, in this process (whose
+    # TensorFlow has started: SplitCpu is recorded, not run). The binary
+    # splits the CPU for real in testReplicasTimesCells, through this same
+    # function with --num_replicas=2: a process (~10 s of CPU) fewer.
+    self.assertEqual((FLAGS['num_logical_devices'].default,
+                      FLAGS['num_replicas'].default), (0, 0))
+    params = model_registry.GetParams('synthetic.mlp.TinyPipelined')
+    names = lambda n: [f'/device:CPU:{i}' for i in range(n)]
+    with flagsaver.flagsaver(num_logical_devices=0, num_replicas=0), \
+        mock.patch.object(devices, 'SplitCpu', side_effect=names) as split, \
+        self.assertLogs('absl', level='INFO') as logs:
+      trainer._SplitCpu(params, multi_worker=False)  # pylint: disable=protected-access
+    split.assert_called_once_with(2)
     self.assertIn('Split the CPU into 2 logical devices for 1 replicas x 2 '
-                  'cells (set --num_logical_devices to choose)', log)
+                  'cells (set --num_logical_devices to choose)',
+                  '\n'.join(logs.output))
 
   def testReplicasTimesCells(self):
-    log = self._Run('--model=synthetic.mlp.TinyPipelined', '--num_replicas=2')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    run = subprocess.run(
+        [sys.executable, '-m', 'gpipe_tf.trainer', '--mode=train',
+         '--max_steps=1', f'--logdir={self.get_temp_dir()}/run',
+         '--model=synthetic.mlp.TinyPipelined', '--num_replicas=2'],
+        cwd=_REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+        check=False)
+    self.assertEqual(run.returncode, 0, run.stderr[-3000:])
+    log = run.stderr
+    self.assertIn('Done at global step 1', log)
     self.assertIn('Split the CPU into 4 logical devices for 2 replicas x 2 '
                   'cells', log)
     self.assertIn('MirroredStrategy: 2 replicas x 2 cells', log)

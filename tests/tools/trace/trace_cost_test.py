@@ -2,23 +2,71 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import test_utils  # pylint: disable=g-bad-import-order
 
+import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+_TINY = ['--partitions=2', '--micro_batches=2,4', '--num_blocks=2', '--dim=8',
+         '--seq_len=4', '--batch_size=16', '--steps=1', '--warmup=0',
+         '--loop_budget=0']
 
+# One child (a child costs ~8 s of CPU to import TensorFlow) runs the tool's
+# entry point, app.run(cost.main) as `python -m tools.trace.cost` does, twice:
+# first with an unknown mode, what it writes to sys.stderr (absl's usage and
+# error) and its exit status (1 for an uncaught exception) written to the
+# file argv[1], the status on the last line; then the tiny run, which ends
+# the child (its stdout and exit status are the process's own).
+_DRIVER = r'''
+import contextlib, io, sys, traceback
+from absl import app, flags
+from tools.trace import cost
+
+tiny = sys.argv[2:]
+err, status = io.StringIO(), 0
+with contextlib.redirect_stderr(err):
+  try:
+    app.run(cost.main, argv=['cost', '--modes=fast'] + tiny)
+  except SystemExit as e:
+    status = e.code
+  except Exception:  # What the interpreter does with an uncaught one.
+    traceback.print_exc()
+    status = 1
+with open(sys.argv[1], 'w') as f:
+  f.write(f'{err.getvalue()}\n{status}\n')
+flags.FLAGS.unparse_flags()
+app.run(cost.main, argv=['cost'] + tiny)
+'''
+
+
+# One worker runs the whole class, so its one child (setUpClass) runs once
+# under `pytest -n 2 --dist loadgroup`.
+@pytest.mark.xdist_group('trace_cost_test')
 class TraceCostTest(tf.test.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp()
+    cls.usage_file = os.path.join(cls.root, 'usage.txt')
+    cls.tiny = subprocess.run(
+        [sys.executable, '-c', _DRIVER, cls.usage_file, *_TINY],
+        cwd=test_utils.REPO_ROOT, capture_output=True, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
   def testTinyRunPrintsEveryModeAndRatio(self):
-    out = subprocess.run(
-        [sys.executable, '-m', 'tools.trace.cost', '--partitions=2',
-         '--micro_batches=2,4', '--num_blocks=2', '--dim=8', '--seq_len=4',
-         '--batch_size=16', '--steps=1', '--warmup=0', '--loop_budget=0'],
-        cwd=test_utils.REPO_ROOT, capture_output=True, text=True, check=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')).stdout
+    self.assertEqual(self.tiny.returncode, 0, self.tiny.stderr[-3000:])
+    out = self.tiny.stdout
     rows = re.findall(
         r'^\| (\d+) \| (\w+) \| [\d.]+ \| [\d.]+ \| \d+ \| (\d+) \| \d+ \|$',
         out, re.MULTILINE)
@@ -35,12 +83,10 @@ class TraceCostTest(tf.test.TestCase):
     self.assertIn('M=2: CPU per step / unrolled: loop', out)
 
   def testUnknownModeIsAUsageError(self):
-    run = subprocess.run(
-        [sys.executable, '-m', 'tools.trace.cost', '--modes=fast'],
-        cwd=test_utils.REPO_ROOT, capture_output=True, text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-    self.assertNotEqual(run.returncode, 0)
-    self.assertIn("unknown mode 'fast'", run.stderr)
+    with open(self.usage_file) as f:
+      stderr, status = f.read().rstrip('\n').rsplit('\n', 1)
+    self.assertNotEqual(int(status), 0)
+    self.assertIn("unknown mode 'fast'", stderr)
 
 
 if __name__ == '__main__':

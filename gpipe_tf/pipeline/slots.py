@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import tensorflow as tf
 
 from gpipe_tf.pipeline import tensor_loop as tl
+from gpipe_tf.pipeline import tf_internals
 from gpipe_tf.pipeline.roles import Piece
 from gpipe_tf.pipeline.roles import Role
 from gpipe_tf.pipeline.roles import Store
@@ -70,7 +71,7 @@ def Gather(row: Sequence[int], t: Any) -> Any:
 
 def Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
   """`slots` with micro-batch m of each set to its value."""
-  return [None if s is None else s.write(m, v)
+  return [None if s is None else s.write(tf_internals.Index(m), v)
           for s, v in zip(slots, values)]
 
 
@@ -104,17 +105,18 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
       # is: the piece's ops that read the value wait for the device's
       # previous step (the function call itself is inlined away).
       values.append(tf.identity(value))
-      after.append(ta.write(m, tl.Empty(value)) if empty and spec.shape.rank
+      after.append(ta.write(tf_internals.Index(m), tl.Empty(value)) if empty and spec.shape.rank
                    else ta)
       continue
     value = ta  # None, or a shared tensor: itself.
     if isinstance(ta, tf.TensorArray):
-      value = ta.read(m)
+      index = tf_internals.Index(m)
+      value = ta.read(index)
       value.set_shape(spec.shape)
       if empty and spec.shape.rank:
-        ta = ta.write(m, tl.Empty(value))
+        ta = ta.write(index, tl.Empty(value))
       elif not empty and tf.executing_eagerly():
-        ta = ta.write(m, value)
+        ta = ta.write(index, value)
     values.append(value)
     after.append(ta)
   return values, after

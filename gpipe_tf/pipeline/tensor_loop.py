@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from gpipe_tf.pipeline import leaves
@@ -38,7 +39,9 @@ def Empty(value: tf.Tensor) -> tf.Tensor:
   are): no shape ops to build, optimise or run at every step."""
   dims = value.shape[1:]
   if dims.is_fully_defined():
-    return tf.zeros([0] + dims.as_list(), value.dtype)
+    return tf_internals.Const(
+        np.zeros([0] + dims.as_list(), value.dtype.as_numpy_dtype),
+        value.dtype)
   return tf.zeros(tf.concat([[0], tf.shape(value)[1:]], 0), value.dtype)
 
 

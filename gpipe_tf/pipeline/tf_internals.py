@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any, Callable, Sequence
+import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensorflow-import
@@ -82,10 +84,51 @@ def MarkUsed(value: Any) -> Any:
   return value
 
 
+# Per graph, the constants Const made in it: {key: tensor}.
+_CONSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def Const(value: Any, dtype: tf.DType) -> tf.Tensor:
+  """tf.constant(value, dtype), made once per graph, device scope and
+  colocation scope, and shared by every op that asks for it there.
+
+  The engine's slot reads and writes each need small constants (an index,
+  an element shape, an empty tensor): a new one each would be thousands of
+  ops per step, each costing about a millisecond of Python to build (more
+  than the op that reads it), then Grappler's and the executor's time. A
+  shared one is made with no control dependencies (a constant waits for
+  nothing; the op that reads it still waits for its own). Eagerly, or in a
+  graph whose device and colocation stacks (private) cannot be read, a new
+  constant.
+  """
+  if tf.executing_eagerly():
+    return tf.constant(value, dtype)
+  graph = tf.compat.v1.get_default_graph()
+  try:
+    scope = (tuple(graph._device_function_stack.peek_objs()),  # pylint: disable=protected-access
+             tuple(graph._colocation_stack.peek_objs()))  # pylint: disable=protected-access
+    hash(scope)
+  except (AttributeError, TypeError):
+    return tf.constant(value, dtype)
+  array = np.asarray(value, dtype.as_numpy_dtype)
+  key = (scope, dtype, array.shape, array.tobytes())
+  consts = _CONSTS.setdefault(graph, {})
+  const = consts.get(key)
+  if const is None:
+    with graph.control_dependencies(None):
+      const = consts[key] = tf.constant(array, dtype)
+  return const
+
+
+def Index(m: Any) -> Any:
+  """A slot index as a tensor: Const for a Python int, else m itself."""
+  return Const(m, tf.int32) if isinstance(m, int) else m
+
+
 def ListReserve(dtype: tf.DType, num_elements: int) -> tf.Tensor:
   """An empty TensorList of `num_elements` items of any shape."""
   return tf.raw_ops.TensorListReserve(
-      element_shape=tf.constant(-1, tf.int32), num_elements=num_elements,
+      element_shape=Const(-1, tf.int32), num_elements=num_elements,
       element_dtype=dtype)
 
 
@@ -95,8 +138,8 @@ def ListGetItem(handle: tf.Tensor, index: Any, spec: tf.TensorSpec
   item copies no data: the list holds references."""
   shape = spec.shape
   value = tf.raw_ops.TensorListGetItem(
-      input_handle=handle, index=index,
-      element_shape=tf.constant(
+      input_handle=handle, index=Index(index),
+      element_shape=Const(
           -1 if shape.rank is None else
           [-1 if d is None else d for d in shape.as_list()], tf.int32),
       element_dtype=spec.dtype)
@@ -107,5 +150,5 @@ def ListGetItem(handle: tf.Tensor, index: Any, spec: tf.TensorSpec
 def ListSetItem(handle: tf.Tensor, index: Any, item: tf.Tensor) -> tf.Tensor:
   """The TensorList with item `index` set to `item` (the item it held is
   released once no other list version holds it)."""
-  return tf.raw_ops.TensorListSetItem(input_handle=handle, index=index,
+  return tf.raw_ops.TensorListSetItem(input_handle=handle, index=Index(index),
                                       item=item)

@@ -6,6 +6,8 @@ the test's name, before it shows as a wrong gradient or a lost memory bound.
 
 import gc
 
+import numpy as np
+
 import test_utils  # pylint: disable=g-bad-import-order
 
 test_utils.SetUpDevices()
@@ -84,6 +86,37 @@ class TfInternalsTest(tf.test.TestCase):
       return item
 
     self.assertAllEqual(_Fn(), tf.ones([2, 5]))
+
+  def testConstIsMadeOncePerGraphAndDeviceWithoutControlInputs(self):
+    # Reads the graph's private device and colocation stacks.
+    seen = {}
+
+    @tf.function
+    def _Fn(x):
+      with tf.control_dependencies([x]):
+        first = tf_internals.Const(3, tf.int32)
+      seen['first'] = first
+      seen['again'] = tf_internals.Index(3)
+      seen['other'] = tf_internals.Const([3], tf.int32)
+      with tf.device('/device:CPU:1'):
+        seen['device'] = tf_internals.Const(3, tf.int32)
+      seen['empty'] = [tf_internals.Const(np.zeros([0, 2]), tf.float32)
+                       for _ in range(2)]
+      return first + 1
+
+    self.assertEqual(_Fn.get_concrete_function(
+        tf.TensorSpec([], tf.float32)).structured_outputs.dtype, tf.int32)
+    self.assertIs(seen['again'], seen['first'])
+    self.assertIsNot(seen['other'], seen['first'])
+    self.assertIsNot(seen['device'], seen['first'])
+    self.assertIn('CPU:1', seen['device'].device)
+    self.assertIs(seen['empty'][0], seen['empty'][1])
+    self.assertEqual(seen['first'].op.control_inputs, [])
+    self.assertEqual(self.evaluate(_Fn(tf.constant(1.0))), 4)
+    # Another graph, another constant.
+    with tf.Graph().as_default():
+      self.assertIsNot(tf_internals.Const(3, tf.int32), seen['first'])
+    self.assertEqual(tf_internals.Index(tf.constant(2)).numpy(), 2)
 
   def testMarkUsedSilencesAnUnreadTensorArray(self):
     # Eagerly (PipelineModel.fit's first call, a user debugging), every

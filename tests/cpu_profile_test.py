@@ -38,12 +38,16 @@ class CpuProfileTest(tf.test.TestCase):
         f.write(_TESTS)
       out = os.path.join(root, 'cpu')
       here = os.path.dirname(os.path.abspath(__file__))
+      # Not an xdist worker's child: its rows go to main.tsv.
+      env = {k: v for k, v in os.environ.items()
+             if not k.startswith('PYTEST_')}
+      env['PYTHONPATH'] = here
       subprocess.run(
           [sys.executable, '-m', 'pytest', '-q', '-p', 'cpu_profile',
            '--cpu_profile', out, '-p', 'no:cacheprovider', '-p', 'no:xdist',
            '--rootdir', root, 'burn_test.py'],
           cwd=root, check=True, capture_output=True,
-          env=dict(os.environ, PYTHONPATH=here))
+          env=env)
       with open(os.path.join(out, 'main.tsv')) as f:
         rows = {line.split('\t')[3].strip().split('::')[1]:
                 [float(x) for x in line.split('\t')[:3]] for line in f}

@@ -71,7 +71,8 @@ def Gather(row: Sequence[int], t: Any) -> Any:
 
 def Write(slots: Sequence[Any], m: Any, values: Sequence[Any]) -> list:
   """`slots` with micro-batch m of each set to its value."""
-  return [None if s is None else s.write(tf_internals.Index(m), v)
+  index = tf_internals.Index(m)
+  return [None if s is None else s.write(index, v)
           for s, v in zip(slots, values)]
 
 
@@ -98,6 +99,7 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
   read-once read has cleared it, so there it is written back.
   """
   known = known or [None] * len(slots)
+  index = tf_internals.Index(m)
   values, after = [], []
   for ta, spec, value in zip(slots, specs, known):
     if value is not None and isinstance(ta, tf.TensorArray):
@@ -105,12 +107,11 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
       # is: the piece's ops that read the value wait for the device's
       # previous step (the function call itself is inlined away).
       values.append(tf.identity(value))
-      after.append(ta.write(tf_internals.Index(m), tl.Empty(value)) if empty and spec.shape.rank
+      after.append(ta.write(index, tl.Empty(value)) if empty and spec.shape.rank
                    else ta)
       continue
     value = ta  # None, or a shared tensor: itself.
     if isinstance(ta, tf.TensorArray):
-      index = tf_internals.Index(m)
       value = ta.read(index)
       value.set_shape(spec.shape)
       if empty and spec.shape.rank:

@@ -23,6 +23,9 @@ from gpipe_tf.runtime import devices
 
 # The repository root: the working directory of trainer subprocesses.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A child script's PYTHONPATH: the repository and tests/ (entry_point.py).
+CHILD_PYTHONPATH = os.pathsep.join(
+    [REPO_ROOT, os.path.dirname(os.path.abspath(__file__))])
 
 # Every test process splits the CPU into this many logical devices, once,
 # before any op runs (conftest.py under pytest; module import otherwise).
@@ -95,6 +98,13 @@ class NoNaN(base_layer.BaseLayer):
     return base_layer.LayerMeta(0, (tuple(shape),), 0)
 
 
+def MarkFlagsParsed() -> None:
+  """Lets code that reads absl flags run under pytest, which parses none:
+  they count as parsed, at their defaults (flagsaver sets some for a test)."""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
 class FlagsParsedTestCase(tf.test.TestCase):
   """A TestCase for code that reads absl flags (pytest parses none: they
   count as parsed) with a temporary directory `root` for the class."""
@@ -102,8 +112,7 @@ class FlagsParsedTestCase(tf.test.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    if not flags.FLAGS.is_parsed():
-      flags.FLAGS.mark_as_parsed()
+    MarkFlagsParsed()
     cls.root = tempfile.mkdtemp()
 
   @classmethod

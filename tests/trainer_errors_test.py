@@ -18,43 +18,20 @@ _LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before |'
                        r'\d{4}-\d\d-\d\d |\s*$)')
 
 # One child process runs the trainer's entry point (app.run(trainer.main), all
-# that `python -m gpipe_tf.trainer` runs) once per case: a child costs ~8 s of
-# CPU to import TensorFlow, a case a fraction of a second. Every case but the
-# last writes fd 2 to a file of its own and turns its SystemExit into what the
-# interpreter makes of it (a string: that line on stderr, status 1); the last
-# case ends the child itself, so its stderr and exit status are the process's
-# own. argv[1]: JSON [[flag, ...], ...]; stdout: JSON [[status, stderr], ...]
-# of the captured cases.
+# that `python -m gpipe_tf.trainer` runs) once per case (tests/entry_point.py):
+# every case but the last through RunCapturingStderr; the last case ends the
+# child itself, so its stderr and exit status are the process's own.
+# argv[1]: JSON [[flag, ...], ...]; stdout: JSON [[status, stderr], ...] of
+# the captured cases.
 _DRIVER = r'''
-import json, os, sys, tempfile, traceback
+import json, sys
 from absl import app, flags
 from gpipe_tf import trainer
+import entry_point
 
 cases = json.loads(sys.argv[1])
-results = []
-for case in cases[:-1]:
-  flags.FLAGS.unparse_flags()
-  with tempfile.TemporaryFile('w+') as err:
-    sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(err.fileno(), 2)
-    try:
-      app.run(trainer.main, argv=['trainer'] + case)
-      status = 0
-    except SystemExit as e:
-      status = e.code
-      if isinstance(status, str):
-        print(status, file=sys.stderr)
-        status = 1
-    except Exception:  # What the interpreter does with an uncaught one.
-      traceback.print_exc()
-      status = 1
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-    err.seek(0)
-    results.append([status or 0, err.read()])
+results = [entry_point.RunCapturingStderr(trainer.main, ['trainer'] + case)
+           for case in cases[:-1]]
 print(json.dumps(results), flush=True)
 flags.FLAGS.unparse_flags()
 app.run(trainer.main, argv=['trainer'] + cases[-1])
@@ -92,7 +69,8 @@ class TrainerErrorsTest(absltest.TestCase):
         _Args(cls.override_dir, *cls.override_flags),
         _Args(cls.override_dir, *cls.override_flags, '--debug'),
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
+               PYTHONPATH=test_utils.CHILD_PYTHONPATH)
     run = subprocess.run(
         [sys.executable, '-c', _DRIVER, json.dumps(cases)],
         cwd=test_utils.REPO_ROOT, env=env, capture_output=True, text=True,

@@ -10,7 +10,6 @@ import shutil
 import tempfile
 from unittest import mock
 
-from absl import flags
 from absl import logging as absl_logging
 from absl.testing import flagsaver
 import pytest
@@ -211,8 +210,7 @@ class DistributeTest(tf.test.TestCase):
     # --num_logical_devices=4 asks for): a subprocess would cost a TensorFlow
     # import. The binary as a process with --num_replicas=2:
     # trainer_test.TrainerSplitsTheCpuTest.testReplicasTimesCells.
-    if not flags.FLAGS.is_parsed():
-      flags.FLAGS.mark_as_parsed()
+    test_utils.MarkFlagsParsed()
     verbosity = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.INFO)
     self.addCleanup(absl_logging.set_verbosity, verbosity)

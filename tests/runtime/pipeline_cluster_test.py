@@ -17,7 +17,6 @@ import sys
 import time
 from unittest import mock
 
-from absl import flags
 from absl.testing import flagsaver
 import numpy as np
 import pytest
@@ -452,8 +451,7 @@ class WorkerFailureTest(tf.test.TestCase):
     # line of a trainer process: the two tests above.
     cluster = _Cluster(2)
     logdir = os.path.join(self.get_temp_dir(), 'run')
-    if not flags.FLAGS.is_parsed():
-      flags.FLAGS.mark_as_parsed()
+    test_utils.MarkFlagsParsed()
     stderr = io.StringIO()
     started = time.time()
     with flagsaver.flagsaver(

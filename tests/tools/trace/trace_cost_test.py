@@ -17,28 +17,22 @@ _TINY = ['--partitions=2', '--micro_batches=2,4', '--num_blocks=2', '--dim=8',
          '--loop_budget=0']
 
 # One child (a child costs ~8 s of CPU to import TensorFlow) runs the tool's
-# entry point, app.run(cost.main) as `python -m tools.trace.cost` does, twice:
-# first with an unknown mode, what it writes to sys.stderr (absl's usage and
-# error) and its exit status (1 for an uncaught exception) written to the
-# file argv[1], the status on the last line; then the tiny run, which ends
-# the child (its stdout and exit status are the process's own).
+# entry point, app.run(cost.main) as `python -m tools.trace.cost` does, twice
+# (tests/entry_point.py): first with an unknown mode, its stderr and exit
+# status written to the file argv[1], the status on the last line; then the
+# tiny run, which ends the child (its stdout and exit status are the
+# process's own).
 _DRIVER = r'''
-import contextlib, io, sys, traceback
+import sys
 from absl import app, flags
 from tools.trace import cost
+import entry_point
 
 tiny = sys.argv[2:]
-err, status = io.StringIO(), 0
-with contextlib.redirect_stderr(err):
-  try:
-    app.run(cost.main, argv=['cost', '--modes=fast'] + tiny)
-  except SystemExit as e:
-    status = e.code
-  except Exception:  # What the interpreter does with an uncaught one.
-    traceback.print_exc()
-    status = 1
+status, err = entry_point.RunCapturingStderr(
+    cost.main, ['cost', '--modes=fast'] + tiny)
 with open(sys.argv[1], 'w') as f:
-  f.write(f'{err.getvalue()}\n{status}\n')
+  f.write(f'{err}\n{status}\n')
 flags.FLAGS.unparse_flags()
 app.run(cost.main, argv=['cost'] + tiny)
 '''
@@ -57,7 +51,8 @@ class TraceCostTest(tf.test.TestCase):
     cls.tiny = subprocess.run(
         [sys.executable, '-c', _DRIVER, cls.usage_file, *_TINY],
         cwd=test_utils.REPO_ROOT, capture_output=True, text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+                 PYTHONPATH=test_utils.CHILD_PYTHONPATH))
 
   @classmethod
   def tearDownClass(cls):

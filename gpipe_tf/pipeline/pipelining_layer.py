@@ -103,15 +103,17 @@ class PipeliningLayer(base_layer.BaseLayer):
     p.Define('num_micro_batches', 1,
              'M: micro-batches per mini-batch (M >= 4K makes the bubble '
              'negligible).')
-    p.Define('remat', 'except_last',
-             "Recompute policy. 'always': recompute every forward whose "
-             'backward does not directly follow it on its device; the ones '
-             'that do (Schedule.ForwardsFollowedByBackward: every micro-batch '
-             "of 1f1b's last stage, gpipe's last micro-batch when V = 1) "
-             'would rebuild the same activations at once, so keeping them '
-             "costs no peak memory. 'except_last': as 'always', and also keep "
-             "the last micro-batch on every stage. 'never': keep every "
-             "forward's activations.")
+    p.Define('remat', 'always',
+             "Recompute policy. 'always' (the default): recompute every "
+             'forward whose backward does not directly follow it on its '
+             'device; the ones that do (Schedule.ForwardsFollowedByBackward: '
+             "every micro-batch of 1f1b's last stage, gpipe's last "
+             'micro-batch when V = 1) would rebuild the same activations at '
+             "once, so keeping them costs no peak memory. 'except_last': as "
+             "'always', and also keep the last micro-batch on every stage "
+             "(torchgpipe's default; in a step folded into a loop each kept "
+             'variant is a second copy of the forward and backward to build). '
+             "'never': keep every forward's activations.")
     p.Define('devices', None,
              'Optional list of device strings; default: all GPUs, else TPU '
              'cores, else the logical CPU devices.')

@@ -16,12 +16,16 @@ input shapes its cost estimate needs), takes one SGD step in a
   * rest of first call: the first call less Grappler (function
     instantiation, placement, partitioning, executors, and running it);
   * first step: tracing plus the first call;
+  * process CPU: the child process's CPU seconds, user and system, from
+    start to exit (imports and the next steps included): what a loaded
+    machine stretches least, and measured the same way for any tree;
   * next step: the median of the next three calls;
   * traces: the layer kinds traced by layers/shared_trace.py, and calls.
 
     python -m tools.trace.first_step                     # L=16,64 plain and 1f1b
     python -m tools.trace.first_step --layers=16,64,128 --schedules=gpipe,1f1b,zb_h1
     python -m tools.trace.first_step --share=on,off      # shared traces A/B
+    python -m tools.trace.first_step --remat=always,except_last
     python -m tools.trace.first_step --repos=.,/tmp/main # this tree beside another
 
 Ratios within one run are what count on a shared machine.
@@ -29,9 +33,11 @@ Ratios within one run are what count on a shared machine.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -45,7 +51,7 @@ __all__ = ['GrapplerSeconds', 'main']
 def _DefineFlags() -> None:
   """Defines the tool's flags: only when it runs as a program, so that tests
   importing several tools define no flag twice."""
-  global _L, _SCHEDULES, _K, _M, _V, _SHARE, \
+  global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, \
       _REPOS, _DIM, _SEQ, _BATCH, _CHILD  # pylint: disable=global-variable-undefined
   _L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
   _SCHEDULES = flags.DEFINE_list(
@@ -58,6 +64,9 @@ def _DefineFlags() -> None:
   _SHARE = flags.DEFINE_list(
       'share', ['on'], "'on': shared layer traces (the default); 'off': every "
       'layer traced on its own (shared_trace.Off).')
+  _REMAT = flags.DEFINE_list(
+      'remat', ['default'], "PipeliningLayer remat policies ('default': "
+      'not set).')
   _REPOS = flags.DEFINE_list(
       'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
       'main beside this one).')
@@ -76,16 +85,37 @@ def GrapplerSeconds(log: str) -> float:
   return sum(float(t) for t in _GRAPPLER.findall(log)) / 1000
 
 
+def _Net(config: dict):
+  """The model of one configuration: L blocks, plain or pipelined with only
+  num_partitions, num_micro_batches, schedule (and its V) set, and remat
+  when the configuration names one."""
+  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
+  from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
+  from tools.trace import transformer  # pylint: disable=g-import-not-at-top
+  blocks = transformer.Blocks(config['layers'], config['dim'])
+  if config['schedule'] == 'plain':
+    return layers.SequentialLayer.Params().Set(
+        name='net', layers=blocks).Instantiate()
+  v = config['v'] if config['schedule'] == 'interleaved_1f1b' else 1
+  p = PipeliningLayer.Params().Set(
+      name='net', layers=blocks, num_partitions=config['k'],
+      num_micro_batches=config['m'], schedule=config['schedule'],
+      num_virtual_stages=v,
+      input_shapes=transformer.InputShapes(config['dim'], config['seq_len']))
+  if config.get('remat', 'default') != 'default':
+    p.Set(remat=config['remat'])
+  return p.Instantiate()
+
+
 def _Child(config: dict) -> dict:
   """Runs one configuration in this process; returns its timings."""
   start = time.perf_counter()
   from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
-  pipelined = config['schedule'] != 'plain'
-  v = config['v'] if config['schedule'] == 'interleaved_1f1b' else 1
-  devices.SplitCpu(config['k'] if pipelined else 1)
+  devices.SplitCpu(config['k'] if config['schedule'] != 'plain' else 1)
   import contextlib  # pylint: disable=g-import-not-at-top
-  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top
-  from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top
+  # Imported here so that 'imports' counts them, not 'build'.
+  from gpipe_tf import layers  # pylint: disable=g-import-not-at-top,unused-import
+  from gpipe_tf.pipeline import PipeliningLayer  # pylint: disable=g-import-not-at-top,unused-import
   from tools.trace import transformer  # pylint: disable=g-import-not-at-top
   try:
     from gpipe_tf.layers import shared_trace  # pylint: disable=g-import-not-at-top
@@ -94,17 +124,8 @@ def _Child(config: dict) -> dict:
   imports = time.perf_counter() - start
 
   d, t, n = config['dim'], config['seq_len'], config['batch_size']
-  blocks = transformer.Blocks(config['layers'], d)
   start = time.perf_counter()
-  if pipelined:
-    net = PipeliningLayer.Params().Set(
-        name='net', layers=blocks, num_partitions=config['k'],
-        num_micro_batches=config['m'], schedule=config['schedule'],
-        num_virtual_stages=v, input_shapes=transformer.InputShapes(d, t)
-    ).Instantiate()
-  else:
-    net = layers.SequentialLayer.Params().Set(
-        name='net', layers=blocks).Instantiate()
+  net = _Net(config)
   build = time.perf_counter() - start
   _Step = transformer.TrainStep(net, d, t, n, step_seed=True)  # pylint: disable=invalid-name
 
@@ -125,6 +146,8 @@ def _Child(config: dict) -> dict:
   stats = shared_trace.Stats.Get() if shared_trace else None
   return dict(imports_s=imports, build_s=build, trace_s=tracing,
               first_call_s=first_call, next_step_s=next_step,
+              remat=None if config['schedule'] == 'plain' else
+              net.params.remat,
               traces=stats.traces if stats else None,
               calls=stats.calls if stats else None)
 
@@ -135,6 +158,7 @@ def _Run(config: dict, repo: str) -> dict:
   # A tree from before the tools moved into packages has tools/first_step.py.
   tool = ('tools.trace.first_step' if os.path.exists(os.path.join(
       repo, 'tools', 'trace', 'first_step.py')) else 'tools.first_step')
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
   proc = subprocess.run(
       [sys.executable, '-m', tool, '--child', json.dumps(config)],
       cwd=repo, env=env, capture_output=True, text=True, check=False)
@@ -144,6 +168,9 @@ def _Run(config: dict, repo: str) -> dict:
                        f'{proc.stderr[-3000:]}')
   row = json.loads(lines[-1])
   row['grappler_s'] = GrapplerSeconds(proc.stderr)
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  row['cpu_s'] = (after.ru_utime - before.ru_utime +
+                  after.ru_stime - before.ru_stime)
   return row
 
 
@@ -156,29 +183,26 @@ def main(argv):
               v=_V.value)
   print(f'{_DIM.value}-wide Transformer blocks, {_SEQ.value} tokens, batch '
         f'{_BATCH.value}; seconds; one fresh process per row')
-  print('| tree | L | schedule | K | M | share | imports | build | tracing | '
-        'grappler | rest of first call | first step | next step | kinds / '
-        'calls |')
-  print('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|')
-  for layers_ in _L.value:
-    for schedule in _SCHEDULES.value:
-      ks = ['1'] if schedule == 'plain' else _K.value
-      ms = ['1'] if schedule == 'plain' else _M.value
-      for k in ks:
-        for m in ms:
-          for share in _SHARE.value:
-            for repo in _REPOS.value:
-              config = dict(base, layers=int(layers_), schedule=schedule,
-                            k=int(k), m=int(m), share=share)
-              r = _Run(config, repo)
-              first = r['trace_s'] + r['first_call_s']
-              print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
-                    f"{share} | {r['imports_s']:.1f} | {r['build_s']:.1f} | "
-                    f"{r['trace_s']:.1f} | {r['grappler_s']:.1f} | "
-                    f"{r['first_call_s'] - r['grappler_s']:.1f} | "
-                    f"{first:.1f} | {r['next_step_s']:.2f} | "
-                    f"{r['traces']} / {r['calls']} |", flush=True)
-
+  print('| tree | L | schedule | K | M | remat | share | imports | build | '
+        'tracing | grappler | rest of first call | first step | process CPU '
+        '| next step | kinds / calls |')
+  print('|---' * 16 + '|')
+  for layers_, schedule in itertools.product(_L.value, _SCHEDULES.value):
+    plain = schedule == 'plain'
+    for k, m, remat, share, repo in itertools.product(
+        ['1'] if plain else _K.value, ['1'] if plain else _M.value,
+        ['default'] if plain else _REMAT.value, _SHARE.value, _REPOS.value):
+      config = dict(base, layers=int(layers_), schedule=schedule, k=int(k),
+                    m=int(m), share=share, remat=remat)
+      r = _Run(config, repo)
+      first = r['trace_s'] + r['first_call_s']
+      print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
+            f"{'-' if plain else remat} | {share} | {r['imports_s']:.1f} | "
+            f"{r['build_s']:.1f} | {r['trace_s']:.1f} | "
+            f"{r['grappler_s']:.1f} | "
+            f"{r['first_call_s'] - r['grappler_s']:.1f} | {first:.1f} | "
+            f"{r['cpu_s']:.1f} | {r['next_step_s']:.2f} | "
+            f"{r['traces']} / {r['calls']} |", flush=True)
 
 if __name__ == '__main__':
   _DefineFlags()

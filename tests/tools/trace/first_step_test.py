@@ -4,6 +4,8 @@ import unittest
 
 import test_utils
 
+from gpipe_tf.pipeline import PipeliningLayer
+
 from tools.trace import first_step
 
 _LOG = """\
@@ -25,12 +27,26 @@ class FirstStepTest(unittest.TestCase):
              schedule='plain', k=1, m=1, share='on'), test_utils.REPO_ROOT)
     for key in ('imports_s', 'trace_s', 'first_call_s', 'next_step_s'):
       self.assertGreater(row[key], 0, key)
+    # The child's CPU, counted by this process (not its own, which is
+    # near 0 while it waits): importing TensorFlow alone takes seconds.
+    self.assertGreater(row['cpu_s'], 1.0)
     # The graph optimizer ran in the first call and its passes were read.
     self.assertGreater(row['grappler_s'], 0)
     self.assertLess(row['grappler_s'], row['first_call_s'])
     # Four identical blocks: the first is a kind of its own (no tape
     # watches its inputs), the other three share one trace.
     self.assertEqual((row['traces'], row['calls']), (2, 4))
+
+  def testOnlyTheRematAskedForIsSet(self):
+    # In-process: the layer is built, not run (one logical device, K=1).
+    config = dict(dim=8, seq_len=4, batch_size=4, v=1, layers=2,
+                  schedule='1f1b', k=1, m=2, share='on')
+    default = first_step._Net(dict(config, remat='default'))  # pylint: disable=protected-access
+    self.assertEqual(default.params.remat,
+                     PipeliningLayer.Params().remat)
+    for remat in ('except_last', 'never'):
+      net = first_step._Net(dict(config, remat=remat))  # pylint: disable=protected-access
+      self.assertEqual(net.params.remat, remat)
 
 
 if __name__ == '__main__':

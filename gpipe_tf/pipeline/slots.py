@@ -161,8 +161,9 @@ def Make(compiled: interpreter.Compiled, s: int) -> Slots:
       return [tl.Filler(v) if v else None for v in specs]
     if role.store is Store.PACKED:
       return layout[role].Initial()
-    zeros = [None if d is None else tf.zeros(d.shape, d.dtype) for d in specs]
-    return layout[role].Initial(zeros) if role in _PACKED else zeros
+    if role in _PACKED:  # Sums: every slot reads as zeros until added to.
+      return layout[role].Zeros()
+    return [None if d is None else tf.zeros(d.shape, d.dtype) for d in specs]
 
   with tf.device(c.cells[s].device):
     slots = Slots(token=tf.zeros([])).With({

@@ -130,6 +130,23 @@ class Packed:
              for dtype, n in zip(self.dtypes, self.counts)]
     return lists if values is None else self.Write(lists, 0, values)
 
+  def Zeros(self) -> list[tf.Tensor]:
+    """The lists (built where the caller places them) with every slot
+    reading as zeros of its spec, none written: an item of a reserved
+    TensorList that was never set reads as zeros of the shape its read
+    names. Sums start so without a zeros tensor and a write per tensor (a
+    cell's weight-gradient sums: two ops a variable to build).
+
+    Raises:
+      ValueError: a spec whose shape is not fully defined (its zeros have
+        no shape).
+    """
+    for spec in self.specs:
+      if spec is not None and not spec.shape.is_fully_defined():
+        raise ValueError(f'Packed.Zeros needs fully defined shapes, got '
+                         f'{spec}')
+    return self.Initial()
+
   def _Indices(self, m: Any) -> list:
     """Per tensor, the index of its slot m in its list (None where not
     kept): one multiply a list when m is a tensor, not one a tensor."""

@@ -57,6 +57,24 @@ class PackedTest(tf.test.TestCase):
     self.assertAllEqual(_Raw(1, 3), 3.0)        # A scalar is left as it was.
     self.assertAllEqual(packed.Read(emptied, 0)[2], [7, 8])  # Others kept.
 
+  def testZerosWritesNothingAndReadsZeros(self):
+    packed = tl.Packed([tf.TensorSpec([2, 3], tf.float32), None,
+                        tf.TensorSpec([], tf.int32)])
+
+    @tf.function
+    def _Read():
+      return packed.Read(packed.Zeros())
+
+    ops = [op.type for op in _Read.get_concrete_function().graph
+           .get_operations()]
+    self.assertNotIn('TensorListSetItem', ops)  # Nothing written.
+    a, none, b = _Read()
+    self.assertAllEqual(a, np.zeros([2, 3]))
+    self.assertIsNone(none)
+    self.assertAllEqual(b, 0)
+    with self.assertRaisesRegex(ValueError, 'fully defined'):
+      tl.Packed([tf.TensorSpec([None, 3], tf.float32)]).Zeros()
+
   def testSumsInAWhileLoop(self):
     packed = tl.Packed([tf.TensorSpec([2], tf.float32),
                         tf.TensorSpec([], tf.float32)])
@@ -66,7 +84,7 @@ class PackedTest(tf.test.TestCase):
       def _Body(i, lists):
         a, b = packed.Read(lists)
         return i + 1, packed.Write(lists, 0, [a + 1.0, b + 2.0])
-      lists = packed.Initial([tf.zeros([2]), tf.zeros([])])
+      lists = packed.Zeros()
       _, lists = tf.while_loop(lambda i, _: i < 4, _Body, (0, lists))
       return packed.Read(lists)
 

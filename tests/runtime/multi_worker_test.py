@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import tensorflow as tf
@@ -42,10 +43,152 @@ def _NewestStep(logdir):
   return int(match.group(1)) if match else None
 
 
+# The trainer tasks are forked from one process that has imported
+# TensorFlow (an import costs ~8 s of CPU a process; 4 tasks here) and run
+# no op: each task is a fresh process running `python -m gpipe_tf.trainer
+# ARGS` (runpy, as -m does) with its own environment, stdout and stderr,
+# killed and restarted as a process. The
+# zygote reaps its tasks and reports each one's exit status; it exits when
+# its stdin closes and its tasks have ended.
+_ZYGOTE = """
+import json, os, runpy, select, sys, time, traceback
+import tensorflow  # What each task imports first.
+from tensorflow.python.eager import context
+assert context.context()._context_handle is None  # No op ran: fork-safe.
+out = sys.stdout
+tasks, closed, pending = set(), False, b''
+while tasks or not closed:
+  while tasks:
+    try:
+      pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+      break
+    if not pid:
+      break
+    tasks.discard(pid)
+    out.write(f'exit {pid} {os.waitstatus_to_exitcode(status)}\\n')
+    out.flush()
+  if closed:
+    time.sleep(0.05)
+    continue
+  if not select.select([0], [], [], 0.05)[0]:
+    continue
+  chunk = os.read(0, 65536)
+  closed = not chunk
+  pending += chunk
+  while b'\\n' in pending:
+    line, pending = pending.split(b'\\n', 1)
+    task = json.loads(line)
+    pid = os.fork()
+    if pid:
+      tasks.add(pid)
+      out.write(f'started {pid}\\n')
+      out.flush()
+      continue
+    code = 1
+    try:
+      log = os.open(task['log'], os.O_WRONLY | os.O_APPEND)
+      null = os.open(os.devnull, os.O_RDONLY)
+      os.dup2(null, 0)
+      os.dup2(log, 1)
+      os.dup2(log, 2)
+      os.environ.clear()
+      os.environ.update(task['env'])
+      _, flag, module, *args = task['argv']  # python -m MODULE ARGS
+      assert flag == '-m', task['argv']
+      sys.argv = [module, *args]  # run_module sets argv[0] as -m does.
+      try:
+        runpy.run_module(module, run_name='__main__', alter_sys=True)
+        code = 0
+      except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+          code = e.code or 0
+        else:
+          print(e.code, file=sys.stderr)
+      except BaseException:
+        traceback.print_exc()
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(code)
+"""
+
+
+class _Zygote:
+  """The _ZYGOTE process of a test (waited for at its cleanup)."""
+
+  def __init__(self, test):
+    self._process = subprocess.Popen(
+        [sys.executable, '-c', _ZYGOTE], cwd=_REPO_ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    self._changed = threading.Condition()
+    self._started = []
+    self.exits = {}  # pid: exit status (-N: killed by signal N).
+    threading.Thread(target=self._Read, daemon=True).start()
+    test.addCleanup(self.Close)
+
+  def _Read(self):
+    for line in self._process.stdout:
+      what, pid, *code = line.decode().split()
+      with self._changed:
+        if what == 'started':
+          self._started.append(int(pid))
+        else:
+          self.exits[int(pid)] = int(code[0])
+        self._changed.notify_all()
+    with self._changed:
+      self._changed.notify_all()
+
+  def Start(self, argv, env, log):
+    """Forks `argv` (python -m MODULE ARGS) with `env`, its stdout and stderr
+    appended to `log`; returns a Popen-like _Task."""
+    with self._changed:
+      self._process.stdin.write(json.dumps(
+          {'argv': argv, 'env': env, 'log': log}).encode() + b'\n')
+      self._process.stdin.flush()
+      self._changed.wait_for(lambda: self._started or
+                             self._process.poll() is not None, 60)
+      if not self._started:
+        raise AssertionError('The trainer zygote did not fork.')
+      return _Task(self, self._started.pop(0))
+
+  def Wait(self, pid, timeout):
+    with self._changed:
+      if not self._changed.wait_for(lambda: pid in self.exits, timeout):
+        raise subprocess.TimeoutExpired(f'task {pid}', timeout)
+      return self.exits[pid]
+
+  def Close(self):
+    self._process.stdin.close()
+    self._process.wait(JOB_TIMEOUT)
+
+
+class _Task:
+  """A forked trainer task, with the Popen methods the test uses."""
+
+  def __init__(self, zygote, pid):
+    self._zygote = zygote
+    self.pid = pid
+
+  def poll(self):
+    return self._zygote.exits.get(self.pid)
+
+  def wait(self, timeout=None):
+    return self._zygote.Wait(self.pid, timeout)
+
+  def send_signal(self, sig):
+    if self.poll() is None:
+      os.kill(self.pid, sig)
+
+  def kill(self):
+    self.send_signal(signal.SIGKILL)
+
+
 class _Job:
   """NUM_TASKS trainer processes of one multi-worker job on localhost."""
 
-  def __init__(self, test, logdir, max_steps):
+  def __init__(self, test, zygote, logdir, max_steps):
     self.logdir = logdir
     self.logs = []
     self.processes = []
@@ -59,13 +202,12 @@ class _Job:
           'w+', dir=test.get_temp_dir(), suffix=f'.task{index}.log',
           delete=False)
       self.logs.append(log)
-      self.processes.append(subprocess.Popen(
+      self.processes.append(zygote.Start(
           [sys.executable, '-m', 'gpipe_tf.trainer', f'--model={MODEL}',
            f'--logdir={logdir}', '--mode=train', f'--max_steps={max_steps}',
            '--num_logical_devices=2', f'--model_params_override={OVERRIDE}',
            '--save_interval_steps=2', '--log_interval_steps=2',
-           '--collective_timeout_seconds=60'],
-          cwd=_REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+           '--collective_timeout_seconds=60'], env, log.name))
     test.addCleanup(self.Kill)
 
   def Kill(self):
@@ -132,7 +274,8 @@ class MultiWorkerTest(tf.test.TestCase):
   def testKilledTaskRestartsAndTrainsLikeOneProcess(self):
     # 1. Kill task 1 of a job as soon as the chief has saved a checkpoint.
     logdir = os.path.join(self.get_temp_dir(), 'job')
-    job = _Job(self, logdir, 100000)
+    zygote = _Zygote(self)
+    job = _Job(self, zygote, logdir, 100000)
     deadline = time.time() + START_TIMEOUT
     while _NewestStep(logdir) is None:
       self.assertLess(time.time(), deadline, job.Tail())
@@ -155,7 +298,7 @@ class MultiWorkerTest(tf.test.TestCase):
 
     # 2. Restart every task with the same command.
     final = newest + STEPS_AFTER_RESTART
-    restarted = _Job(self, logdir, final)
+    restarted = _Job(self, zygote, logdir, final)
     self.assertEqual(restarted.Wait(JOB_TIMEOUT), [0] * NUM_TASKS,
                      restarted.Tail())
     for index in range(NUM_TASKS):

@@ -47,33 +47,94 @@ def _Env():
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
 
-def _Read(path):
+def ReadFile(path):
   with open(path, errors='replace') as f:
     return f.read()
 
 
 # The chief of both client scripts in one process (a second costs a
 # TensorFlow import): connected once, it runs pipeline_cluster_client's main,
-# then pipeline_cluster_replicas_client's (whose connect is then a no-op).
+# then pipeline_cluster_replicas_client's (whose connect is then a no-op),
+# then the trainer's main() for pipeline_cluster_replicas_test (TRAINERS): a
+# trainer process is this script's connected chief plus flag parsing; its
+# os._exit(1) raises SystemExit here. Each trainer's stderr (absl log and
+# error line) goes to <replicas dir>/<name>.log, the exit statuses to
+# <replicas dir>/trainers.json.
 _CHIEF = """
-import sys
+import json, os, sys
+from unittest import mock
+from absl import flags, logging
+from gpipe_tf import trainer
 from gpipe_tf.runtime import pipeline_cluster
 import pipeline_cluster_client
 import pipeline_cluster_replicas_client
-cluster, cells_dir, replicas_dir = sys.argv[1:]
+cluster, cells_dir, replicas_dir, trainers = sys.argv[1:]
 pipeline_cluster.ConnectToCluster(pipeline_cluster.ParseCluster(cluster), 60)
 pipeline_cluster.ConnectToCluster = lambda *args, **kwargs: None
 pipeline_cluster_client.main(cluster, cells_dir)
 pipeline_cluster_replicas_client.main(cluster, replicas_dir)
+
+def Exit(code):
+  raise SystemExit(code)
+
+def RunTrainer(name, args):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['trainer', f'--pipeline_cluster={cluster}',
+               f'--logdir={os.path.join(replicas_dir, name)}', *args])
+  logging.set_verbosity(logging.INFO)
+  stderr = os.dup(2)
+  with open(os.path.join(replicas_dir, name + '.log'), 'w') as log:
+    os.dup2(log.fileno(), 2)
+    try:
+      with mock.patch.object(os, '_exit', side_effect=Exit):
+        trainer.main(['trainer'])
+      code = 0
+    except SystemExit as e:  # sys.exit(message) or os._exit(1).
+      code = e.code
+      if not isinstance(code, int):  # Printed, exit status 1, as Python does.
+        print(code, file=sys.stderr)
+        code = 1
+    finally:
+      sys.stderr.flush()
+      os.dup2(stderr, 2)
+      os.close(stderr)
+  return code
+
+codes = {name: RunTrainer(name, args)
+         for name, args in json.loads(trainers).items()}
+with open(os.path.join(replicas_dir, 'trainers.json'), 'w') as f:
+  json.dump(codes, f)
 """
 _chief_dirs = None
 
 
+def TrainerFlags(max_steps, *extra):
+  """The flags of a trainer on a pipeline cluster, but --pipeline_cluster and
+  --logdir."""
+  return [f'--model={MODEL}', '--mode=train', f'--max_steps={max_steps}',
+          '--save_interval_steps=2', '--log_interval_steps=2',
+          f'--worker_timeout_seconds={WORKER_TIMEOUT}', *extra]
+
+
+# No dropout: masks differ by split.
+REPLICAS_OVERRIDE = 'model.layers[1].keep_prob : 1.0'
+REPLICAS_TRAINER_STEPS = 2  # One logging and saving interval.
+# The trainer runs of pipeline_cluster_replicas_test, in the chief: name ->
+# flags (see TrainerFlags).
+TRAINERS = {
+    # 2 replicas x 2 cells of TinyPipelined.
+    'trainer': TrainerFlags(REPLICAS_TRAINER_STEPS, '--num_replicas=2',
+                            f'--model_params_override={REPLICAS_OVERRIDE}'),
+    # 3 x 2 cells do not fit on 2 workers of 2 devices.
+    'trainer_3': TrainerFlags(2, '--num_replicas=3'),
+}
+
+
 def ClientOutputs(test):
   """{'cells': OUT_DIR of pipeline_cluster_client, 'replicas': of
-  pipeline_cluster_replicas_client}, both run once on the shared workers
-  (SharedWorkers) by one chief process; fails `test` with the end of its log
-  if it does not exit 0."""
+  pipeline_cluster_replicas_client and of the TRAINERS}, all run once on the
+  shared workers (SharedWorkers) by one chief process; fails `test` with the
+  end of its log if it does not exit 0."""
   global _chief_dirs
   if _chief_dirs is None:
     cluster = SharedWorkers(test).cluster
@@ -86,12 +147,12 @@ def ClientOutputs(test):
     with open(log, 'w') as f:
       run = subprocess.run(
           [sys.executable, '-c', _CHIEF, cluster, dirs['cells'],
-           dirs['replicas']], cwd=_REPO_ROOT,
+           dirs['replicas'], json.dumps(TRAINERS)], cwd=_REPO_ROOT,
           env=dict(_Env(), PYTHONPATH=os.pathsep.join(
               [_REPO_ROOT, os.path.dirname(_CLIENT)])),
-          stdout=f, stderr=subprocess.STDOUT, timeout=2 * RUN_TIMEOUT,
+          stdout=f, stderr=subprocess.STDOUT, timeout=3 * RUN_TIMEOUT,
           check=False)
-    test.assertEqual(run.returncode, 0, _Read(log)[-3000:])
+    test.assertEqual(run.returncode, 0, ReadFile(log)[-3000:])
     _chief_dirs = dirs
   return _chief_dirs
 
@@ -127,9 +188,9 @@ class _Workers:
   def WaitServing(self, indices):
     deadline = time.time() + START_TIMEOUT
     for i in indices:
-      while 'is serving devices' not in _Read(self.logs[i]):
-        self.test.assertIsNone(self.processes[i].poll(), _Read(self.logs[i]))
-        self.test.assertLess(time.time(), deadline, _Read(self.logs[i]))
+      while 'is serving devices' not in ReadFile(self.logs[i]):
+        self.test.assertIsNone(self.processes[i].poll(), ReadFile(self.logs[i]))
+        self.test.assertLess(time.time(), deadline, ReadFile(self.logs[i]))
         time.sleep(0.1)
 
   def KillAll(self):
@@ -147,11 +208,9 @@ class _Trainer:
     self.log = os.path.join(test.get_temp_dir(), f'trainer.{time.time()}.log')
     with open(self.log, 'w') as log:
       self.process = subprocess.Popen(
-          [sys.executable, '-m', 'gpipe_tf.trainer', f'--model={MODEL}',
-           f'--logdir={logdir}', '--mode=train', f'--max_steps={max_steps}',
-           '--save_interval_steps=2', '--log_interval_steps=2',
-           f'--pipeline_cluster={cluster}',
-           f'--worker_timeout_seconds={WORKER_TIMEOUT}', *extra],
+          [sys.executable, '-m', 'gpipe_tf.trainer',
+           f'--pipeline_cluster={cluster}', f'--logdir={logdir}',
+           *TrainerFlags(max_steps, *extra)],
           cwd=_REPO_ROOT, env=_Env(), stdout=log, stderr=subprocess.STDOUT)
     test.addCleanup(self.Kill)
 
@@ -168,7 +227,7 @@ class _Trainer:
       return None
 
   def Output(self):
-    return _Read(self.log)
+    return ReadFile(self.log)
 
   def ErrorLines(self):
     return [l for l in self.Output().splitlines()
@@ -358,24 +417,17 @@ class WorkerFailureTest(tf.test.TestCase):
     self.assertRegex(lines[0], pattern)
     self.assertEqual(trainer.Output().strip().splitlines()[-1], lines[0])
 
-  def _WaitForCheckpoint(self, trainer, logdir):
+  def _SignalWorkerAfterCheckpoint(self, workers, index, sig, trainer,
+                                   logdir, step):
+    """Signals worker `index` once `trainer` has a checkpoint of `step` or later.
+
+    Returns the seconds from the signal until the trainer exited with status 1.
+    """
     deadline = time.time() + START_TIMEOUT
-    while _NewestStep(logdir) is None:
+    while (_NewestStep(logdir) or 0) < step:
       self.assertIsNone(trainer.process.poll(), trainer.Output()[-3000:])
       self.assertLess(time.time(), deadline, trainer.Output()[-3000:])
       time.sleep(0.05)
-
-  def _SignalWorkerMidTraining(self, index, sig):
-    """Trains until a checkpoint, signals worker `index`; returns the trainer's end.
-
-    Returns (workers, cluster, logdir, trainer, seconds from the signal until
-    the trainer exited with status 1).
-    """
-    workers = SharedWorkers(self)
-    cluster = workers.cluster
-    logdir = os.path.join(self.get_temp_dir(), 'run')
-    trainer = _Trainer(self, cluster, logdir, 100000)
-    self._WaitForCheckpoint(trainer, logdir)
     # Whatever the signal, this process ends with the test (the next test
     # restarts the worker).
     self.addCleanup(self._End, workers.processes[index])
@@ -384,7 +436,7 @@ class WorkerFailureTest(tf.test.TestCase):
     code = trainer.Wait(FAILURE_BOUND)
     took = time.time() - signalled_at
     self.assertEqual(code, 1, trainer.Output()[-3000:])  # None: still running.
-    return workers, cluster, logdir, trainer, took
+    return took
 
   @staticmethod
   def _End(process):
@@ -393,9 +445,18 @@ class WorkerFailureTest(tf.test.TestCase):
       process.kill()
       process.wait()
 
-  def testKilledWorkerEndsTrainerAndRerunResumes(self):
-    workers, cluster, logdir, trainer, took = self._SignalWorkerMidTraining(
-        1, signal.SIGKILL)
+  def testKilledWorkerEndsTrainerRerunResumesStoppedWorkerTimesOut(self):
+    # One trainer command run twice (each run costs a TensorFlow import): the
+    # first run loses worker 1 to kill -9; the rerun resumes, trains one
+    # saving interval like one process, then loses worker 0 to SIGSTOP. Every
+    # checkpoint is kept: the rerun may save more before worker 0 stops.
+    workers = SharedWorkers(self)
+    cluster = workers.cluster
+    logdir = os.path.join(self.get_temp_dir(), 'run')
+    command = (cluster, logdir, 100000, '--max_checkpoints_to_keep=1000')
+    trainer = _Trainer(self, *command)
+    took = self._SignalWorkerAfterCheckpoint(workers, 1, signal.SIGKILL,
+                                             trainer, logdir, 1)
     self.assertLess(took, FAILURE_BOUND)
     self._AssertOneLineError(
         trainer, r'^trainer: error: pipeline worker 1 \(/job:worker/replica:0/'
@@ -403,19 +464,27 @@ class WorkerFailureTest(tf.test.TestCase):
         r'this trainer command; training resumes from the newest checkpoint '
         r'\(\S+ckpt-\d+\)\.$')
 
-    # Restart the worker, rerun the same command: it resumes.
+    # Restart the worker, rerun the same command: it resumes. Once it has
+    # trained one logging and saving interval, stop worker 0: the health
+    # check ends the rerun (its timeout plus at most one interval).
     newest = _NewestStep(logdir)
     workers.Start(1)
     workers.WaitServing([1])
-    final = newest + 2  # One logging and saving interval.
-    rerun = _Trainer(self, cluster, logdir, final)
-    self.assertEqual(rerun.Wait(RUN_TIMEOUT), 0, rerun.Output()[-3000:])
+    final = newest + 2
+    rerun = _Trainer(self, *command)
+    took = self._SignalWorkerAfterCheckpoint(workers, 0, signal.SIGSTOP,
+                                             rerun, logdir, final)
+    self.assertLess(took, WORKER_TIMEOUT + 2 + 10)
+    self._AssertOneLineError(
+        rerun, r'^trainer: error: pipeline worker 0 .* did not answer a '
+        rf'health check within {WORKER_TIMEOUT} s \(stopped, overloaded or cut '
+        r'off\?\)\. .*--task_index=0')
     self.assertRegex(rerun.Output(), rf'Resuming from \S*ckpt-{newest} at '
                      rf'global step {newest}\.')
     self.assertIn('Pipeline cluster: cell 1 on /job:worker/replica:0/task:1/'
                   'device:CPU:0', rerun.Output())
 
-    # The same checkpoint as one process training without interruption
+    # ckpt-<final> is that of one process training without interruption
     # (same weights, batches and dropout masks; cells on local devices).
     got = test_utils.CheckpointValues(logdir, final)
     params = model_registry.GetParams(MODEL)
@@ -426,29 +495,21 @@ class WorkerFailureTest(tf.test.TestCase):
     self.assertEqual(sorted(got), sorted(want))
     for key in got:
       self.assertAllClose(got[key], want[key], rtol=0, atol=1e-5, msg=key)
-    # And one process resumes from the cluster's checkpoint.
+    # And one process resumes from the cluster's newest checkpoint.
     copy = os.path.join(self.get_temp_dir(), 'copy')
     shutil.copytree(logdir, copy)
-    result = loop.train(params, copy, final + 2, save_interval_steps=2,
+    last = _NewestStep(copy)
+    result = loop.train(params, copy, last + 1, save_interval_steps=1,
                         num_replicas=1)
-    self.assertEqual(result.start_step, final)
-    self.assertTrue(result.restored_checkpoint.endswith(f'ckpt-{final}'))
-
-  def testStoppedWorkerEndsTrainerAfterTimeout(self):
-    _, _, _, trainer, took = self._SignalWorkerMidTraining(0, signal.SIGSTOP)
-    # Detected by the health check: its timeout plus at most one interval.
-    self.assertLess(took, WORKER_TIMEOUT + 2 + 10)
-    self._AssertOneLineError(
-        trainer, r'^trainer: error: pipeline worker 0 .* did not answer a '
-        rf'health check within {WORKER_TIMEOUT} s \(stopped, overloaded or cut '
-        r'off\?\)\. .*--task_index=0')
+    self.assertEqual(result.start_step, last)
+    self.assertTrue(result.restored_checkpoint.endswith(f'ckpt-{last}'))
 
   def testMissingWorkerFailsAtStart(self):
     # The trainer's main() in this process (a subprocess costs a TensorFlow
     # import): with no worker serving it fails in WaitForWorkers, before it
     # connects, so this process stays unconnected. Its os._exit(1) raises
     # SystemExit here instead; its stderr is read from a StringIO. The one
-    # line of a trainer process: the two tests above.
+    # line of a trainer process: the test above.
     cluster = _Cluster(2)
     logdir = os.path.join(self.get_temp_dir(), 'run')
     test_utils.MarkFlagsParsed()

@@ -26,6 +26,7 @@ from gpipe_tf import model_registry
 from gpipe_tf import trainer as trainer_binary
 from gpipe_tf.runtime import pipeline_cluster
 from gpipe_tf.train import loop
+from multi_worker_test import Zygote  # pylint: disable=g-bad-import-order
 
 _REPO_ROOT = test_utils.REPO_ROOT
 _CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -137,34 +138,40 @@ def ClientOutputs(test):
   end of its log if it does not exit 0."""
   global _chief_dirs
   if _chief_dirs is None:
-    cluster = SharedWorkers(test).cluster
+    workers = SharedWorkers(test)
     root = test.get_temp_dir()
     dirs = {'cells': os.path.join(root, 'cells'),
             'replicas': os.path.join(root, 'replicas')}
     for d in dirs.values():
       os.makedirs(d, exist_ok=True)
     log = os.path.join(root, 'chief.log')
-    with open(log, 'w') as f:
-      run = subprocess.run(
-          [sys.executable, '-c', _CHIEF, cluster, dirs['cells'],
-           dirs['replicas'], json.dumps(TRAINERS)], cwd=_REPO_ROOT,
-          env=dict(_Env(), PYTHONPATH=os.pathsep.join(
-              [_REPO_ROOT, os.path.dirname(_CLIENT)])),
-          stdout=f, stderr=subprocess.STDOUT, timeout=3 * RUN_TIMEOUT,
-          check=False)
-    test.assertEqual(run.returncode, 0, ReadFile(log)[-3000:])
+    open(log, 'w').close()
+    chief = workers.zygote.Start(
+        [sys.executable, '-c', _CHIEF, workers.cluster, dirs['cells'],
+         dirs['replicas'], json.dumps(TRAINERS)],
+        dict(_Env(), PYTHONPATH=os.pathsep.join(
+            [_REPO_ROOT, os.path.dirname(_CLIENT)])), log)
+    try:
+      code = chief.wait(3 * RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+      chief.kill()
+      chief.wait()
+      raise
+    test.assertEqual(code, 0, ReadFile(log)[-3000:])
     _chief_dirs = dirs
   return _chief_dirs
 
 
 class _Workers:
-  """serve_worker processes of one cluster, killed at the test's cleanup
-  (or, with kill_at_cleanup=False, by whoever shares them)."""
+  """serve_worker processes of one cluster, forked by `zygote` (which forks
+  the processes that use them too), killed at the test's cleanup (or, with
+  kill_at_cleanup=False, by whoever shares them)."""
 
-  def __init__(self, test, cluster, num_logical_devices=1,
+  def __init__(self, test, cluster, zygote, num_logical_devices=1,
                kill_at_cleanup=True):
     self.test = test  # Logs go to its temporary directory; it asserts.
     self.cluster = cluster
+    self.zygote = zygote
     self.num_logical_devices = num_logical_devices
     count = len(json.loads(cluster)['worker'])
     self.processes = [None] * count
@@ -178,12 +185,12 @@ class _Workers:
   def Start(self, index):
     self.logs[index] = os.path.join(self.test.get_temp_dir(),
                                     f'worker{index}.{time.time()}.log')
-    with open(self.logs[index], 'w') as log:
-      self.processes[index] = subprocess.Popen(
-          [sys.executable, '-m', 'gpipe_tf.runtime.serve_worker',
-           f'--cluster={self.cluster}', f'--task_index={index}',
-           f'--num_logical_devices={self.num_logical_devices}'],
-          cwd=_REPO_ROOT, env=_Env(), stdout=log, stderr=subprocess.STDOUT)
+    open(self.logs[index], 'w').close()
+    self.processes[index] = self.zygote.Start(
+        [sys.executable, '-m', 'gpipe_tf.runtime.serve_worker',
+         f'--cluster={self.cluster}', f'--task_index={index}',
+         f'--num_logical_devices={self.num_logical_devices}'],
+        _Env(), self.logs[index])
 
   def WaitServing(self, indices):
     deadline = time.time() + START_TIMEOUT
@@ -202,16 +209,16 @@ class _Workers:
 
 
 class _Trainer:
-  """One trainer process on a pipeline cluster, killed at cleanup."""
+  """One trainer process on the cluster of `workers` (forked by their
+  zygote), killed at cleanup."""
 
-  def __init__(self, test, cluster, logdir, max_steps, *extra):
+  def __init__(self, test, workers, logdir, max_steps, *extra):
     self.log = os.path.join(test.get_temp_dir(), f'trainer.{time.time()}.log')
-    with open(self.log, 'w') as log:
-      self.process = subprocess.Popen(
-          [sys.executable, '-m', 'gpipe_tf.trainer',
-           f'--pipeline_cluster={cluster}', f'--logdir={logdir}',
-           *TrainerFlags(max_steps, *extra)],
-          cwd=_REPO_ROOT, env=_Env(), stdout=log, stderr=subprocess.STDOUT)
+    open(self.log, 'w').close()
+    self.process = workers.zygote.Start(
+        [sys.executable, '-m', 'gpipe_tf.trainer',
+         f'--pipeline_cluster={workers.cluster}', f'--logdir={logdir}',
+         *TrainerFlags(max_steps, *extra)], _Env(), self.log)
     test.addCleanup(self.Kill)
 
   def Kill(self):
@@ -335,9 +342,9 @@ def SharedWorkers(test):
   """
   global _shared_workers
   if _shared_workers is None:
-    _shared_workers = _Workers(test, _Cluster(2), num_logical_devices=2,
-                               kill_at_cleanup=False)
-    atexit.register(_shared_workers.KillAll)
+    _shared_workers = _Workers(test, _Cluster(2), Zygote(),
+                               num_logical_devices=2, kill_at_cleanup=False)
+    atexit.register(_EndSharedWorkers)
     return _shared_workers
   workers = _shared_workers
   workers.test = test
@@ -348,11 +355,17 @@ def SharedWorkers(test):
   return workers
 
 
-def tearDownModule():  # pylint: disable=invalid-name
+def _EndSharedWorkers():
+  """Kills the shared workers and waits for their zygote (its CPU counts)."""
   global _shared_workers
   if _shared_workers is not None:
     _shared_workers.KillAll()
+    _shared_workers.zygote.Close()
     _shared_workers = None
+
+
+def tearDownModule():  # pylint: disable=invalid-name
+  _EndSharedWorkers()
 
 
 @pytest.mark.xdist_group(GROUP)
@@ -451,9 +464,8 @@ class WorkerFailureTest(tf.test.TestCase):
     # saving interval like one process, then loses worker 0 to SIGSTOP. Every
     # checkpoint is kept: the rerun may save more before worker 0 stops.
     workers = SharedWorkers(self)
-    cluster = workers.cluster
     logdir = os.path.join(self.get_temp_dir(), 'run')
-    command = (cluster, logdir, 100000, '--max_checkpoints_to_keep=1000')
+    command = (workers, logdir, 100000, '--max_checkpoints_to_keep=1000')
     trainer = _Trainer(self, *command)
     took = self._SignalWorkerAfterCheckpoint(workers, 1, signal.SIGKILL,
                                              trainer, logdir, 1)

@@ -157,25 +157,36 @@ class DistributeTest(tf.test.TestCase):
     # Each replica's cells trace their programs in that replica's context
     # (its copies of the variables, its devices) and run their own loops (or
     # unrolled steps); BatchNorm statistics are still summed across replicas.
+    # 'loop' is the default: the runs of the tests above (the plan below
+    # shows it). One run fewer than execution x model: 'unrolled' trains the
+    # BatchNorm model only; its statistics equal one device's, and all its
+    # values 'loop''s (whose weights equal one device's without BatchNorm).
+    # (BatchNorm normalizes each micro-batch by its own statistics: its
+    # weights do not equal one device's.)
     _, plain, _ = self._Run(_Plain)
     _, plain_bn, _ = self._Run(_PlainBatchNorm)
-    for execution in ('loop', 'unrolled'):
-      # 'loop' is the default: the runs of the tests above (the plan below
-      # shows it).
-      params = {} if execution == 'loop' else {'execution': execution}
-      with self.subTest(execution=execution):
-        # Each replica's step is planned as the execution asks.
-        _, values, planned = self._Run(_Piped, num_replicas=2, **params)
-        self.assertEqual(planned, {execution})
-        self.assertEqual(sorted(plain), sorted(values))
-        for key in plain:  # Weights, Adam slots, global step.
-          self.assertAllClose(plain[key], values[key], rtol=1e-4, atol=1e-5,
-                              msg=key)
-        _, values, _ = self._Run(_PipedBatchNorm, num_replicas=2, **params)
-        stats = [k for k in plain_bn if 'moving_' in k]
-        self.assertLen(stats, 2)
-        for key in stats:
-          self.assertAllClose(plain_bn[key], values[key], atol=1e-5, msg=key)
+    stats = [k for k in plain_bn if 'moving_' in k]
+    self.assertLen(stats, 2)
+    _, values, planned = self._Run(_Piped, num_replicas=2)
+    self.assertEqual(planned, {'loop'})  # Each replica's step as asked.
+    self.assertEqual(sorted(plain), sorted(values))
+    for key in plain:  # Weights, Adam slots, global step.
+      self.assertAllClose(plain[key], values[key], rtol=1e-4, atol=1e-5,
+                          msg=key)
+    _, loop_bn, planned = self._Run(_PipedBatchNorm, num_replicas=2)
+    self.assertEqual(planned, {'loop'})
+    _, unrolled_bn, planned = self._Run(_PipedBatchNorm, num_replicas=2,
+                                        execution='unrolled')
+    self.assertEqual(planned, {'unrolled'})
+    for execution, values in (('loop', loop_bn), ('unrolled', unrolled_bn)):
+      for key in stats:
+        self.assertAllClose(plain_bn[key], values[key], atol=1e-5,
+                            msg=f'{execution} {key}')
+    self.assertEqual(sorted(loop_bn), sorted(unrolled_bn))
+    self.assertGreater(len(loop_bn), 6)
+    for key in loop_bn:  # Weights, Adam slots, statistics, global step.
+      self.assertAllClose(loop_bn[key], unrolled_bn[key], rtol=1e-4,
+                          atol=1e-5, msg=key)
 
   def testEachReplicaPipelinesOnItsOwnDevices(self):
     cpus = test_utils.devices.LogicalCpus()

@@ -20,12 +20,12 @@ from gpipe_tf.runtime import pipeline_cluster
 from gpipe_tf.train import loop
 import pipeline_cluster_replicas_client as client_lib  # pylint: disable=g-bad-import-order
 import pipeline_cluster_client as fc  # pylint: disable=g-bad-import-order
-from pipeline_cluster_test import GROUP, ClientOutputs, SharedWorkers, _Trainer  # pylint: disable=g-bad-import-order
+import pipeline_cluster_test as shared  # pylint: disable=g-bad-import-order
 
-RUN_TIMEOUT = 120
-MODEL = 'synthetic.mlp.TinyPipelined'
-OVERRIDE = 'model.layers[1].keep_prob : 1.0'  # No dropout: masks differ by split.
-TRAINER_STEPS = 2  # One logging and saving interval of _Trainer.
+GROUP = shared.GROUP
+MODEL = shared.MODEL
+OVERRIDE = shared.REPLICAS_OVERRIDE
+TRAINER_STEPS = shared.REPLICAS_TRAINER_STEPS
 
 
 def _Task(t, d):
@@ -91,7 +91,7 @@ class ReplicasOnWorkersTest(tf.test.TestCase):
   """2 worker servers x 2 CPU devices host 2 replicas x 2 cells."""
 
   def _ClientResults(self):
-    out_dir = ClientOutputs(self)['replicas']
+    out_dir = shared.ClientOutputs(self)['replicas']
     with open(os.path.join(out_dir, 'placement.json')) as f:
       placement = json.load(f)
     return out_dir, np.load(os.path.join(out_dir, 'results.npz')), placement
@@ -133,7 +133,6 @@ class ReplicasOnWorkersTest(tf.test.TestCase):
     return sequential
 
   def testTwoReplicasOfTwoCellsEqualOneProcess(self):
-    cluster = SharedWorkers(self).cluster
     out_dir, got, placement = self._ClientResults()
     sequential = self._CheckFcStep(got, placement)
 
@@ -175,33 +174,34 @@ class ReplicasOnWorkersTest(tf.test.TestCase):
                          num_replicas=1)
     self.assertEqual(resumed.start_step, steps)
 
-    # The trainer binary: --num_replicas=2 trains and checkpoints like one
-    # process on the same global batches.
-    logdir = os.path.join(self.get_temp_dir(), 'trainer')
-    trainer = _Trainer(self, cluster, logdir, TRAINER_STEPS,
-                       '--num_replicas=2',
-                       f'--model_params_override={OVERRIDE}')
-    self.assertEqual(trainer.Wait(RUN_TIMEOUT), 0, trainer.Output()[-3000:])
-    self.assertIn('Strategy MirroredStrategy: 2 replicas x 2 cells',
-                  trainer.Output())
+    # The trainer's main() (in the chief: shared.TRAINERS): --num_replicas=2
+    # trains and checkpoints like one process on the same global batches.
+    with open(os.path.join(out_dir, 'trainers.json')) as f:
+      codes = json.load(f)
+    output = shared.ReadFile(os.path.join(out_dir, 'trainer.log'))
+    self.assertEqual(codes['trainer'], 0, output[-3000:])
+    self.assertIn('Strategy MirroredStrategy: 2 replicas x 2 cells', output)
     self.assertIn(f'Pipeline cluster: replica 1 cell 1 on {_Task(1, 1)}',
-                  trainer.Output())
+                  output)
     params = model_registry.GetParams(MODEL)
     base_experiment.ApplyOverrides(params, OVERRIDE)
     one_process = os.path.join(self.get_temp_dir(), 'one_process')
     loop.train(params, one_process, TRAINER_STEPS,
                save_interval_steps=TRAINER_STEPS, num_replicas=1)
     a = test_utils.CheckpointValues(one_process, TRAINER_STEPS)
-    b = test_utils.CheckpointValues(logdir, TRAINER_STEPS)
+    b = test_utils.CheckpointValues(os.path.join(out_dir, 'trainer'),
+                                    TRAINER_STEPS)
     self.assertEqual(sorted(a), sorted(b))
     for key in a:
       self.assertAllClose(a[key], b[key], rtol=0, atol=1e-5, msg=key)
 
-    # A cluster too small for R x K: one line saying what would fit.
-    too_many = _Trainer(self, cluster, logdir + '_3', 2, '--num_replicas=3')
-    self.assertEqual(too_many.Wait(RUN_TIMEOUT), 1, too_many.Output()[-3000:])
-    lines = too_many.ErrorLines()
-    self.assertLen(lines, 1, too_many.Output()[-3000:])
+    # A cluster too small for R x K: one line saying what would fit, the
+    # last of the trainer's stderr; it exits with status 1.
+    output = shared.ReadFile(os.path.join(out_dir, 'trainer_3.log'))
+    self.assertEqual(codes['trainer_3'], 1, output[-3000:])
+    lines = [l for l in output.splitlines() if l.startswith('trainer: error:')]
+    self.assertLen(lines, 1, output[-3000:])
+    self.assertEqual(output.strip().splitlines()[-1], lines[0])
     self.assertRegex(lines[0], re.escape(
         '3 replicas x 2 cells = 6 cells over 2 workers put 3 cells on worker '
         '0, which has 2 devices') + r'.*--num_logical_devices=3.*use 3 '

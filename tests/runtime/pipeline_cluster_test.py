@@ -26,6 +26,7 @@ from gpipe_tf import model_registry
 from gpipe_tf import trainer as trainer_binary
 from gpipe_tf.runtime import pipeline_cluster
 from gpipe_tf.train import loop
+from multi_worker_test import Zygote  # pylint: disable=g-bad-import-order
 
 _REPO_ROOT = test_utils.REPO_ROOT
 _CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -47,63 +48,130 @@ def _Env():
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
 
-def _Read(path):
+def ReadFile(path):
   with open(path, errors='replace') as f:
     return f.read()
 
 
 # The chief of both client scripts in one process (a second costs a
 # TensorFlow import): connected once, it runs pipeline_cluster_client's main,
-# then pipeline_cluster_replicas_client's (whose connect is then a no-op).
+# then pipeline_cluster_replicas_client's (whose connect is then a no-op),
+# then the trainer's main() for pipeline_cluster_replicas_test (TRAINERS): a
+# trainer process is this script's connected chief plus flag parsing; its
+# os._exit(1) raises SystemExit here. Each trainer's stderr (absl log and
+# error line) goes to <replicas dir>/<name>.log, the exit statuses to
+# <replicas dir>/trainers.json.
 _CHIEF = """
-import sys
+import json, os, sys
+from unittest import mock
+from absl import flags, logging
+from gpipe_tf import trainer
 from gpipe_tf.runtime import pipeline_cluster
 import pipeline_cluster_client
 import pipeline_cluster_replicas_client
-cluster, cells_dir, replicas_dir = sys.argv[1:]
+cluster, cells_dir, replicas_dir, trainers = sys.argv[1:]
 pipeline_cluster.ConnectToCluster(pipeline_cluster.ParseCluster(cluster), 60)
 pipeline_cluster.ConnectToCluster = lambda *args, **kwargs: None
 pipeline_cluster_client.main(cluster, cells_dir)
 pipeline_cluster_replicas_client.main(cluster, replicas_dir)
+
+def Exit(code):
+  raise SystemExit(code)
+
+def RunTrainer(name, args):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['trainer', f'--pipeline_cluster={cluster}',
+               f'--logdir={os.path.join(replicas_dir, name)}', *args])
+  logging.set_verbosity(logging.INFO)
+  stderr = os.dup(2)
+  with open(os.path.join(replicas_dir, name + '.log'), 'w') as log:
+    os.dup2(log.fileno(), 2)
+    try:
+      with mock.patch.object(os, '_exit', side_effect=Exit):
+        trainer.main(['trainer'])
+      code = 0
+    except SystemExit as e:  # sys.exit(message) or os._exit(1).
+      code = e.code
+      if not isinstance(code, int):  # Printed, exit status 1, as Python does.
+        print(code, file=sys.stderr)
+        code = 1
+    finally:
+      sys.stderr.flush()
+      os.dup2(stderr, 2)
+      os.close(stderr)
+  return code
+
+codes = {name: RunTrainer(name, args)
+         for name, args in json.loads(trainers).items()}
+with open(os.path.join(replicas_dir, 'trainers.json'), 'w') as f:
+  json.dump(codes, f)
 """
 _chief_dirs = None
 
 
+def TrainerFlags(max_steps, *extra):
+  """The flags of a trainer on a pipeline cluster, but --pipeline_cluster and
+  --logdir."""
+  return [f'--model={MODEL}', '--mode=train', f'--max_steps={max_steps}',
+          '--save_interval_steps=2', '--log_interval_steps=2',
+          f'--worker_timeout_seconds={WORKER_TIMEOUT}', *extra]
+
+
+# No dropout: masks differ by split.
+REPLICAS_OVERRIDE = 'model.layers[1].keep_prob : 1.0'
+REPLICAS_TRAINER_STEPS = 2  # One logging and saving interval.
+# The trainer runs of pipeline_cluster_replicas_test, in the chief: name ->
+# flags (see TrainerFlags).
+TRAINERS = {
+    # 2 replicas x 2 cells of TinyPipelined.
+    'trainer': TrainerFlags(REPLICAS_TRAINER_STEPS, '--num_replicas=2',
+                            f'--model_params_override={REPLICAS_OVERRIDE}'),
+    # 3 x 2 cells do not fit on 2 workers of 2 devices.
+    'trainer_3': TrainerFlags(2, '--num_replicas=3'),
+}
+
+
 def ClientOutputs(test):
   """{'cells': OUT_DIR of pipeline_cluster_client, 'replicas': of
-  pipeline_cluster_replicas_client}, both run once on the shared workers
-  (SharedWorkers) by one chief process; fails `test` with the end of its log
-  if it does not exit 0."""
+  pipeline_cluster_replicas_client and of the TRAINERS}, all run once on the
+  shared workers (SharedWorkers) by one chief process; fails `test` with the
+  end of its log if it does not exit 0."""
   global _chief_dirs
   if _chief_dirs is None:
-    cluster = SharedWorkers(test).cluster
+    workers = SharedWorkers(test)
     root = test.get_temp_dir()
     dirs = {'cells': os.path.join(root, 'cells'),
             'replicas': os.path.join(root, 'replicas')}
     for d in dirs.values():
       os.makedirs(d, exist_ok=True)
     log = os.path.join(root, 'chief.log')
-    with open(log, 'w') as f:
-      run = subprocess.run(
-          [sys.executable, '-c', _CHIEF, cluster, dirs['cells'],
-           dirs['replicas']], cwd=_REPO_ROOT,
-          env=dict(_Env(), PYTHONPATH=os.pathsep.join(
-              [_REPO_ROOT, os.path.dirname(_CLIENT)])),
-          stdout=f, stderr=subprocess.STDOUT, timeout=2 * RUN_TIMEOUT,
-          check=False)
-    test.assertEqual(run.returncode, 0, _Read(log)[-3000:])
+    open(log, 'w').close()
+    chief = workers.zygote.Start(
+        [sys.executable, '-c', _CHIEF, workers.cluster, dirs['cells'],
+         dirs['replicas'], json.dumps(TRAINERS)],
+        dict(_Env(), PYTHONPATH=os.pathsep.join(
+            [_REPO_ROOT, os.path.dirname(_CLIENT)])), log)
+    try:
+      code = chief.wait(3 * RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+      chief.kill()
+      chief.wait()
+      raise
+    test.assertEqual(code, 0, ReadFile(log)[-3000:])
     _chief_dirs = dirs
   return _chief_dirs
 
 
 class _Workers:
-  """serve_worker processes of one cluster, killed at the test's cleanup
-  (or, with kill_at_cleanup=False, by whoever shares them)."""
+  """serve_worker processes of one cluster, forked by `zygote` (which forks
+  the processes that use them too), killed at the test's cleanup (or, with
+  kill_at_cleanup=False, by whoever shares them)."""
 
-  def __init__(self, test, cluster, num_logical_devices=1,
+  def __init__(self, test, cluster, zygote, num_logical_devices=1,
                kill_at_cleanup=True):
     self.test = test  # Logs go to its temporary directory; it asserts.
     self.cluster = cluster
+    self.zygote = zygote
     self.num_logical_devices = num_logical_devices
     count = len(json.loads(cluster)['worker'])
     self.processes = [None] * count
@@ -117,19 +185,19 @@ class _Workers:
   def Start(self, index):
     self.logs[index] = os.path.join(self.test.get_temp_dir(),
                                     f'worker{index}.{time.time()}.log')
-    with open(self.logs[index], 'w') as log:
-      self.processes[index] = subprocess.Popen(
-          [sys.executable, '-m', 'gpipe_tf.runtime.serve_worker',
-           f'--cluster={self.cluster}', f'--task_index={index}',
-           f'--num_logical_devices={self.num_logical_devices}'],
-          cwd=_REPO_ROOT, env=_Env(), stdout=log, stderr=subprocess.STDOUT)
+    open(self.logs[index], 'w').close()
+    self.processes[index] = self.zygote.Start(
+        [sys.executable, '-m', 'gpipe_tf.runtime.serve_worker',
+         f'--cluster={self.cluster}', f'--task_index={index}',
+         f'--num_logical_devices={self.num_logical_devices}'],
+        _Env(), self.logs[index])
 
   def WaitServing(self, indices):
     deadline = time.time() + START_TIMEOUT
     for i in indices:
-      while 'is serving devices' not in _Read(self.logs[i]):
-        self.test.assertIsNone(self.processes[i].poll(), _Read(self.logs[i]))
-        self.test.assertLess(time.time(), deadline, _Read(self.logs[i]))
+      while 'is serving devices' not in ReadFile(self.logs[i]):
+        self.test.assertIsNone(self.processes[i].poll(), ReadFile(self.logs[i]))
+        self.test.assertLess(time.time(), deadline, ReadFile(self.logs[i]))
         time.sleep(0.1)
 
   def KillAll(self):
@@ -141,18 +209,16 @@ class _Workers:
 
 
 class _Trainer:
-  """One trainer process on a pipeline cluster, killed at cleanup."""
+  """One trainer process on the cluster of `workers` (forked by their
+  zygote), killed at cleanup."""
 
-  def __init__(self, test, cluster, logdir, max_steps, *extra):
+  def __init__(self, test, workers, logdir, max_steps, *extra):
     self.log = os.path.join(test.get_temp_dir(), f'trainer.{time.time()}.log')
-    with open(self.log, 'w') as log:
-      self.process = subprocess.Popen(
-          [sys.executable, '-m', 'gpipe_tf.trainer', f'--model={MODEL}',
-           f'--logdir={logdir}', '--mode=train', f'--max_steps={max_steps}',
-           '--save_interval_steps=2', '--log_interval_steps=2',
-           f'--pipeline_cluster={cluster}',
-           f'--worker_timeout_seconds={WORKER_TIMEOUT}', *extra],
-          cwd=_REPO_ROOT, env=_Env(), stdout=log, stderr=subprocess.STDOUT)
+    open(self.log, 'w').close()
+    self.process = workers.zygote.Start(
+        [sys.executable, '-m', 'gpipe_tf.trainer',
+         f'--pipeline_cluster={workers.cluster}', f'--logdir={logdir}',
+         *TrainerFlags(max_steps, *extra)], _Env(), self.log)
     test.addCleanup(self.Kill)
 
   def Kill(self):
@@ -168,7 +234,7 @@ class _Trainer:
       return None
 
   def Output(self):
-    return _Read(self.log)
+    return ReadFile(self.log)
 
   def ErrorLines(self):
     return [l for l in self.Output().splitlines()
@@ -276,9 +342,9 @@ def SharedWorkers(test):
   """
   global _shared_workers
   if _shared_workers is None:
-    _shared_workers = _Workers(test, _Cluster(2), num_logical_devices=2,
-                               kill_at_cleanup=False)
-    atexit.register(_shared_workers.KillAll)
+    _shared_workers = _Workers(test, _Cluster(2), Zygote(),
+                               num_logical_devices=2, kill_at_cleanup=False)
+    atexit.register(_EndSharedWorkers)
     return _shared_workers
   workers = _shared_workers
   workers.test = test
@@ -289,11 +355,17 @@ def SharedWorkers(test):
   return workers
 
 
-def tearDownModule():  # pylint: disable=invalid-name
+def _EndSharedWorkers():
+  """Kills the shared workers and waits for their zygote (its CPU counts)."""
   global _shared_workers
   if _shared_workers is not None:
     _shared_workers.KillAll()
+    _shared_workers.zygote.Close()
     _shared_workers = None
+
+
+def tearDownModule():  # pylint: disable=invalid-name
+  _EndSharedWorkers()
 
 
 @pytest.mark.xdist_group(GROUP)
@@ -358,24 +430,17 @@ class WorkerFailureTest(tf.test.TestCase):
     self.assertRegex(lines[0], pattern)
     self.assertEqual(trainer.Output().strip().splitlines()[-1], lines[0])
 
-  def _WaitForCheckpoint(self, trainer, logdir):
+  def _SignalWorkerAfterCheckpoint(self, workers, index, sig, trainer,
+                                   logdir, step):
+    """Signals worker `index` once `trainer` has a checkpoint of `step` or later.
+
+    Returns the seconds from the signal until the trainer exited with status 1.
+    """
     deadline = time.time() + START_TIMEOUT
-    while _NewestStep(logdir) is None:
+    while (_NewestStep(logdir) or 0) < step:
       self.assertIsNone(trainer.process.poll(), trainer.Output()[-3000:])
       self.assertLess(time.time(), deadline, trainer.Output()[-3000:])
       time.sleep(0.05)
-
-  def _SignalWorkerMidTraining(self, index, sig):
-    """Trains until a checkpoint, signals worker `index`; returns the trainer's end.
-
-    Returns (workers, cluster, logdir, trainer, seconds from the signal until
-    the trainer exited with status 1).
-    """
-    workers = SharedWorkers(self)
-    cluster = workers.cluster
-    logdir = os.path.join(self.get_temp_dir(), 'run')
-    trainer = _Trainer(self, cluster, logdir, 100000)
-    self._WaitForCheckpoint(trainer, logdir)
     # Whatever the signal, this process ends with the test (the next test
     # restarts the worker).
     self.addCleanup(self._End, workers.processes[index])
@@ -384,7 +449,7 @@ class WorkerFailureTest(tf.test.TestCase):
     code = trainer.Wait(FAILURE_BOUND)
     took = time.time() - signalled_at
     self.assertEqual(code, 1, trainer.Output()[-3000:])  # None: still running.
-    return workers, cluster, logdir, trainer, took
+    return took
 
   @staticmethod
   def _End(process):
@@ -393,9 +458,17 @@ class WorkerFailureTest(tf.test.TestCase):
       process.kill()
       process.wait()
 
-  def testKilledWorkerEndsTrainerAndRerunResumes(self):
-    workers, cluster, logdir, trainer, took = self._SignalWorkerMidTraining(
-        1, signal.SIGKILL)
+  def testKilledWorkerEndsTrainerRerunResumesStoppedWorkerTimesOut(self):
+    # One trainer command run twice (each run costs a TensorFlow import): the
+    # first run loses worker 1 to kill -9; the rerun resumes, trains one
+    # saving interval like one process, then loses worker 0 to SIGSTOP. Every
+    # checkpoint is kept: the rerun may save more before worker 0 stops.
+    workers = SharedWorkers(self)
+    logdir = os.path.join(self.get_temp_dir(), 'run')
+    command = (workers, logdir, 100000, '--max_checkpoints_to_keep=1000')
+    trainer = _Trainer(self, *command)
+    took = self._SignalWorkerAfterCheckpoint(workers, 1, signal.SIGKILL,
+                                             trainer, logdir, 1)
     self.assertLess(took, FAILURE_BOUND)
     self._AssertOneLineError(
         trainer, r'^trainer: error: pipeline worker 1 \(/job:worker/replica:0/'
@@ -403,19 +476,27 @@ class WorkerFailureTest(tf.test.TestCase):
         r'this trainer command; training resumes from the newest checkpoint '
         r'\(\S+ckpt-\d+\)\.$')
 
-    # Restart the worker, rerun the same command: it resumes.
+    # Restart the worker, rerun the same command: it resumes. Once it has
+    # trained one logging and saving interval, stop worker 0: the health
+    # check ends the rerun (its timeout plus at most one interval).
     newest = _NewestStep(logdir)
     workers.Start(1)
     workers.WaitServing([1])
-    final = newest + 2  # One logging and saving interval.
-    rerun = _Trainer(self, cluster, logdir, final)
-    self.assertEqual(rerun.Wait(RUN_TIMEOUT), 0, rerun.Output()[-3000:])
+    final = newest + 2
+    rerun = _Trainer(self, *command)
+    took = self._SignalWorkerAfterCheckpoint(workers, 0, signal.SIGSTOP,
+                                             rerun, logdir, final)
+    self.assertLess(took, WORKER_TIMEOUT + 2 + 10)
+    self._AssertOneLineError(
+        rerun, r'^trainer: error: pipeline worker 0 .* did not answer a '
+        rf'health check within {WORKER_TIMEOUT} s \(stopped, overloaded or cut '
+        r'off\?\)\. .*--task_index=0')
     self.assertRegex(rerun.Output(), rf'Resuming from \S*ckpt-{newest} at '
                      rf'global step {newest}\.')
     self.assertIn('Pipeline cluster: cell 1 on /job:worker/replica:0/task:1/'
                   'device:CPU:0', rerun.Output())
 
-    # The same checkpoint as one process training without interruption
+    # ckpt-<final> is that of one process training without interruption
     # (same weights, batches and dropout masks; cells on local devices).
     got = test_utils.CheckpointValues(logdir, final)
     params = model_registry.GetParams(MODEL)
@@ -426,29 +507,21 @@ class WorkerFailureTest(tf.test.TestCase):
     self.assertEqual(sorted(got), sorted(want))
     for key in got:
       self.assertAllClose(got[key], want[key], rtol=0, atol=1e-5, msg=key)
-    # And one process resumes from the cluster's checkpoint.
+    # And one process resumes from the cluster's newest checkpoint.
     copy = os.path.join(self.get_temp_dir(), 'copy')
     shutil.copytree(logdir, copy)
-    result = loop.train(params, copy, final + 2, save_interval_steps=2,
+    last = _NewestStep(copy)
+    result = loop.train(params, copy, last + 1, save_interval_steps=1,
                         num_replicas=1)
-    self.assertEqual(result.start_step, final)
-    self.assertTrue(result.restored_checkpoint.endswith(f'ckpt-{final}'))
-
-  def testStoppedWorkerEndsTrainerAfterTimeout(self):
-    _, _, _, trainer, took = self._SignalWorkerMidTraining(0, signal.SIGSTOP)
-    # Detected by the health check: its timeout plus at most one interval.
-    self.assertLess(took, WORKER_TIMEOUT + 2 + 10)
-    self._AssertOneLineError(
-        trainer, r'^trainer: error: pipeline worker 0 .* did not answer a '
-        rf'health check within {WORKER_TIMEOUT} s \(stopped, overloaded or cut '
-        r'off\?\)\. .*--task_index=0')
+    self.assertEqual(result.start_step, last)
+    self.assertTrue(result.restored_checkpoint.endswith(f'ckpt-{last}'))
 
   def testMissingWorkerFailsAtStart(self):
     # The trainer's main() in this process (a subprocess costs a TensorFlow
     # import): with no worker serving it fails in WaitForWorkers, before it
     # connects, so this process stays unconnected. Its os._exit(1) raises
     # SystemExit here instead; its stderr is read from a StringIO. The one
-    # line of a trainer process: the two tests above.
+    # line of a trainer process: the test above.
     cluster = _Cluster(2)
     logdir = os.path.join(self.get_temp_dir(), 'run')
     test_utils.MarkFlagsParsed()

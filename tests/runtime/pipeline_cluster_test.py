@@ -26,7 +26,7 @@ from gpipe_tf import model_registry
 from gpipe_tf import trainer as trainer_binary
 from gpipe_tf.runtime import pipeline_cluster
 from gpipe_tf.train import loop
-from multi_worker_test import Zygote  # pylint: disable=g-bad-import-order
+from zygote import Zygote  # pylint: disable=g-bad-import-order
 
 _REPO_ROOT = test_utils.REPO_ROOT
 _CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)),

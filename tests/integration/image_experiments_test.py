@@ -148,7 +148,7 @@ class OneTrainingStepTest(tf.test.TestCase):
     # FullSizeParamsTest checks their Params, testImageExperimentsAreRegistered
     # every name. One micro-batch (half the cell programs to run): the
     # claim is that the experiment's Params train, and
-    # amoebanet_test.testPipelinedGradientsReachEveryVariable pipelines
+    # amoebanet_test.testPipelinedEqualsSequentialOnEachMicroBatch pipelines
     # AmoebaNet over two micro-batches.
     kinds = ['image.digits.AmoebaNetTiny', 'image.cifar10.AmoebaNetB_18_512']
     self.assertContainsSubset(kinds, _Registered())

@@ -148,7 +148,7 @@ class OneTrainingStepTest(tf.test.TestCase):
     # FullSizeParamsTest checks their Params, testImageExperimentsAreRegistered
     # every name. One micro-batch (half the cell programs to run): the
     # claim is that the experiment's Params train, and
-    # amoebanet_test.testPipelinedGradientsReachEveryVariable pipelines
+    # amoebanet_test.testPipelinedEqualsSequentialOnEachMicroBatch pipelines
     # AmoebaNet over two micro-batches.
     kinds = ['image.digits.AmoebaNetTiny', 'image.cifar10.AmoebaNetB_18_512']
     self.assertContainsSubset(kinds, _Registered())
@@ -211,18 +211,27 @@ class TransferTest(tf.test.TestCase):
     test_utils.WriteVariableSizeImages(os.path.join(root, 'f'))
     datasets.PrepareImageFolder(os.path.join(root, 'f'), 'anysize',
                                 os.path.join(root, 'tfds'))
-    for module in ('stanford_cars', 'oxford_pets', 'food101',
-                   'fgvc_aircraft', 'birdsnap'):
-      with self.subTest(module=module):
-        experiment = _Shrunk(model_registry.GetClass(
-            f'image.{module}.AmoebaNetB_18_512'), IMAGE_SIZE=480,
-                             DATASET_NAME='anysize', TEST_SPLIT='test',
-                             DATA_DIR=os.path.join(root, 'tfds'),
-                             NUM_CLASSES=3)()
-        for p in (experiment.Train(), experiment.Test()):
-          batch = next(iter(p.Instantiate().GetDataset()))
-          self.assertEqual(batch['inputs'].shape.as_list(), [4, 480, 480, 3])
-          self.assertAllInRange(batch['labels'], 0, 2)
+    streamed = [m for m, (_, _, _, reader) in _TRANSFER.items()
+                if reader is _STREAMED]
+    self.assertLen(streamed, 5)
+    for module in streamed:
+      # Each streamed experiment is ImageNet's transfer experiment with
+      # other constants and no method of its own (the dataset's constants
+      # are set below): the inputs of one read as every one's do (one
+      # module reads its 480x480 images, not five);
+      # FullSizeParamsTest.testTransferExperiments checks each one's Params.
+      cls = model_registry.GetClass(f'image.{module}.AmoebaNetB_18_512')
+      self.assertTrue(issubclass(cls, imagenet.TransferFromImageNet))
+      self.assertEqual([k for k, v in vars(cls).items() if callable(v)], [],
+                       module)
+    experiment = _Shrunk(model_registry.GetClass(
+        'image.stanford_cars.AmoebaNetB_18_512'), IMAGE_SIZE=480,
+                         DATASET_NAME='anysize', TEST_SPLIT='test',
+                         DATA_DIR=os.path.join(root, 'tfds'), NUM_CLASSES=3)()
+    for p in (experiment.Train(), experiment.Test()):
+      batch = next(iter(p.Instantiate().GetDataset()))
+      self.assertEqual(batch['inputs'].shape.as_list(), [4, 480, 480, 3])
+      self.assertAllInRange(batch['labels'], 0, 2)
 
   def testCifarIsUpscaledTo480(self):
     for module in ('cifar10', 'cifar100'):

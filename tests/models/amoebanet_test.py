@@ -100,41 +100,36 @@ class PipelineTest(tf.test.TestCase):
       loss = tf.reduce_sum(tf.square(logits))
     return logits, tape.gradient(loss, model.trainable_variables)
 
-  def testPipelinedGradientsReachEveryVariable(self):
-    # One normal cell per stack: every kind of cell and operation, fewer
-    # cells to trace. Without remat (15.5 s of CPU, not 23 s with it,
-    # 2026-11-28): the rematerialised backward of these cells is
-    # testOneMicroBatchEqualsSequential's (remat='always', gradients equal
-    # SequentialLayer's) and image_experiments_test's one training step.
-    layers = _Tiny(image_size=16, num_stem_cells=0, stem_stride=1,
-                   num_normal_layers=1)
-    model = PipeliningLayer.Params().Set(
-        name='model', layers=layers, num_partitions=2, num_micro_batches=2,
-        remat='never', input_shapes=[(None, 16, 16, 3)]).Instantiate()
-    self.assertLen(model.balance, 2)
-    logits, grads = self._Gradients(model, _Images(4, size=16))
-    self.assertEqual(logits.shape.as_list(), [4, 10])
-    names = [v.name for v, g in zip(model.trainable_variables, grads)
-             if g is None or not np.any(g.numpy())]
-    self.assertEqual(names, [])
-
-  def testOneMicroBatchEqualsSequential(self):
-    # With M = 1, BatchNorm sees the whole batch, so the pipeline must give
-    # SequentialLayer's outputs and gradients (the (x, x_prev) pair crosses
-    # the cell boundary).
-    layers = _Tiny(num_normal_layers=1, num_stem_cells=0, stem_stride=1,
-                   dropout_keep_prob=1.0)
-    images = _Images(3)
+  def testPipelinedEqualsSequentialOnEachMicroBatch(self):
+    # One normal cell per stack: every kind of cell and operation. Two
+    # micro-batches with remat 'always' (the rematerialised backward of
+    # these cells; image_experiments_test's one training step runs it too):
+    # BatchNorm sees one micro-batch at a time, so the pipeline must give
+    # SequentialLayer's outputs on each micro-batch and the sum of its
+    # gradients there (the loss is a sum over the examples), with the
+    # (x, x_prev) pair crossing the cell boundary; and every variable gets
+    # a gradient. (One pipeline instead of two, one per claim: the tracing
+    # of its cells is what costs.)
+    layers = _Tiny(image_size=16, num_normal_layers=1, num_stem_cells=0,
+                   stem_stride=1, dropout_keep_prob=1.0)
+    images = _Images(4, size=16)
     seq = core.SequentialLayer.Params().Set(name='model',
                                             layers=layers).Instantiate()
     pipe = PipeliningLayer.Params().Set(
         name='model', layers=layers, num_partitions=2, balance=[3, 2],
-        num_micro_batches=1, remat='always').Instantiate()
-    want_y, want_g = self._Gradients(seq, images)
+        num_micro_batches=2, remat='always').Instantiate()
+    halves = [self._Gradients(seq, x) for x in tf.split(images, 2)]
+    want_y = tf.concat([y for y, _ in halves], 0)
+    want_g = [a + b for a, b in zip(halves[0][1], halves[1][1])]
     got_y, got_g = self._Gradients(pipe, images)
+    self.assertEqual(got_y.shape.as_list(), [4, 10])
     self.assertAllClose(got_y, want_y, rtol=1e-4, atol=1e-4)
+    self.assertLen(got_g, len(want_g))
     for want, got in zip(want_g, got_g):
       self.assertAllClose(got, want, rtol=1e-3, atol=1e-4)
+    names = [v.name for v, g in zip(pipe.trainable_variables, got_g)
+             if g is None or not np.any(g.numpy())]
+    self.assertEqual(names, [])
 
 
 class ErrorsTest(tf.test.TestCase):

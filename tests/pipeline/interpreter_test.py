@@ -5,8 +5,10 @@ import test_utils  # pylint: disable=g-bad-import-order
 test_utils.SetUpDevices()
 
 import contextlib  # pylint: disable=g-import-not-at-top
+import functools
 from unittest import mock
 
+import pytest
 import tensorflow as tf
 
 from gpipe_tf.layers import core
@@ -39,11 +41,15 @@ def _NumOps(concrete):
                                    for f in graph_def.library.function)
 
 
-def _StepPeak(layers=16, **kw):
+@functools.lru_cache(maxsize=None)
+def _StepPeak(layers, remat, execution, schedule='gpipe'):
   """Peak bytes of a training step of `layers` FC-256 layers, batch 2048,
-  K=2, M=8 (the loss inside)."""
+  K=2, M=8 (the loss inside). Cached: MemoryTest's tests share GPipe's
+  8-layer peak without remat in the loop (one xdist group keeps them in one
+  process)."""
   pipe = _Pipe([_Fc(i, 256, 256) for i in range(layers)], num_partitions=2,
-               num_micro_batches=8, **kw)
+               num_micro_batches=8, remat=remat, execution=execution,
+               schedule=schedule)
   x = tf.random.stateless_normal([2048, 256], [8, 8])
   labels = tf.zeros([2048], tf.int32)
   return _Peak(tf.function(
@@ -101,49 +107,6 @@ class InterpreterTest(tf.test.TestCase):
         self.assertEqual(ops[folds, 16], ops[folds, 32])
         if grows:
           self.assertGreater(ops['unrolled', 8], 1.25 * ops['unrolled', 4])
-
-  def testOneFOneBHoldsFewerMicroBatches(self):
-    # 1F1B's point: without remat, cell k holds at most K-k micro-batches'
-    # activations instead of GPipe's M: a kept slot is freed by its backward.
-    # The default execution; the unrolled one's order of frees is held by
-    # testRematSavesMemory.
-    for execution in ('loop',):
-      gpipe = _StepPeak(remat='never', schedule='gpipe', execution=execution)
-      one_f_one_b = _StepPeak(remat='never', schedule='1f1b',
-                              execution=execution)
-      # The weight-gradient sums taken before they are added to and the
-      # inputs freed by their last reader: 0.34-0.37x alone (least of 3
-      # steps, 2026-11-26 and 11-28), 0.392x in CI beside the other test
-      # worker (the devices' steps interleave otherwise on the shared
-      # allocator); 0.41x while both were read in place, which this bound
-      # no longer tells apart: testInputsAreFreedByTheirLastReader holds it.
-      self.assertLess(one_f_one_b, 0.45 * gpipe, (execution, one_f_one_b,
-                                                  gpipe))
-
-  def testRematSavesMemory(self):
-    # Only with each device's steps in order: the unrolled execution kept
-    # every activation while its chain waited on side effects only.
-    # 8 layers: 'always' held 0.53x of 'never' in both executions
-    # (2026-11-26), well inside the bound; half the graphs to build.
-    for execution in ('loop', 'unrolled'):
-      never = _StepPeak(8, remat='never', execution=execution)
-      always = _StepPeak(8, remat='always', execution=execution)
-      self.assertLess(always, 0.75 * never, (execution, always, never))
-
-  def testInputsAreFreedByTheirLastReader(self):
-    # 1F1B without remat: a stage's input slot is emptied by the forward
-    # that reads it (its backward reads what the forward saved), so stage 1
-    # holds the 2 MiB boundary input of the one micro-batch in flight, not
-    # of every micro-batch whose backward has run (8: 16 MiB). Measured
-    # 2026-11-26: 6.9x the boundary; 11.6x while slots kept what was read.
-    pipe = _Pipe([_Fc(0, 64, 2048), _Fc(1, 2048, 64)], num_partitions=2,
-                 num_micro_batches=8, schedule='1f1b', remat='never')
-    x = tf.random.stateless_normal([2048, 64], [8, 8])
-    labels = tf.zeros([2048], tf.int32)
-    peak = _Peak(tf.function(
-        lambda: pipe.ComputeLossAndGradients(x, labels, _LossFn)[2]))
-    boundary = 256 * 2048 * 4
-    self.assertLess(peak, 9 * boundary, (peak, boundary))
 
   def testAWThatFollowsItsBRunsWithItAsOneBackward(self):
     # ZB-H1, K=2: stage 0's every W directly follows its B, so stage 0 runs
@@ -215,6 +178,55 @@ class InterpreterTest(tf.test.TestCase):
         for a, s, e in zip(timeline.actions, timeline.start, timeline.end):
           self.assertLessEqual(s, e, a)
         # (Stamp order is not checked: trace_test._STAMP_JITTER.)
+
+
+@pytest.mark.xdist_group('interpreter_test.MemoryTest')
+class MemoryTest(tf.test.TestCase):
+  """Peak memory of the schedules and remat policies (_StepPeak)."""
+
+  def testOneFOneBHoldsFewerMicroBatches(self):
+    # 1F1B's point: without remat, cell k holds at most K-k micro-batches'
+    # activations instead of GPipe's M: a kept slot is freed by its backward.
+    # The default execution; the unrolled one's order of frees is held by
+    # testRematSavesMemory. 8 layers, as testRematSavesMemory's, whose
+    # GPipe peak (loop, no remat) it shares: 0.373x measured on a busy
+    # machine (2026-11-29; 0.347x with 16 layers, which cost 14 s of CPU).
+    for execution in ('loop',):
+      gpipe = _StepPeak(8, 'never', execution)
+      one_f_one_b = _StepPeak(8, 'never', execution, '1f1b')
+      # The weight-gradient sums taken before they are added to and the
+      # inputs freed by their last reader, with 16 layers: 0.34-0.37x alone
+      # (least of 3 steps, 2026-11-26 and 11-28), 0.392x in CI beside the
+      # other test worker (the devices' steps interleave otherwise on the
+      # shared allocator); 0.41x while both were read in place, which this bound
+      # no longer tells apart: testInputsAreFreedByTheirLastReader holds it.
+      self.assertLess(one_f_one_b, 0.45 * gpipe, (execution, one_f_one_b,
+                                                  gpipe))
+
+  def testRematSavesMemory(self):
+    # Only with each device's steps in order: the unrolled execution kept
+    # every activation while its chain waited on side effects only.
+    # 8 layers: 'always' held 0.53x of 'never' in both executions
+    # (2026-11-26), well inside the bound; half the graphs to build.
+    for execution in ('loop', 'unrolled'):
+      never = _StepPeak(8, 'never', execution)
+      always = _StepPeak(8, 'always', execution)
+      self.assertLess(always, 0.75 * never, (execution, always, never))
+
+  def testInputsAreFreedByTheirLastReader(self):
+    # 1F1B without remat: a stage's input slot is emptied by the forward
+    # that reads it (its backward reads what the forward saved), so stage 1
+    # holds the 2 MiB boundary input of the one micro-batch in flight, not
+    # of every micro-batch whose backward has run (8: 16 MiB). Measured
+    # 2026-11-26: 6.9x the boundary; 11.6x while slots kept what was read.
+    pipe = _Pipe([_Fc(0, 64, 2048), _Fc(1, 2048, 64)], num_partitions=2,
+                 num_micro_batches=8, schedule='1f1b', remat='never')
+    x = tf.random.stateless_normal([2048, 64], [8, 8])
+    labels = tf.zeros([2048], tf.int32)
+    peak = _Peak(tf.function(
+        lambda: pipe.ComputeLossAndGradients(x, labels, _LossFn)[2]))
+    boundary = 256 * 2048 * 4
+    self.assertLess(peak, 9 * boundary, (peak, boundary))
 
 
 def _Ancestors(op):

@@ -231,13 +231,16 @@ class MeasureTest(tf.test.TestCase):
 
   def testLayersThatAddLossesTrainWithTheirTermsOnEveryPath(self):
     # A block whose FProp adds an auxiliary loss (aux_losses): the tape
-    # row (FProp under a GradientTape), the loss-inside rows, the
-    # unpipelined row and StageInputs run it, and every training row's loss
-    # has its terms (equal micro-batches: the paths weigh them alike).
+    # row (FProp under a GradientTape), a loss-inside row, the unpipelined
+    # row and StageInputs run it, and every training row's loss has its
+    # terms (equal micro-batches: the paths weigh them alike). One
+    # loss-inside row (zb_h1, whose backward splits in two): the tool takes
+    # the same path for every schedule, and aux_carry_test carries the
+    # terms through every schedule.
     spec = _STEP_SPEC
     devices = test_utils.devices.LogicalCpus()[:2]
-    rows = (('gpipe', False, True), ('gpipe', True, True),
-            ('zb_h1', True, True), ('gpipe', False, False))
+    rows = (('gpipe', False, True), ('zb_h1', True, True),
+            ('gpipe', False, False))
 
     def _FirstLosses(block, block_rows):
       with mock.patch.object(lib, '_BlockParams', block):
@@ -256,14 +259,13 @@ class MeasureTest(tf.test.TestCase):
     # loss-inside paths' equality to the tape's is
     # testLossInsideTakesTheSameStepAsTheTape's, whose tape row's loss this
     # test reuses), and the one loss stands for every row's.
-    plain = {row: _PlainLosses(row)[0] for row in (rows[0], rows[3])}
-    self.assertAllClose(plain[rows[0]], plain[rows[3]], rtol=1e-5)
+    plain = {row: _PlainLosses(row)[0] for row in (rows[0], rows[2])}
+    self.assertAllClose(plain[rows[0]], plain[rows[2]], rtol=1e-5)
     routed = _FirstLosses(_RoutedBlock, rows)
     for row in rows:
       with self.subTest(row=row):
         self.assertGreater(routed[row] - plain[rows[0]], 1e-3)
     self.assertAllClose(routed[rows[0]], routed[rows[1]], rtol=1e-5)
-    self.assertAllClose(routed[rows[0]], routed[rows[2]], rtol=1e-5)
 
 
 class _RoutedFC(layers.FCLayer):

@@ -194,15 +194,17 @@ def main(argv):
         ['default'] if plain else _REMAT.value, _SHARE.value, _REPOS.value):
       config = dict(base, layers=int(layers_), schedule=schedule, k=int(k),
                     m=int(m), share=share, remat=remat)
-      r = _Run(config, repo)
+      r = _Run(config, repo)  # Its remat: the policy the layer ran with.
       first = r['trace_s'] + r['first_call_s']
       print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
-            f"{'-' if plain else remat} | {share} | {r['imports_s']:.1f} | "
+            f"{'-' if plain else r.get('remat') or remat} | {share} | "
+            f"{r['imports_s']:.1f} | "
             f"{r['build_s']:.1f} | {r['trace_s']:.1f} | "
             f"{r['grappler_s']:.1f} | "
             f"{r['first_call_s'] - r['grappler_s']:.1f} | {first:.1f} | "
             f"{r['cpu_s']:.1f} | {r['next_step_s']:.2f} | "
             f"{r['traces']} / {r['calls']} |", flush=True)
+
 
 if __name__ == '__main__':
   _DefineFlags()

@@ -123,12 +123,10 @@ class Packed:
       self.where.append((i, self.counts[i]))
       self.counts[i] += 1
 
-  def Initial(self, values: Sequence[Any] | None = None) -> list[tf.Tensor]:
-    """The lists (built where the caller places them), with slot 0 of
-    every tensor set to its value in `values` if given."""
-    lists = [tf_internals.ListReserve(dtype, n * self.size)
-             for dtype, n in zip(self.dtypes, self.counts)]
-    return lists if values is None else self.Write(lists, 0, values)
+  def Initial(self) -> list[tf.Tensor]:
+    """The lists (built where the caller places them), every slot unset."""
+    return [tf_internals.ListReserve(dtype, n * self.size)
+            for dtype, n in zip(self.dtypes, self.counts)]
 
   def Zeros(self) -> list[tf.Tensor]:
     """The lists (built where the caller places them) with every slot

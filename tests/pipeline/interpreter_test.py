@@ -198,8 +198,9 @@ class MemoryTest(tf.test.TestCase):
       # inputs freed by their last reader, with 16 layers: 0.34-0.37x alone
       # (least of 3 steps, 2026-11-26 and 11-28), 0.392x in CI beside the
       # other test worker (the devices' steps interleave otherwise on the
-      # shared allocator); 0.41x while both were read in place, which this bound
-      # no longer tells apart: testInputsAreFreedByTheirLastReader holds it.
+      # shared allocator); 0.41x while both were read in place, which this
+      # bound no longer tells apart: testInputsAreFreedByTheirLastReader
+      # holds it.
       self.assertLess(one_f_one_b, 0.45 * gpipe, (execution, one_f_one_b,
                                                   gpipe))
 

@@ -199,10 +199,7 @@ class ReplicasOnWorkersTest(tf.test.TestCase):
     # last of the trainer's stderr; it exits with status 1.
     output = shared.ReadFile(os.path.join(out_dir, 'trainer_3.log'))
     self.assertEqual(codes['trainer_3'], 1, output[-3000:])
-    lines = [l for l in output.splitlines() if l.startswith('trainer: error:')]
-    self.assertLen(lines, 1, output[-3000:])
-    self.assertEqual(output.strip().splitlines()[-1], lines[0])
-    self.assertRegex(lines[0], re.escape(
+    shared.AssertOneErrorLine(self, output, re.escape(
         '3 replicas x 2 cells = 6 cells over 2 workers put 3 cells on worker '
         '0, which has 2 devices') + r'.*--num_logical_devices=3.*use 3 '
         'workers of 2 devices each')

@@ -53,18 +53,27 @@ def ReadFile(path):
     return f.read()
 
 
+def AssertOneErrorLine(test, output, pattern):
+  """A trainer's stderr `output` holds one 'trainer: error:' line, its
+  last, matching `pattern`."""
+  lines = [l for l in output.splitlines() if l.startswith('trainer: error:')]
+  test.assertLen(lines, 1, output[-3000:])
+  test.assertEqual(output.strip().splitlines()[-1], lines[0])
+  test.assertRegex(lines[0], pattern)
+
+
 # The chief of both client scripts in one process (a second costs a
 # TensorFlow import): connected once, it runs pipeline_cluster_client's main,
 # then pipeline_cluster_replicas_client's (whose connect is then a no-op),
-# then the trainer's main() for pipeline_cluster_replicas_test (TRAINERS): a
-# trainer process is this script's connected chief plus flag parsing; its
-# os._exit(1) raises SystemExit here. Each trainer's stderr (absl log and
-# error line) goes to <replicas dir>/<name>.log, the exit statuses to
-# <replicas dir>/trainers.json.
+# then the trainer's entry point for pipeline_cluster_replicas_test
+# (TRAINERS) through entry_point.RunCapturingStderr: a trainer process is
+# this script's connected chief plus flag parsing; its os._exit(1) raises
+# SystemExit here. Each trainer's stderr (absl log and error line) goes to
+# <replicas dir>/<name>.log, the exit statuses to <replicas dir>/trainers.json.
 _CHIEF = """
 import json, os, sys
 from unittest import mock
-from absl import flags, logging
+import entry_point
 from gpipe_tf import trainer
 from gpipe_tf.runtime import pipeline_cluster
 import pipeline_cluster_client
@@ -79,26 +88,12 @@ def Exit(code):
   raise SystemExit(code)
 
 def RunTrainer(name, args):
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(['trainer', f'--pipeline_cluster={cluster}',
-               f'--logdir={os.path.join(replicas_dir, name)}', *args])
-  logging.set_verbosity(logging.INFO)
-  stderr = os.dup(2)
+  with mock.patch.object(os, '_exit', side_effect=Exit):
+    code, stderr = entry_point.RunCapturingStderr(trainer.main, [
+        'trainer', f'--pipeline_cluster={cluster}',
+        f'--logdir={os.path.join(replicas_dir, name)}', *args])
   with open(os.path.join(replicas_dir, name + '.log'), 'w') as log:
-    os.dup2(log.fileno(), 2)
-    try:
-      with mock.patch.object(os, '_exit', side_effect=Exit):
-        trainer.main(['trainer'])
-      code = 0
-    except SystemExit as e:  # sys.exit(message) or os._exit(1).
-      code = e.code
-      if not isinstance(code, int):  # Printed, exit status 1, as Python does.
-        print(code, file=sys.stderr)
-        code = 1
-    finally:
-      sys.stderr.flush()
-      os.dup2(stderr, 2)
-      os.close(stderr)
+    log.write(stderr)
   return code
 
 codes = {name: RunTrainer(name, args)
@@ -150,7 +145,7 @@ def ClientOutputs(test):
         [sys.executable, '-c', _CHIEF, workers.cluster, dirs['cells'],
          dirs['replicas'], json.dumps(TRAINERS)],
         dict(_Env(), PYTHONPATH=os.pathsep.join(
-            [_REPO_ROOT, os.path.dirname(_CLIENT)])), log)
+            [test_utils.CHILD_PYTHONPATH, os.path.dirname(_CLIENT)])), log)
     try:
       code = chief.wait(3 * RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -235,10 +230,6 @@ class _Trainer:
 
   def Output(self):
     return ReadFile(self.log)
-
-  def ErrorLines(self):
-    return [l for l in self.Output().splitlines()
-            if l.startswith('trainer: error:')]
 
 
 def _NewestStep(logdir):
@@ -418,21 +409,16 @@ class RemoteCellsTest(tf.test.TestCase):
 class WorkerFailureTest(tf.test.TestCase):
   """The trainer on 2 workers: kill -9, SIGSTOP, no worker at all.
 
-  The tests share the 2 worker servers (SharedWorkers, with
-  RemoteCellsTest and the replicas test): a test gets them all serving, a worker it killed or
-  stopped restarted first. A trainer of one test never meets another's:
+  The tests share the 2 worker servers (SharedWorkers, with RemoteCellsTest
+  and the replicas test): a test gets them all serving, a worker it killed
+  or stopped restarted first. A trainer of one test never meets another's:
   each ends (or is killed) before its test does.
   """
 
-  def _AssertOneLineError(self, trainer, pattern):
-    lines = trainer.ErrorLines()
-    self.assertLen(lines, 1, trainer.Output()[-3000:])
-    self.assertRegex(lines[0], pattern)
-    self.assertEqual(trainer.Output().strip().splitlines()[-1], lines[0])
-
   def _SignalWorkerAfterCheckpoint(self, workers, index, sig, trainer,
                                    logdir, step):
-    """Signals worker `index` once `trainer` has a checkpoint of `step` or later.
+    """Signals worker `index` once `trainer` has a checkpoint of `step` or
+    later.
 
     Returns the seconds from the signal until the trainer exited with status 1.
     """
@@ -470,8 +456,9 @@ class WorkerFailureTest(tf.test.TestCase):
     took = self._SignalWorkerAfterCheckpoint(workers, 1, signal.SIGKILL,
                                              trainer, logdir, 1)
     self.assertLess(took, FAILURE_BOUND)
-    self._AssertOneLineError(
-        trainer, r'^trainer: error: pipeline worker 1 \(/job:worker/replica:0/'
+    AssertOneErrorLine(
+        self, trainer.Output(),
+        r'^trainer: error: pipeline worker 1 \(/job:worker/replica:0/'
         r'task:1 at localhost:\d+\) .*serve_worker .*--task_index=1.*rerun '
         r'this trainer command; training resumes from the newest checkpoint '
         r'\(\S+ckpt-\d+\)\.$')
@@ -487,8 +474,9 @@ class WorkerFailureTest(tf.test.TestCase):
     took = self._SignalWorkerAfterCheckpoint(workers, 0, signal.SIGSTOP,
                                              rerun, logdir, final)
     self.assertLess(took, WORKER_TIMEOUT + 2 + 10)
-    self._AssertOneLineError(
-        rerun, r'^trainer: error: pipeline worker 0 .* did not answer a '
+    AssertOneErrorLine(
+        self, rerun.Output(),
+        r'^trainer: error: pipeline worker 0 .* did not answer a '
         rf'health check within {WORKER_TIMEOUT} s \(stopped, overloaded or cut '
         r'off\?\)\. .*--task_index=0')
     self.assertRegex(rerun.Output(), rf'Resuming from \S*ckpt-{newest} at '
@@ -537,13 +525,9 @@ class WorkerFailureTest(tf.test.TestCase):
         trainer_binary.main(['trainer'])
     exit_.assert_called_once_with(1)
     self.assertLess(time.time() - started, RUN_TIMEOUT)
-    output = stderr.getvalue()
-    lines = [l for l in output.splitlines()
-             if l.startswith('trainer: error:')]
-    self.assertLen(lines, 1, output[-3000:])
-    self.assertEqual(output.strip().splitlines()[-1], lines[0])
-    self.assertRegex(
-        lines[0], r'^trainer: error: worker 0 \(.*\) cannot be reached at '
+    AssertOneErrorLine(
+        self, stderr.getvalue(),
+        r'^trainer: error: worker 0 \(.*\) cannot be reached at '
         r'localhost:\d+ \(.*Connection refused\); worker 1 \(.*\) cannot be '
         r'reached .*\(waited '
         rf'{WORKER_TIMEOUT} s\)\. Start each on its host \(python -m '

@@ -9,6 +9,7 @@ import tensorflow as tf
 from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.layers import shared_run
 from gpipe_tf.layers import shared_trace
 from gpipe_tf.layers import skips as skips_lib
 
@@ -305,11 +306,19 @@ def RunWithSkips(layers, inputs: tuple, popped: dict, training: bool
   """
   xs = tuple(inputs)
   stashed = dict(popped)
-  for i, layer in enumerate(layers):
+  fprops = [lambda *a, l=layer: precision.RunLayer(
+      l, lambda *b: l.FProp(*b, training=training), a) for layer in layers]
+  i = 0
+  while i < len(layers):
+    layer, fprop = layers[i], fprops[i]
     xs = skips_lib.Pop(layer.params, xs, stashed)
     try:
-      fprop = lambda *a, l=layer: precision.RunLayer(
-          l, lambda *b: l.FProp(*b, training=training), a)
+      # Identical layers in a row run as one loop (layers/shared_run.py).
+      ys, n = shared_run.Run(layers[i:], fprops[i:], xs, training)
+      if n:
+        i += n
+        xs = ys
+        continue
       ys = shared_trace.SharedCall(layer, fprop, xs, training)
       ys = AsTuple(fprop(*xs) if ys is shared_trace.NOT_SHARED else ys)
     except base_layer.LayerInputError as e:
@@ -322,6 +331,7 @@ def RunWithSkips(layers, inputs: tuple, popped: dict, training: bool
           f"layer '{layers[i - 1].path}' produced {FromTuple(tuple(shapes))} "
           f"but layer '{layer.path}' cannot take it: {e}") from e
     xs = skips_lib.Stash(layer.params, ys, stashed)
+    i += 1
   return xs, stashed
 
 

@@ -157,6 +157,10 @@ def InlinedSize(graph: tf.Graph) -> int:
     if called is None:
       total += 1
       continue
+    name = op.get_attr('f').name
+    if name in _REGISTERED:  # A loop (layers/shared_run.py): its size.
+      total += _REGISTERED[name]
+      continue
     used = tuple(i for i, y in enumerate(op.outputs)
                  if y.consumers() or id(y) in fetched)
     key = (op.get_attr('f').name, used)
@@ -169,11 +173,31 @@ def InlinedSize(graph: tf.Graph) -> int:
 
 # (a traced function's name, the outputs a call uses) -> the ops kept.
 _SIZES: dict = {}
+# A function of another module's making (layers/shared_run.py) -> the ops it
+# adds to a step once inlined.
+_REGISTERED: dict = {}
+
+
+def Register(function: Any, size: int) -> None:
+  """Makes calls of `function` found by CalledGraph and weighed `size` ops
+  by InlinedSize (layers/shared_run.py's loops)."""
+  name = tf.compat.as_str(function.name)
+  _GRAPHS[name] = function.graph
+  _REGISTERED[name] = size
+  function.graph.variables = []
 
 
 def _SubLayers(layer: Any) -> list:
   """`layer` and its sub-layers that have a layer_seed, in tf.Module order."""
   return [layer] + [m for m in layer.submodules if hasattr(m, 'layer_seed')]
+
+
+def ParamsText(layer: Any) -> str:
+  """`layer`'s Params as text, its name left out: equal for layers of one
+  kind."""
+  params = layer.params.Copy()
+  params.name = ''
+  return params.ToText()
 
 
 def _Key(layer: Any, xs: Sequence[Any], training: bool) -> tuple | None:
@@ -186,15 +210,37 @@ def _Key(layer: Any, xs: Sequence[Any], training: bool) -> tuple | None:
   specs = tuple((tuple(x.shape.as_list()), x.dtype.name,
                  x.dtype.is_floating and record.should_record_backprop([x]))
                 for x in xs)
-  params = layer.params.Copy()
-  params.name = ''
-  return (type(layer), params.ToText(), specs, training)
+  return (type(layer), ParamsText(layer), specs, training)
+
+
+def Relative(layer: Any) -> tuple:
+  """Per trainable variable of `layer`, its path below the layer, shape
+  and dtype: a layer calls its kind's trace when these are the kind's."""
+  return _Relative(layer, layer.trainable_variables)
 
 
 def _Relative(layer: Any, variables: Sequence[tf.Variable]) -> tuple:
   prefix = layer.path + '/'
   return tuple((v.name[len(prefix):] if v.name.startswith(prefix) else None,
                 tuple(v.shape.as_list()), v.dtype.name) for v in variables)
+
+
+def LayerSeeds(layer: Any) -> list:
+  """The layer seeds a call of `layer` passes its kind's forward."""
+  return [m.layer_seed for m in _SubLayers(layer)]
+
+
+def IsTupleOf(struct: Any, n: int) -> bool:
+  """Whether a layer returning `struct` returns n tensors as
+  core.AsTuple reads them (one tensor, or a flat tuple)."""
+  if isinstance(struct, tuple):
+    return len(struct) == n and not any(
+        tf.nest.is_nested(s) for s in struct)
+  return n == 1 and not tf.nest.is_nested(struct)
+
+
+def CountCalls(n: int) -> None:
+  _STATS.calls += n
 
 
 def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
@@ -386,14 +432,19 @@ _NO_GRADIENT = 'GpipeSharedTraceBackward'
 _BY_NAME: dict = {}  # A forward function's name -> its _Kind.
 
 
+NO_GRADIENT = _NO_GRADIENT
+CallWith = _Call  # (function, args, kind, handles): layers/shared_run.py.
+SAVE_MESSAGE = (
+    'A SavedModel cannot keep the gradient of a layer trace shared by '
+    'several layers (gpipe_tf.layers.shared_trace): save with '
+    'tf.saved_model.SaveOptions(experimental_custom_gradients=False), '
+    'or trace the saved training function under shared_trace.Off().')
+
+
 @tf.RegisterGradient(_FORWARD_GRADIENT)
 def _ForwardGradient(op: tf.Operation, *grads: Any) -> list:
   if op is None:  # tf.saved_model.save tracing gradients to keep with ops.
-    raise SharedTraceSaveError(
-        'A SavedModel cannot keep the gradient of a layer trace shared by '
-        'several layers (gpipe_tf.layers.shared_trace): save with '
-        'tf.saved_model.SaveOptions(experimental_custom_gradients=False), '
-        'or trace the saved training function under shared_trace.Off().')
+    raise SharedTraceSaveError(SAVE_MESSAGE)
   kind = _BY_NAME[op.get_attr('f').name]
   num_args = len(op.inputs) - len(kind.forward.captured_inputs)
   index = {id(v.handle): i for i, v in enumerate(kind.variables)}
@@ -418,21 +469,19 @@ NOT_SHARED = object()
 
 
 @tf.autograph.experimental.do_not_convert
-def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
-               training: bool) -> Any:
-  """`fprop(*xs)` (the layer's forward under the precision policy) made
-  from its kind's shared trace, or NOT_SHARED where the layer is traced on
-  its own (module docstring). Not converted by AutoGraph: what it runs is
-  library code and layers that opted in."""
-  step_seed = random_seeds.CurrentStepSeed()
+def KindOf(layer: Any, fprop: Callable[..., Any], xs: tuple,
+           training: bool) -> _Kind | None:
+  """The kind `layer` called on `xs` shares (traced from this layer if it
+  is new), or None where the layer is traced on its own (module
+  docstring)."""
   if (_OFF.get() or not training or not tf.inside_function() or
       tf.distribute.has_strategy() or
       precision.CurrentPolicy() != 'float32' or
       not all(isinstance(x, tf.Tensor) for x in xs)):
-    return NOT_SHARED
+    return None
   key = _Key(layer, xs, training)
   if key is None:
-    return NOT_SHARED
+    return None
   if key not in _KINDS:
     try:
       _KINDS[key] = _Trace(layer, fprop, xs, [w for _, _, w in key[2]])
@@ -440,14 +489,33 @@ def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
     except _Unshareable:
       _KINDS[key] = None
   kind = _KINDS[key]
-  variables = list(layer.trainable_variables)
-  if (kind is None or _Relative(layer, variables) != kind.names or
-      (kind.random and step_seed is None)):
-    return NOT_SHARED  # Outside a seed scope each draw is fresh.
-  if step_seed is None:
-    step_seed = tf.zeros([2], tf.int64)  # Read by nothing.
+  if (kind is None or Relative(layer) != kind.names or
+      (kind.random and random_seeds.CurrentStepSeed() is None)):
+    return None  # Outside a seed scope each draw is fresh.
+  return kind
+
+
+def StepSeed(kind: _Kind) -> tf.Tensor:
+  """The step seed a call of `kind` passes (zeros where it draws
+  nothing)."""
+  step_seed = random_seeds.CurrentStepSeed()
+  return tf.zeros([2], tf.int64) if step_seed is None else step_seed
+
+
+@tf.autograph.experimental.do_not_convert
+def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
+               training: bool) -> Any:
+  """`fprop(*xs)` (the layer's forward under the precision policy) made
+  from its kind's shared trace, or NOT_SHARED where the layer is traced on
+  its own (module docstring). Not converted by AutoGraph: what it runs is
+  library code and layers that opted in."""
+  kind = KindOf(layer, fprop, xs, training)
+  if kind is None:
+    return NOT_SHARED
+  step_seed = StepSeed(kind)
   _STATS.calls += 1
-  seeds = tf.constant([m.layer_seed for m in _SubLayers(layer)], tf.int32)
+  variables = list(layer.trainable_variables)
+  seeds = tf.constant(LayerSeeds(layer), tf.int32)
   for v in variables:  # Watched by tapes and by the graph, as a read is.
     resource_variable_ops.variable_accessed(v)
   handles = [v.handle for v in variables]

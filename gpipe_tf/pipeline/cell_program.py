@@ -50,6 +50,7 @@ loop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple, Sequence
@@ -60,6 +61,7 @@ from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import random_seeds
+from gpipe_tf.layers import shared_run
 from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import aux_carry
 from gpipe_tf.pipeline import cell as cell_lib
@@ -265,10 +267,15 @@ class CellProgram:
     # The traced function's arguments: the seed, then these in turn.
     templates = [in_specs, skip_specs, head.label_specs if head else (),
                  dy_specs, dskip_specs]
-    self._wrapped = tf_internals.WrapFunction(
-        lambda seed, *args: self._Trace(
-            seed, *leaves.FillEach(templates, args), input_grads),
-        [seed_spec] + [x for t in templates for x in leaves.Present(t)])
+    # Runs of identical layers are loops (layers/shared_run.py): with W's
+    # loop apart from B's where a schedule defers W; none in XLA pieces.
+    with (shared_run.NoRuns() if jit_compile else
+          shared_run.SeparateWeights() if training and defers_w else
+          contextlib.nullcontext()):
+      self._wrapped = tf_internals.WrapFunction(
+          lambda seed, *args: self._Trace(
+              seed, *leaves.FillEach(templates, args), input_grads),
+          [seed_spec] + [x for t in templates for x in leaves.Present(t)])
     if training:
       self._Cut()
 

@@ -62,8 +62,10 @@ def _DefineFlags() -> None:
   _V = flags.DEFINE_integer('virtual_stages', 2,
                             'V for interleaved_1f1b (other schedules: 1).')
   _SHARE = flags.DEFINE_list(
-      'share', ['on'], "'on': shared layer traces (the default); 'off': every "
-      'layer traced on its own (shared_trace.Off).')
+      'share', ['on'], "'on': shared layer traces, runs of identical layers as loops "
+      "(the default); 'noruns': shared traces, each layer called on its own "
+      "(shared_run.NoRuns); 'off': every layer traced on its own "
+      '(shared_trace.Off).')
   _REMAT = flags.DEFINE_list(
       'remat', ['default'], "PipeliningLayer remat policies ('default': "
       'not set).')
@@ -130,7 +132,13 @@ def _Child(config: dict) -> dict:
   _Step = transformer.TrainStep(net, d, t, n, step_seed=True)  # pylint: disable=invalid-name
 
   off = config['share'] == 'off' and shared_trace is not None
-  with shared_trace.Off() if off else contextlib.nullcontext():
+  try:
+    from gpipe_tf.layers import shared_run  # pylint: disable=g-import-not-at-top
+  except ImportError:  # A tree from before runs of layers.
+    shared_run = None
+  loops = config['share'] == 'noruns' and shared_run is not None
+  with (shared_trace.Off() if off else
+        shared_run.NoRuns() if loops else contextlib.nullcontext()):
     start = time.perf_counter()
     _Step.get_concrete_function()
     tracing = time.perf_counter() - start

@@ -1,0 +1,368 @@
+"""Runs of identical layers as one loop: depth costs one copy of the block.
+
+shared_trace traces each kind of layer once, but every layer still calls the
+kind's functions, and TensorFlow inlines every call before Grappler, so a
+step of L blocks still holds L copies of the block's ops for Grappler,
+placement and the executors (docs/scale.md). Here consecutive layers of one
+kind, each taking exactly what the one before returns (no skip stashed or
+popped between them), run as one `tf.while_loop` over the run's layers, as
+MaxText's `scan_layers` and Lingvo's `Recurrent` do::
+
+    forward   RF(step seed, seeds[n], xs, handles) -> ys, kept[n]
+    backward  RB(kept[n], dys, handles)            -> dxs, wcut[n]
+    weights   RW(wcut[n], handles)                  -> dws per layer
+
+Each is one function per (kind, n) whose loop body calls the kind's F, B or
+W once, with layer i's variables in place of the kind's: the handles of the
+run's variables are stacked and the body takes the i-th. What B reads of
+each layer (its inputs, outputs and saved tensors, `_Kind.kept`) RF stacks
+along a new first axis; what W reads, RB stacks. A run records itself on
+the gradient tape as one operation whose gradient is RB then RW, so a
+pipeline cell's pieces are pruned from these calls as from single shared
+calls. The numbers are those of the layers called one by one: the same F,
+B and W run on the same tensors, in the same order
+(tests/layers/shared_run_test.py).
+
+Variables stay each layer's own (names, checkpoints): nothing is stacked
+but their handles. A run has at least `MIN_LAYERS` layers; a shorter one,
+and any layer shared_trace would not share, is called as before.
+`NoRuns()` calls every layer on its own (A/B, and the XLA pieces: XLA takes
+no stacked resource handles).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Any, Callable, Iterator, Sequence
+
+import tensorflow as tf
+
+from gpipe_tf.layers import shared_trace
+from gpipe_tf.layers import skips as skips_lib
+
+# Private TensorFlow APIs, as in shared_trace.py: a run records itself on
+# the tape, with recording stopped while it is called, and marks its
+# variables read.
+from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
+
+__all__ = ['MIN_LAYERS', 'NoRuns', 'Run']
+
+MIN_LAYERS = 2
+
+_NO_RUNS: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_shared_run_off', default=False)
+
+
+_SEPARATE_W: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_shared_run_separate_w', default=False)
+
+
+@contextlib.contextmanager
+def _Set(var: contextvars.ContextVar) -> Iterator[None]:
+  token = var.set(True)
+  try:
+    yield
+  finally:
+    var.reset(token)
+
+
+def NoRuns() -> contextlib.AbstractContextManager:
+  """Every shared layer in here is called on its own (no loops)."""
+  return _Set(_NO_RUNS)
+
+
+def SeparateWeights() -> contextlib.AbstractContextManager:
+  """Runs traced in here compute their weight gradients in a loop (RW) of
+  their own after the input gradients' (RB), for a schedule that runs W
+  apart from B (zero bubble). Elsewhere one loop computes both, each
+  layer's W right after its B, so each layer's cut tensors are freed at
+  once: 128 blocks stepped 1.37x slower with the cuts of every layer held
+  until the W loop."""
+  return _Set(_SEPARATE_W)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """One (kind, n)'s three loop functions."""
+  kind: Any
+  n: int
+  forward: Any
+  backward: Any
+  weights: Any | None  # None: RB returns the weight gradients.
+
+
+_RUNS: dict = {}  # (the kind's forward name, n, fused) -> _Run
+_BY_NAME: dict = {}  # A run forward's name -> its _Run
+
+
+@tf.autograph.experimental.do_not_convert
+def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
+        xs: tuple, training: bool) -> tuple[tuple, int]:
+  """(outputs as a tuple, how many layers of `layers` they are the output
+  of) for the run starting at layers[0], or ((), 0) where layers[0] does
+  not start one (call it on its own). `fprops[i]` is layer i's forward
+  under its precision policy (shared_trace.SharedCall's `fprop`)."""
+  if _NO_RUNS.get() or len(layers) < MIN_LAYERS:
+    return (), 0
+  first = layers[0]
+  if skips_lib.Names(first.params, 'stash') or skips_lib.Names(
+      first.params, 'pop'):
+    return (), 0
+  kind = shared_trace.KindOf(first, fprops[0], xs, training)
+  if kind is None or not _Chains(kind, xs):
+    return (), 0
+  text = shared_trace.ParamsText(first)
+  n = 1
+  while (n < len(layers) and type(layers[n]) is type(first) and
+         not skips_lib.Names(layers[n].params, 'stash') and
+         not skips_lib.Names(layers[n].params, 'pop') and
+         shared_trace.ParamsText(layers[n]) == text and
+         shared_trace.Relative(layers[n]) == kind.names):
+    n += 1
+  if n < MIN_LAYERS:
+    return (), 0
+  run = _RunOf(kind, n, xs, kind.weights is not None and
+               not _SEPARATE_W.get())
+  step_seed = shared_trace.StepSeed(kind)
+  layers = layers[:n]
+  seeds = tf.constant([shared_trace.LayerSeeds(l) for l in layers], tf.int32)
+  variables = [v for l in layers for v in l.trainable_variables]
+  for v in variables:  # Watched by tapes and by the graph, as a read is.
+    resource_variable_ops.variable_accessed(v)
+  handles = [v.handle for v in variables]
+  with record.stop_recording():
+    out = _Call(run.forward, [step_seed, seeds] + list(xs) + handles, True)
+  ys, kept = out[:len(xs)], out[len(xs):]
+
+  def _Grad(*dys):
+    dx, dws = _Backward(run, xs, ys, kept, dys, handles)
+    return dx + [None, None] + dws
+
+  record.record_operation('SharedRun', list(ys),
+                          list(xs) + [step_seed, seeds] + handles, _Grad)
+  shared_trace.CountCalls(n)
+  for y, x in zip(ys, xs):
+    y.set_shape(x.shape)
+  return tuple(ys), n
+
+
+def _Chains(kind: Any, xs: tuple) -> bool:
+  """Whether layers of `kind` chain: each takes what the one before
+  returns (same specs), and every input has a gradient B computes."""
+  outs = kind.forward.structured_outputs[:kind.num_y]
+  return (kind.backward is not None and all(kind.dx_present) and
+          kind.num_y == len(xs) and
+          all(isinstance(x, tf.Tensor) and x.dtype.is_floating and
+              x.shape.is_fully_defined() for x in xs) and
+          all(y.dtype == x.dtype and y.shape == x.shape
+              for y, x in zip(outs, xs)) and
+          shared_trace.IsTupleOf(kind.out_struct, len(xs)))
+
+
+def _Specs(tensors: Sequence[Any]) -> list:
+  return [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
+
+
+def _RunOf(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
+  key = (kind.forward.name, n, fused)
+  if key not in _RUNS:
+    _RUNS[key] = run = _Build(kind, n, xs, fused)
+    _BY_NAME[tf.compat.as_str(run.forward.name)] = run
+  return _RUNS[key]
+
+
+def _Empty(specs: Sequence[tf.TensorSpec], n: int) -> list:
+  return [tf.raw_ops.EmptyTensorList(element_shape=s.shape,
+                                     max_num_elements=n,
+                                     element_dtype=s.dtype) for s in specs]
+
+
+def _Push(lists: Sequence[tf.Tensor], items: Sequence[Any]) -> list:
+  return [tf.raw_ops.TensorListPushBack(input_handle=l, tensor=t)
+          for l, t in zip(lists, items)]
+
+
+def _Pop(lists: Sequence[tf.Tensor], specs: Sequence[tf.TensorSpec]
+         ) -> tuple[list, list]:
+  """(the lists less their last items, those items)."""
+  got = [tf.raw_ops.TensorListPopBack(input_handle=l, element_shape=s.shape,
+                                      element_dtype=s.dtype)
+         for l, s in zip(lists, specs)]
+  return [l for l, _ in got], [t for _, t in got]
+
+
+def _Get(lists: Sequence[tf.Tensor], i: Any,
+         specs: Sequence[tf.TensorSpec]) -> list:
+  return [tf.raw_ops.TensorListGetItem(input_handle=l, index=i,
+                                       element_shape=s.shape,
+                                       element_dtype=s.dtype)
+          for l, s in zip(lists, specs)]
+
+
+def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
+  """Traces RF, RB and RW for `n` layers of `kind` (module docstring).
+
+  What one loop keeps for the next (each layer's kept tensors, W's cuts)
+  rides in TensorLists used as stacks: RF pushes layer by layer, RB pops
+  from the last layer back (and pushes W's cuts, which RW pops from the
+  first layer on). A push keeps the tensor itself and a pop hands it out and
+  drops the list's reference, so nothing is copied and each layer's tensors
+  are freed once its B (or W) has read them, as when each layer is called
+  on its own (kept to the end of the loop, 128 blocks stepped 1.5x slower).
+  """
+  nx, nv = len(xs), len(kind.variables)
+  x_specs = _Specs(xs)
+  outs = kind.forward.structured_outputs
+  saved = iter(_Specs(outs[kind.num_y:]))
+  # Per tensor B reads, its spec: an input's, an output's (the same: the
+  # layers chain) or the next saved tensor's.
+  kept_specs = [next(saved) if k is None else x_specs[k % nx]
+                for k in kind.kept]
+  handle_specs = [tf.TensorSpec([], tf.resource)] * (n * nv)
+  list_spec = tf.TensorSpec([], tf.variant)
+  seeds_spec = tf.TensorSpec([n, kind.forward.inputs[1].shape[0]], tf.int32)
+  w_specs = [tf.TensorSpec(v.shape, v.dtype) for v in kind.variables]
+
+  def _Stacked(hs):
+    """Per variable of the kind, the run's n handles stacked."""
+    return [tf.stack(hs[j::nv]) for j in range(nv)]
+
+  def _Layer(stacked, i):
+    return [tf.gather(h, i) for h in stacked]
+
+  def _Loop(body, state):
+    return tf.while_loop(lambda i, *_: i < n, body,
+                         (tf.constant(0),) + tuple(state),
+                         maximum_iterations=n)[1:]
+
+  def _PerLayer(lists, backwards=False):
+    """Per layer, per variable (layer-major): the weight gradients, pushed
+    from the first layer on (from the last if `backwards`)."""
+    return [t for i in range(n)
+            for t in _Get(lists, n - 1 - i if backwards else i, w_specs)]
+
+  def _Forward(step_seed, seeds, *args):
+    stacked = _Stacked(args[nx:])
+
+    def _Body(i, xs, lists):
+      out = shared_trace.CallWith(
+          kind.forward, [step_seed, tf.gather(seeds, i)] + list(xs), kind,
+          _Layer(stacked, i))
+      ys, rest = list(out[:kind.num_y]), iter(out[kind.num_y:])
+      for y, s in zip(ys, x_specs):
+        y.set_shape(s.shape)
+      mine = list(xs) + ys
+      return i + 1, ys, _Push(lists, [next(rest) if k is None else mine[k]
+                                      for k in kind.kept])
+
+    ys, lists = _Loop(_Body, (list(args[:nx]), _Empty(kept_specs, n)))
+    return list(ys) + list(lists)
+
+  num_dx = nx
+  b_outs = _Specs(kind.backward.structured_outputs[num_dx:])
+  b_args = kept_specs + x_specs  # What B takes: kept, then dys.
+  if kind.weights is None or fused:
+    cut_specs = w_specs
+  elif kind.w_reads:
+    made = iter(b_outs)
+    cut_specs = [next(made) if r is None else b_args[r]
+                 for r in kind.w_reads]
+  else:
+    cut_specs = b_outs
+
+  def _Backward(*args):
+    kept = list(args[:len(kept_specs)])
+    dys = list(args[len(kept_specs):len(kept_specs) + nx])
+    stacked = _Stacked(args[len(kept_specs) + nx:])
+
+    def _Body(i, kept, dys, lists):
+      kept, got_args = _Pop(kept, kept_specs)
+      got = shared_trace.CallWith(kind.backward, got_args + list(dys), kind,
+                                  _Layer(stacked, n - 1 - i))
+      dx, rest = list(got[:num_dx]), got[num_dx:]
+      if kind.weights is not None and kind.w_reads:
+        made = iter(rest)
+        got_args += list(dys)
+        rest = [next(made) if r is None else got_args[r]
+                for r in kind.w_reads]
+      for d, s in zip(dx, x_specs):
+        d.set_shape(s.shape)
+      if fused:
+        rest = shared_trace.CallWith(kind.weights, rest, kind,
+                                     _Layer(stacked, n - 1 - i))
+      return i + 1, kept, dx, _Push(lists, rest)
+
+    _, dx, lists = _Loop(_Body, (kept, dys, _Empty(cut_specs, n)))
+    return list(dx) + (_PerLayer(lists, backwards=True)
+                       if kind.weights is None or fused else list(lists))
+
+  def _Weights(*args):
+    cut, stacked = args[:len(cut_specs)], _Stacked(args[len(cut_specs):])
+
+    def _Body(i, cut, lists):
+      cut, got = _Pop(cut, cut_specs)  # Pushed from the last layer on.
+      dws = shared_trace.CallWith(kind.weights, got, kind,
+                                  _Layer(stacked, i))
+      return i + 1, cut, _Push(lists, dws)
+
+    _, lists = _Loop(_Body, (list(cut), _Empty(w_specs, n)))
+    return _PerLayer(lists)
+
+  with tf.device(None):
+    forward = tf.compat.v1.wrap_function(
+        _Forward, [tf.TensorSpec([2], tf.int64), seeds_spec] + x_specs +
+        handle_specs)
+    backward = tf.compat.v1.wrap_function(
+        _Backward, [list_spec] * len(kept_specs) + x_specs + handle_specs)
+    weights = (None if kind.weights is None or fused else tf.compat.v1.wrap_function(
+        _Weights, [list_spec] * len(cut_specs) + handle_specs))
+  # What each adds to a step once inlined: its own ops, and one copy of the
+  # loop body (the kind's function it calls).
+  for fn, body in ((forward, kind.forward), (backward, kind.backward),
+                   (weights, kind.weights)):
+    if fn is not None:
+      shared_trace.Register(fn, len(fn.graph.get_operations()) +
+                            len(body.graph.get_operations()))
+  return _Run(kind, n, forward, backward, weights)
+
+
+def _Call(function: Any, args: Sequence[tf.Tensor], forward: bool) -> list:
+  gradient = _RUN_GRADIENT if forward else shared_trace.NO_GRADIENT
+  with tf.compat.v1.get_default_graph().gradient_override_map(
+      {'StatefulPartitionedCall': gradient, 'PartitionedCall': gradient}):
+    return function._call_flat(list(args), [])  # pylint: disable=protected-access
+
+
+def _Backward(run: _Run, xs: Sequence[Any], ys: Sequence[tf.Tensor],
+              kept: Sequence[tf.Tensor], dys: Sequence[Any],
+              handles: Sequence[tf.Tensor]) -> tuple[list, list]:
+  """(the inputs' gradients, every layer's variables' gradients in order):
+  RB, then RW."""
+  dys = [tf.zeros_like(y) if g is None else g for g, y in zip(dys, ys)]
+  got = _Call(run.backward, list(kept) + dys + list(handles), False)
+  dx, rest = got[:len(xs)], got[len(xs):]
+  dws = (rest if run.weights is None else
+         _Call(run.weights, list(rest) + list(handles), False))
+  for d, x in zip(dx, xs):
+    d.set_shape(x.shape)
+  return list(dx), list(dws)
+
+
+# A run's forward found by symbolic gradients (tf.gradients, TensorFlow
+# differentiating a function that holds runs): its gradient is RB then RW.
+_RUN_GRADIENT = 'GpipeSharedRunForward'
+
+
+@tf.RegisterGradient(_RUN_GRADIENT)
+def _RunGradient(op: tf.Operation, *grads: Any) -> list:
+  if op is None:
+    raise shared_trace.SharedTraceSaveError(shared_trace.SAVE_MESSAGE)
+  run = _BY_NAME[op.get_attr('f').name]
+  nx = len(op.outputs) - len(run.kind.kept)
+  xs = op.inputs[2:2 + nx]
+  dx, dws = _Backward(run, xs, op.outputs[:nx], op.outputs[nx:],
+                      grads[:nx], op.inputs[2 + nx:])
+  return dx + [None, None] + dws

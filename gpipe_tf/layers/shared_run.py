@@ -92,6 +92,7 @@ class _Run:
   forward: Any
   backward: Any
   weights: Any | None  # None: RB returns the weight gradients.
+  num_kept: int  # RF's outputs after the layers': one list per dtype.
 
 
 _RUNS: dict = {}  # (the kind's forward name, n, fused) -> _Run
@@ -174,44 +175,61 @@ def _RunOf(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
   return _RUNS[key]
 
 
-def _Empty(specs: Sequence[tf.TensorSpec], n: int) -> list:
-  return [tf.raw_ops.EmptyTensorList(element_shape=s.shape,
-                                     max_num_elements=n,
-                                     element_dtype=s.dtype) for s in specs]
+class _Stacks:
+  """Tensors pushed and popped in order, kept as one TensorList per dtype
+  (a loop variable costs executor ops on every iteration: one list per
+  tensor a block keeps made 128 blocks step 1.16x slower than one call per
+  layer, against 1.05x now). A push keeps the tensor itself and a pop hands
+  it out and drops the list's reference: nothing is copied, and a layer's
+  tensors are freed once read."""
 
+  def __init__(self, specs: Sequence[tf.TensorSpec]) -> None:
+    self.dtypes = sorted({s.dtype for s in specs}, key=lambda d: d.name)
 
-def _Push(lists: Sequence[tf.Tensor], items: Sequence[Any]) -> list:
-  return [tf.raw_ops.TensorListPushBack(input_handle=l, tensor=t)
-          for l, t in zip(lists, items)]
+  def Empty(self) -> list:
+    return [tf.raw_ops.EmptyTensorList(element_shape=tf.constant(-1),
+                                       max_num_elements=-1, element_dtype=d)
+            for d in self.dtypes]
 
+  def Push(self, lists: Sequence[tf.Tensor], items: Sequence[Any]) -> list:
+    lists = dict(zip(self.dtypes, lists))
+    for t in items:
+      lists[t.dtype] = tf.raw_ops.TensorListPushBack(
+          input_handle=lists[t.dtype], tensor=t)
+    return [lists[d] for d in self.dtypes]
 
-def _Pop(lists: Sequence[tf.Tensor], specs: Sequence[tf.TensorSpec]
-         ) -> tuple[list, list]:
-  """(the lists less their last items, those items)."""
-  got = [tf.raw_ops.TensorListPopBack(input_handle=l, element_shape=s.shape,
-                                      element_dtype=s.dtype)
-         for l, s in zip(lists, specs)]
-  return [l for l, _ in got], [t for _, t in got]
+  def Pop(self, lists: Sequence[tf.Tensor], specs: Sequence[tf.TensorSpec]
+          ) -> tuple[list, list]:
+    """(the lists less the last len(specs) items, those items in the order
+    they were pushed)."""
+    lists, items = dict(zip(self.dtypes, lists)), []
+    for s in reversed(specs):
+      lists[s.dtype], t = tf.raw_ops.TensorListPopBack(
+          input_handle=lists[s.dtype], element_shape=s.shape,
+          element_dtype=s.dtype)
+      items.append(t)
+    return [lists[d] for d in self.dtypes], items[::-1]
 
-
-def _Get(lists: Sequence[tf.Tensor], i: Any,
-         specs: Sequence[tf.TensorSpec]) -> list:
-  return [tf.raw_ops.TensorListGetItem(input_handle=l, index=i,
-                                       element_shape=s.shape,
-                                       element_dtype=s.dtype)
-          for l, s in zip(lists, specs)]
+  def Items(self, lists: Sequence[tf.Tensor],
+            specs: Sequence[tf.TensorSpec]) -> list:
+    """Every item of `lists`, pushed in the order of `specs` (read once the
+    pushing is over)."""
+    lists, count, items = dict(zip(self.dtypes, lists)), {}, []
+    for s in specs:
+      i = count[s.dtype] = count.get(s.dtype, -1) + 1
+      items.append(tf.raw_ops.TensorListGetItem(
+          input_handle=lists[s.dtype], index=i, element_shape=s.shape,
+          element_dtype=s.dtype))
+    return items
 
 
 def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
   """Traces RF, RB and RW for `n` layers of `kind` (module docstring).
 
-  What one loop keeps for the next (each layer's kept tensors, W's cuts)
-  rides in TensorLists used as stacks: RF pushes layer by layer, RB pops
-  from the last layer back (and pushes W's cuts, which RW pops from the
-  first layer on). A push keeps the tensor itself and a pop hands it out and
-  drops the list's reference, so nothing is copied and each layer's tensors
-  are freed once its B (or W) has read them, as when each layer is called
-  on its own (kept to the end of the loop, 128 blocks stepped 1.5x slower).
+  What one loop keeps for the next rides in `_Stacks`: RF pushes each
+  layer's kept tensors, RB pops them from the last layer back and, when W
+  has a loop of its own, pushes W's cuts, which RW pops from the first
+  layer on. Fused (no RW), RB calls each layer's W right after its B.
   """
   nx, nv = len(xs), len(kind.variables)
   x_specs = _Specs(xs)
@@ -238,11 +256,17 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
                          (tf.constant(0),) + tuple(state),
                          maximum_iterations=n)[1:]
 
+  dws_stack = _Stacks(w_specs)
+
   def _PerLayer(lists, backwards=False):
     """Per layer, per variable (layer-major): the weight gradients, pushed
     from the first layer on (from the last if `backwards`)."""
-    return [t for i in range(n)
-            for t in _Get(lists, n - 1 - i if backwards else i, w_specs)]
+    got = dws_stack.Items(lists, w_specs * n)
+    order = range(n - 1, -1, -1) if backwards else range(n)
+    by_layer = {l: got[k * nv:(k + 1) * nv] for k, l in enumerate(order)}
+    return [t for l in range(n) for t in by_layer[l]]
+
+  kept_stack = _Stacks(kept_specs)
 
   def _Forward(step_seed, seeds, *args):
     stacked = _Stacked(args[nx:])
@@ -255,10 +279,10 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
       for y, s in zip(ys, x_specs):
         y.set_shape(s.shape)
       mine = list(xs) + ys
-      return i + 1, ys, _Push(lists, [next(rest) if k is None else mine[k]
-                                      for k in kind.kept])
+      return i + 1, ys, kept_stack.Push(
+          lists, [next(rest) if k is None else mine[k] for k in kind.kept])
 
-    ys, lists = _Loop(_Body, (list(args[:nx]), _Empty(kept_specs, n)))
+    ys, lists = _Loop(_Body, (list(args[:nx]), kept_stack.Empty()))
     return list(ys) + list(lists)
 
   num_dx = nx
@@ -272,43 +296,46 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
                  for r in kind.w_reads]
   else:
     cut_specs = b_outs
+  cut_stack = _Stacks(cut_specs)
+  num_kept = len(kept_stack.dtypes)
 
   def _Backward(*args):
-    kept = list(args[:len(kept_specs)])
-    dys = list(args[len(kept_specs):len(kept_specs) + nx])
-    stacked = _Stacked(args[len(kept_specs) + nx:])
+    kept = list(args[:num_kept])
+    dys = list(args[num_kept:num_kept + nx])
+    stacked = _Stacked(args[num_kept + nx:])
 
     def _Body(i, kept, dys, lists):
-      kept, got_args = _Pop(kept, kept_specs)
-      got = shared_trace.CallWith(kind.backward, got_args + list(dys), kind,
-                                  _Layer(stacked, n - 1 - i))
+      kept, got_args = kept_stack.Pop(kept, kept_specs)
+      layer = _Layer(stacked, n - 1 - i)
+      got_args += list(dys)
+      got = shared_trace.CallWith(kind.backward, got_args, kind, layer)
       dx, rest = list(got[:num_dx]), got[num_dx:]
       if kind.weights is not None and kind.w_reads:
         made = iter(rest)
-        got_args += list(dys)
         rest = [next(made) if r is None else got_args[r]
                 for r in kind.w_reads]
+      if fused:
+        rest = shared_trace.CallWith(kind.weights, rest, kind, layer)
       for d, s in zip(dx, x_specs):
         d.set_shape(s.shape)
-      if fused:
-        rest = shared_trace.CallWith(kind.weights, rest, kind,
-                                     _Layer(stacked, n - 1 - i))
-      return i + 1, kept, dx, _Push(lists, rest)
+      return i + 1, kept, dx, cut_stack.Push(lists, rest)
 
-    _, dx, lists = _Loop(_Body, (kept, dys, _Empty(cut_specs, n)))
+    _, dx, lists = _Loop(_Body, (kept, dys, cut_stack.Empty()))
     return list(dx) + (_PerLayer(lists, backwards=True)
                        if kind.weights is None or fused else list(lists))
 
   def _Weights(*args):
-    cut, stacked = args[:len(cut_specs)], _Stacked(args[len(cut_specs):])
+    num_cut = len(cut_stack.dtypes)
+    cut, stacked = args[:num_cut], _Stacked(args[num_cut:])
 
     def _Body(i, cut, lists):
-      cut, got = _Pop(cut, cut_specs)  # Pushed from the last layer on.
+      # The cuts were pushed from the last layer on: the first pops first.
+      cut, got = cut_stack.Pop(cut, cut_specs)
       dws = shared_trace.CallWith(kind.weights, got, kind,
                                   _Layer(stacked, i))
-      return i + 1, cut, _Push(lists, dws)
+      return i + 1, cut, dws_stack.Push(lists, dws)
 
-    _, lists = _Loop(_Body, (list(cut), _Empty(w_specs, n)))
+    _, lists = _Loop(_Body, (list(cut), dws_stack.Empty()))
     return _PerLayer(lists)
 
   with tf.device(None):
@@ -316,9 +343,11 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
         _Forward, [tf.TensorSpec([2], tf.int64), seeds_spec] + x_specs +
         handle_specs)
     backward = tf.compat.v1.wrap_function(
-        _Backward, [list_spec] * len(kept_specs) + x_specs + handle_specs)
-    weights = (None if kind.weights is None or fused else tf.compat.v1.wrap_function(
-        _Weights, [list_spec] * len(cut_specs) + handle_specs))
+        _Backward, [list_spec] * num_kept + x_specs + handle_specs)
+    weights = (None if kind.weights is None or fused else
+               tf.compat.v1.wrap_function(
+                   _Weights, [list_spec] * len(cut_stack.dtypes) +
+                   handle_specs))
   # What each adds to a step once inlined: its own ops, and one copy of the
   # loop body (the kind's function it calls).
   for fn, body in ((forward, kind.forward), (backward, kind.backward),
@@ -326,7 +355,7 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
     if fn is not None:
       shared_trace.Register(fn, len(fn.graph.get_operations()) +
                             len(body.graph.get_operations()))
-  return _Run(kind, n, forward, backward, weights)
+  return _Run(kind, n, forward, backward, weights, num_kept)
 
 
 def _Call(function: Any, args: Sequence[tf.Tensor], forward: bool) -> list:
@@ -361,7 +390,7 @@ def _RunGradient(op: tf.Operation, *grads: Any) -> list:
   if op is None:
     raise shared_trace.SharedTraceSaveError(shared_trace.SAVE_MESSAGE)
   run = _BY_NAME[op.get_attr('f').name]
-  nx = len(op.outputs) - len(run.kind.kept)
+  nx = len(op.outputs) - run.num_kept
   xs = op.inputs[2:2 + nx]
   dx, dws = _Backward(run, xs, op.outputs[:nx], op.outputs[nx:],
                       grads[:nx], op.inputs[2 + nx:])

@@ -48,7 +48,7 @@ from gpipe_tf.layers import skips as skips_lib
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['MIN_LAYERS', 'NoRuns', 'Run']
+__all__ = ['ListBytes', 'MIN_LAYERS', 'NoRuns', 'Run', 'SeparateWeights']
 
 MIN_LAYERS = 2
 
@@ -93,6 +93,34 @@ class _Run:
   backward: Any
   weights: Any | None  # None: RB returns the weight gradients.
   num_kept: int  # RF's outputs after the layers': one list per dtype.
+
+
+# (a run function's name, an output index) -> the bytes that list holds.
+_LIST_BYTES: dict = {}
+
+
+def ListBytes(x: tf.Tensor) -> tuple[int, list] | None:
+  """What a run's list output `x` holds (the activations a kept forward
+  stashes for its backward, or W's cuts): (the bytes held by the list
+  alone, the run's input, output and output-gradient tensors it holds too,
+  to be counted once with the others), or None if `x` is no such list."""
+  if x.op.type not in ('PartitionedCall', 'StatefulPartitionedCall'):
+    return None
+  got = _LIST_BYTES.get((x.op.get_attr('f').name, x.value_index))
+  if got is None:
+    return None
+  size, held = got
+  call = x.op  # RF; or RB, whose first input is one of RF's lists.
+  forward = (call if call.get_attr('f').name in _BY_NAME else
+             call.inputs[0].op)
+  if (forward.type not in ('PartitionedCall', 'StatefulPartitionedCall') or
+      forward.get_attr('f').name not in _BY_NAME):
+    return None
+  num_kept = _BY_NAME[forward.get_attr('f').name].num_kept
+  tensors = {'in': lambda j: forward.inputs[2 + j],
+             'out': lambda j: forward.outputs[j],
+             'dy': lambda j: call.inputs[num_kept + j]}
+  return size, [tensors[io](j) for io, j in held]
 
 
 _RUNS: dict = {}  # (the kind's forward name, n, fused) -> _Run
@@ -144,7 +172,7 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
 
   record.record_operation('SharedRun', list(ys),
                           list(xs) + [step_seed, seeds] + handles, _Grad)
-  shared_trace.CountCalls(n)
+  shared_trace.CountRun(n)
   for y, x in zip(ys, xs):
     y.set_shape(x.shape)
   return tuple(ys), n
@@ -348,6 +376,17 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
                tf.compat.v1.wrap_function(
                    _Weights, [list_spec] * len(cut_stack.dtypes) +
                    handle_specs))
+  # What each list output holds (ListBytes).
+  kept_from, cut_from = _Sources(kind, nx)
+  for k, d in enumerate(kept_stack.dtypes):
+    _LIST_BYTES[(tf.compat.as_str(forward.name), nx + k)] = _Held(
+        kept_from, kept_specs, x_specs, n, d)
+  if not (fused or kind.weights is None):
+    if not cut_from:  # W reads B's outputs only.
+      cut_from = [('own', ('B', i)) for i in range(len(cut_specs))]
+    for k, d in enumerate(cut_stack.dtypes):
+      _LIST_BYTES[(tf.compat.as_str(backward.name), nx + k)] = _Held(
+          cut_from, cut_specs, x_specs, n, d)
   # What each adds to a step once inlined: its own ops, and one copy of the
   # loop body (the kind's function it calls).
   for fn, body in ((forward, kind.forward), (backward, kind.backward),
@@ -358,11 +397,75 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
   return _Run(kind, n, forward, backward, weights, num_kept)
 
 
+def _Sources(kind: Any, nx: int) -> tuple[list, list]:
+  """Per tensor B reads and per tensor W reads (the cut), where its buffer
+  comes from: ('in' | 'out', j), a state (layer i's input j is layer
+  i - 1's output j), ('dy', j), the gradient of output j, or ('own', key),
+  a buffer the layer makes. Views (a reshape, say) are followed to the
+  buffer they share."""
+  fwd = kind.forward.graph
+  inputs = {id(fwd.inputs[2 + j]): j for j in range(nx)}
+  outputs = {id(shared_trace.Root(y)): j
+             for j, y in enumerate(fwd.outputs[:kind.num_y])}
+  # An output that is an input passed on (paddings): one buffer all along.
+  through = {j for j in range(nx)
+             if inputs.get(id(shared_trace.Root(fwd.outputs[j]))) == j}
+
+  def _State(io, j):
+    return ('in', j) if j in through else (io, j)
+
+  kept, saved = [], iter(fwd.outputs[kind.num_y:])
+  for entry in kind.kept:
+    if entry is not None:
+      kept.append(_State('in' if entry < nx else 'out', entry % nx))
+      continue
+    root = shared_trace.Root(next(saved))
+    kept.append(_State('in', inputs[id(root)]) if id(root) in inputs else
+                _State('out', outputs[id(root)]) if id(root) in outputs else
+                ('own', ('F', id(root))))
+  args = kept + [('dy', j) for j in range(nx)]  # What B takes.
+  if kind.weights is None or not kind.w_reads:
+    return kept, []
+  bwd = kind.backward.graph
+  b_inputs = {id(t): a for a, t in enumerate(bwd.inputs[:len(args)])}
+  made, cut = iter(bwd.outputs[nx:]), []
+  for r in kind.w_reads:
+    if r is not None:
+      cut.append(args[r])
+      continue
+    root = shared_trace.Root(next(made))
+    cut.append(args[b_inputs[id(root)]] if id(root) in b_inputs else
+               ('own', ('B', id(root))))
+  return kept, cut
+
+
+def _Held(sources: Sequence[tuple], specs: Sequence[tf.TensorSpec],
+          x_specs: Sequence[tf.TensorSpec], n: int, dtype: tf.DType
+          ) -> tuple[int, tuple]:
+  """What a list of `dtype` holds of n layers' tensors from `sources`
+  (_Sources), each buffer once: (the bytes of the buffers only the list
+  holds, the run's tensors it holds too as ('in' | 'out' | 'dy', j)). A
+  state (layer i's output, layer i + 1's input) is held once whichever
+  way B reads it; of n states, one is the run's input (or output), and of
+  n output gradients, the last is the run's."""
+  own, chained = {}, set()
+  for source, spec in zip(sources, specs):
+    if spec.dtype != dtype:
+      continue
+    if source[0] == 'own':
+      own[source[1]] = spec.shape.num_elements() * dtype.size
+    else:
+      chained.add(source)
+  size = n * sum(own.values())
+  for j in {(io == 'dy', j) for io, j in chained}:
+    size += (n - 1) * x_specs[j[1]].shape.num_elements() * dtype.size
+  return size, tuple(sorted(chained))
+
+
 def _Call(function: Any, args: Sequence[tf.Tensor], forward: bool) -> list:
   gradient = _RUN_GRADIENT if forward else shared_trace.NO_GRADIENT
-  with tf.compat.v1.get_default_graph().gradient_override_map(
-      {'StatefulPartitionedCall': gradient, 'PartitionedCall': gradient}):
-    return function._call_flat(list(args), [])  # pylint: disable=protected-access
+  return shared_trace.OverridingGradient(
+      lambda: function._call_flat(list(args), []), gradient)  # pylint: disable=protected-access
 
 
 def _Backward(run: _Run, xs: Sequence[Any], ys: Sequence[tf.Tensor],
@@ -394,4 +497,4 @@ def _RunGradient(op: tf.Operation, *grads: Any) -> list:
   xs = op.inputs[2:2 + nx]
   dx, dws = _Backward(run, xs, op.outputs[:nx], op.outputs[nx:],
                       grads[:nx], op.inputs[2 + nx:])
-  return dx + [None, None] + dws
+  return [None, None] + dx + dws  # The call's inputs: seeds, xs, handles.

@@ -87,14 +87,16 @@ def Off() -> Iterator[None]:
 
 @dataclasses.dataclass
 class Stats:
-  """How many kinds were traced and how many calls used them (process-wide;
-  `Stats.Reset()` clears both counters and the traced kinds)."""
+  """How many kinds were traced, how many layer calls used them and how
+  many runs of them were loops (layers/shared_run.py) (process-wide;
+  `Stats.Reset()` clears the counters and the traced kinds)."""
   traces: int = 0
   calls: int = 0
+  runs: int = 0
 
   @classmethod
   def Reset(cls) -> None:
-    _STATS.traces = _STATS.calls = 0
+    _STATS.traces = _STATS.calls = _STATS.runs = 0
     _KINDS.clear()
 
   @classmethod
@@ -171,6 +173,25 @@ def InlinedSize(graph: tf.Graph) -> int:
   return total
 
 
+# Ops whose output shares its input's buffer (TensorFlow forwards it): a
+# tensor made by one holds no memory of its own beside its input.
+VIEW_OPS = frozenset({'Reshape', 'ExpandDims', 'Squeeze', 'Identity',
+                      'IdentityN', 'StopGradient', 'EnsureShape'})
+
+
+def ViewedTensor(x: tf.Tensor) -> tf.Tensor:
+  """The tensor whose buffer `x`, made by a VIEW_OPS op, shares."""
+  return x.op.inputs[x.value_index if x.op.type == 'IdentityN' else 0]
+
+
+def Root(x: tf.Tensor) -> tf.Tensor:
+  """`x` with views followed back to the tensor that owns the buffer
+  (within one graph)."""
+  while x.op.type in VIEW_OPS:
+    x = ViewedTensor(x)
+  return x
+
+
 # (a traced function's name, the outputs a call uses) -> the ops kept.
 _SIZES: dict = {}
 # A function of another module's making (layers/shared_run.py) -> the ops it
@@ -239,8 +260,10 @@ def IsTupleOf(struct: Any, n: int) -> bool:
   return n == 1 and not tf.nest.is_nested(struct)
 
 
-def CountCalls(n: int) -> None:
+def CountRun(n: int) -> None:
+  """Counts a run of n layers called as one loop (layers/shared_run.py)."""
   _STATS.calls += n
+  _STATS.runs += 1
 
 
 def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
@@ -385,9 +408,24 @@ def _Call(function: Any, args: Sequence[tf.Tensor], kind: _Kind,
   captures = [handles[index[id(c)]] for c in function.captured_inputs]
   gradient = (_FORWARD_GRADIENT if function is kind.forward else
               _NO_GRADIENT)
+  return OverridingGradient(
+      lambda: function._call_flat(list(args), captures), gradient)  # pylint: disable=protected-access
+
+
+def OverridingGradient(call: Callable[[], Any], gradient: str) -> Any:
+  """`call()`, a function call, whose op symbolic gradients (tf.gradients)
+  differentiate with the gradient registered as `gradient`.
+  ConcreteFunction._call_flat gives the op a gradient function of its own
+  (TensorFlow differentiating the function's graph), which tf.gradients
+  prefers to any override: a run's loop, differentiated so, gave its
+  variables no gradient at all. It is dropped here."""
   with tf.compat.v1.get_default_graph().gradient_override_map(
       {'StatefulPartitionedCall': gradient, 'PartitionedCall': gradient}):
-    return function._call_flat(list(args), captures)  # pylint: disable=protected-access
+    out = call()
+  ops = {t.op for t in tf.nest.flatten(out) if isinstance(t, tf.Tensor)}
+  for op in ops:
+    op._gradient_function = None  # pylint: disable=protected-access
+  return out
 
 
 def _Backward(kind: _Kind, xs: Sequence[Any], ys: Sequence[tf.Tensor],

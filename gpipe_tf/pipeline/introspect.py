@@ -101,12 +101,6 @@ def TrainingPrograms(cells: Sequence[Any]) -> list[Program] | None:
   return out
 
 
-# Ops whose output shares its input's buffer (TensorFlow forwards it): a
-# stashed tensor made by one holds no memory of its own beside its input.
-_VIEWS = frozenset({'Reshape', 'ExpandDims', 'Squeeze', 'Identity',
-                    'IdentityN', 'StopGradient', 'EnsureShape'})
-
-
 def _Buffer(x: Any) -> tuple:
   """A key of the buffer `x` is a view of (its own if none). Views are
   followed into the calls of shared layer traces (layers/shared_trace.py)
@@ -115,10 +109,11 @@ def _Buffer(x: Any) -> tuple:
   own, three Transformer blocks kept 1.36x the activations and 1.55x the W
   inputs they keep traced layer by layer."""
   from gpipe_tf.layers import shared_trace  # pylint: disable=g-import-not-at-top
+  views = shared_trace.VIEW_OPS
   calls = []  # (a call entered, its function's graph), innermost last.
   while True:
-    if x.op.type in _VIEWS:
-      x = x.op.inputs[x.value_index if x.op.type == 'IdentityN' else 0]
+    if x.op.type in views:
+      x = shared_trace.ViewedTensor(x)
       continue
     graph = shared_trace.CalledGraph(x.op)
     if graph is not None:
@@ -143,6 +138,7 @@ def _Bytes(tensors: Sequence[Any], exclude: frozenset = frozenset()
   length in a step traced on static shapes is shape arithmetic (the axes a
   broadcast's gradient sums over, say) and counts 0."""
   total, seen = 0, set(exclude)
+  tensors = list(tensors)
   for x in tensors:
     if x is None:
       continue
@@ -152,6 +148,14 @@ def _Bytes(tensors: Sequence[Any], exclude: frozenset = frozenset()
       return None
     if not hasattr(x, 'op'):  # A variable.
       total += math.prod(x.shape.as_list()) * x.dtype.size
+      continue
+    if x.dtype.name == 'variant':  # A run's list (layers/shared_run.py).
+      from gpipe_tf.layers import shared_run  # pylint: disable=g-import-not-at-top
+      got = shared_run.ListBytes(x)
+      if got is None:
+        return None
+      total += got[0]
+      tensors.extend(got[1])  # The run's input and output it holds.
       continue
     key = _Buffer(x)
     if key in seen:

@@ -1,0 +1,175 @@
+"""Tests for layers/shared_run.py: runs of identical layers as one loop, same numbers."""
+
+import tensorflow as tf
+
+from gpipe_tf import layers
+from gpipe_tf.layers import random_seeds
+from gpipe_tf.layers import shared_run
+from gpipe_tf.layers import shared_trace
+from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import introspect
+from gpipe_tf.pipeline import loss as loss_lib
+
+
+def _Blocks(n, dropout=0.0, dim=16):
+  return [layers.TransformerEncoderLayer.Params().Set(
+      name=f'block{i}', model_dim=dim, hidden_dim=32, num_heads=2,
+      residual_dropout_prob=dropout, atten_dropout_prob=dropout)
+          for i in range(n)]
+
+
+def _Inputs():
+  return (tf.random.stateless_normal([4, 5, 16], [1, 2]), tf.zeros([4, 5]))
+
+
+def _StepFn(net, inputs, seed=(5, 6), symbolic=False):
+  """A tf.function: (loss, gradients of the first input and the variables),
+  from a tape, or from tf.gradients if `symbolic`."""
+
+  @tf.function
+  def _Run():
+    with random_seeds.StepSeedScope(tf.constant(seed, tf.int64)):
+      if symbolic:  # A tape watches (so layers chain), tf.gradients takes
+        #             the gradient: the run's registered gradient.
+        with tf.GradientTape() as tape:
+          tape.watch(inputs[0])
+          y = net.FProp(*inputs, training=True)[0]
+          loss = tf.reduce_sum(tf.sin(y))
+        return loss, tf.gradients(loss, [inputs[0]] +
+                                  list(net.trainable_variables))
+      with tf.GradientTape() as tape:
+        tape.watch(inputs[0])
+        y = net.FProp(*inputs, training=True)
+        y = y[0] if isinstance(y, tuple) else y
+        loss = tf.reduce_sum(tf.sin(y))
+    return loss, tape.gradient(loss, [inputs[0]] +
+                               list(net.trainable_variables))
+  return _Run
+
+
+class SharedRunTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    shared_trace.Stats.Reset()
+
+  def _AssertSame(self, got, want):
+    self.assertAllClose(got[0], want[0], rtol=1e-6)
+    self.assertLen(got[1], len(want[1]))
+    for a, b in zip(got[1], want[1]):
+      self.assertAllClose(a, b, rtol=1e-5, atol=1e-5)
+
+  def testStepGraphDoesNotGrowWithDepth(self):
+    """A run is one loop: what a step's graph adds per block is its
+    variables' handles and gradients, not the block. Called one by one
+    (NoRuns), each block adds its forward and backward (~400 ops)."""
+
+    def _Size(n, *contexts):
+      net = layers.SequentialLayer.Params().Set(
+          name='net', layers=_Blocks(n)).Instantiate()
+      step = _StepFn(net, _Inputs())
+      for c in contexts:
+        c.__enter__()
+      try:
+        graph = step.get_concrete_function().graph
+      finally:
+        for c in contexts[::-1]:
+          c.__exit__(None, None, None)
+      return shared_trace.InlinedSize(graph)
+
+    per_block = (_Size(12) - _Size(4)) / 8
+    one_by_one = (_Size(12, shared_run.NoRuns()) -
+                  _Size(4, shared_run.NoRuns())) / 8
+    self.assertLess(per_block, 150)
+    self.assertGreater(one_by_one, 300)
+    # Block 0 alone (nobody wants its input's gradient), then one run.
+    stats = shared_trace.Stats.Get()
+    self.assertEqual(stats.traces, 2)
+
+  def testRunEqualsEachLayerTracedAloneWithDropout(self):
+    """Tape and tf.gradients, fused W and W in a loop of its own: the loss
+    and every gradient equal the layers traced one by one (dropout on, so
+    each layer's masks are its own)."""
+    net = layers.SequentialLayer.Params().Set(
+        name='net', layers=_Blocks(5, dropout=0.3)).Instantiate()
+    with shared_trace.Off():
+      want = _StepFn(net, _Inputs())()
+    for symbolic in (False, True):
+      for separate in (False, True):
+        with self.subTest(symbolic=symbolic, separate_w=separate):
+          shared_trace.Stats.Reset()
+          step = _StepFn(net, _Inputs(), symbolic=symbolic)
+          if separate:
+            with shared_run.SeparateWeights():
+              got = step()
+          else:
+            got = step()
+          self.assertEqual(shared_trace.Stats.Get().runs, 1)
+          self._AssertSame(got, want)
+    with shared_trace.Off():
+      other = _StepFn(net, _Inputs(), seed=(7, 8))()
+    self.assertNotAllClose(want[0], other[0])
+
+  def testRunsStopAtAnotherKindAndAtSkips(self):
+    """A run is consecutive layers of one kind: a layer of other Params
+    ends it, and so does a layer that stashes or pops a skip."""
+    fc = lambda i, **kw: layers.FCLayer.Params().Set(
+        name=f'fc{i}', input_dim=8, output_dim=8, **kw)
+    net = layers.SequentialLayer.Params().Set(name='net', layers=[
+        fc(0), fc(1), fc(2), fc(3, activation='TANH'), fc(4, activation='TANH'),
+        layers.BranchLayer.Params().Set(name='b', stash=('s',)),
+        fc(5), fc(6), fc(7),
+        layers.MergeLayer.Params().Set(name='m', pop=('s',)),
+        fc(8), fc(9)]).Instantiate()
+    x = tf.random.stateless_normal([4, 8], [3, 4])
+    got = _StepFn(net, (x,))()
+    stats = shared_trace.Stats.Get()
+    # Runs fc0-fc2 (the tape watches x), fc3-fc4, fc5-fc7 and fc8-fc9.
+    self.assertEqual((stats.runs, stats.calls), (4, 10))
+    with shared_trace.Off():
+      want = _StepFn(net, (x,))()
+    self._AssertSame(got, want)
+
+  def testPipelineOfRunsEqualsEachLayerTracedAlone(self):
+    """Cells whose blocks run as loops, under a schedule whose backward
+    computes W with B (1F1B) and one that runs W apart (ZB-H1), train as
+    the same pipeline with every layer traced on its own (dropout on); the
+    memory model counts what a run's lists hold as the layers one by one
+    keep."""
+    def _Pipe(schedule):
+      return PipeliningLayer.Params().Set(
+          name='net', layers=_Blocks(8, dropout=0.2), num_partitions=2,
+          num_micro_batches=2, balance=[4, 4], schedule=schedule,
+          remat='never').Instantiate()
+
+    def _Loss(outputs, labels):
+      y = outputs[0] if isinstance(outputs, tuple) else outputs
+      return loss_lib.LossTerms(tf.reduce_sum(tf.sin(y) * labels, [1, 2]))
+
+    def _Train(pipe):
+      x, paddings = _Inputs()
+      labels = tf.random.stateless_normal([4, 5, 16], [5, 6])
+
+      @tf.function
+      def _Run():
+        with random_seeds.StepSeedScope(tf.constant([5, 6], tf.int64)):
+          return pipe.ComputeLossAndGradients((x, paddings), labels, _Loss)
+      loss, _, grads = _Run()
+      return loss, grads, introspect.TracedStageBytes(pipe.cells)
+
+    for schedule in ('1f1b', 'zb_h1'):
+      with self.subTest(schedule=schedule):
+        shared_trace.Stats.Reset()
+        got = _Train(_Pipe(schedule))
+        self.assertEqual(shared_trace.Stats.Get().runs, 2)
+        with shared_run.NoRuns():
+          want = _Train(_Pipe(schedule))
+        self._AssertSame(got[:2], want[:2])
+        for g, w in zip(got[2], want[2]):
+          self.assertEqual(g.activations, w.activations)
+          if schedule == 'zb_h1':  # W's cut (1F1B's W runs inside B).
+            self.assertEqual(g.wcut, w.wcut)
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -162,13 +162,19 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   for v in variables:  # Watched by tapes and by the graph, as a read is.
     resource_variable_ops.variable_accessed(v)
   handles = [v.handle for v in variables]
+  nv = len(kind.variables)
+  # Per variable of the kind, the run's n handles stacked: the functions
+  # take one argument, and return one gradient, per variable, not per layer.
+  stacked = [tf.stack(handles[j::nv]) for j in range(nv)]
   with record.stop_recording():
-    out = _Call(run.forward, [step_seed, seeds] + list(xs) + handles, True)
+    out = _Call(run.forward, [step_seed, seeds] + list(xs) + stacked, True)
   ys, kept = out[:len(xs)], out[len(xs):]
 
   def _Grad(*dys):
-    dx, dws = _Backward(run, xs, ys, kept, dys, handles)
-    return dx + [None, None] + dws
+    dx, dws = _Backward(run, xs, ys, kept, dys, stacked)
+    per_var = [tf.unstack(d, num=n) for d in dws]
+    return dx + [None, None] + [per_var[j][i] for i in range(n)
+                                for j in range(nv)]
 
   record.record_operation('SharedRun', list(ys),
                           list(xs) + [step_seed, seeds] + handles, _Grad)
@@ -238,17 +244,23 @@ class _Stacks:
       items.append(t)
     return [lists[d] for d in self.dtypes], items[::-1]
 
-  def Items(self, lists: Sequence[tf.Tensor],
-            specs: Sequence[tf.TensorSpec]) -> list:
-    """Every item of `lists`, pushed in the order of `specs` (read once the
-    pushing is over)."""
-    lists, count, items = dict(zip(self.dtypes, lists)), {}, []
+  def Gathered(self, lists: Sequence[tf.Tensor],
+               specs: Sequence[tf.TensorSpec], n: int, backwards: bool
+               ) -> list:
+    """Per spec, its n items stacked, where n rounds of `specs` were pushed
+    (in reverse order of the rounds if `backwards`)."""
+    lists, count, out = dict(zip(self.dtypes, lists)), {}, []
     for s in specs:
-      i = count[s.dtype] = count.get(s.dtype, -1) + 1
-      items.append(tf.raw_ops.TensorListGetItem(
-          input_handle=lists[s.dtype], index=i, element_shape=s.shape,
-          element_dtype=s.dtype))
-    return items
+      count[s.dtype] = count.get(s.dtype, 0) + 1
+    seen = {}
+    for s in specs:
+      k = seen[s.dtype] = seen.get(s.dtype, -1) + 1
+      rounds = range(n - 1, -1, -1) if backwards else range(n)
+      out.append(tf.raw_ops.TensorListGather(
+          input_handle=lists[s.dtype],
+          indices=[r * count[s.dtype] + k for r in rounds],
+          element_shape=s.shape, element_dtype=s.dtype))
+    return out
 
 
 def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
@@ -267,14 +279,11 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
   # layers chain) or the next saved tensor's.
   kept_specs = [next(saved) if k is None else x_specs[k % nx]
                 for k in kind.kept]
-  handle_specs = [tf.TensorSpec([], tf.resource)] * (n * nv)
+  handle_specs = [tf.TensorSpec([n], tf.resource)] * nv
   list_spec = tf.TensorSpec([], tf.variant)
   seeds_spec = tf.TensorSpec([n, kind.forward.inputs[1].shape[0]], tf.int32)
   w_specs = [tf.TensorSpec(v.shape, v.dtype) for v in kind.variables]
 
-  def _Stacked(hs):
-    """Per variable of the kind, the run's n handles stacked."""
-    return [tf.stack(hs[j::nv]) for j in range(nv)]
 
   def _Layer(stacked, i):
     return [tf.gather(h, i) for h in stacked]
@@ -286,18 +295,15 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
 
   dws_stack = _Stacks(w_specs)
 
-  def _PerLayer(lists, backwards=False):
-    """Per layer, per variable (layer-major): the weight gradients, pushed
-    from the first layer on (from the last if `backwards`)."""
-    got = dws_stack.Items(lists, w_specs * n)
-    order = range(n - 1, -1, -1) if backwards else range(n)
-    by_layer = {l: got[k * nv:(k + 1) * nv] for k, l in enumerate(order)}
-    return [t for l in range(n) for t in by_layer[l]]
+  def _PerVariable(lists, backwards=False):
+    """Per variable, its n layers' gradients stacked in layer order; they
+    were pushed from the first layer on (from the last if `backwards`)."""
+    return dws_stack.Gathered(lists, w_specs, n, backwards)
 
   kept_stack = _Stacks(kept_specs)
 
   def _Forward(step_seed, seeds, *args):
-    stacked = _Stacked(args[nx:])
+    stacked = args[nx:]
 
     def _Body(i, xs, lists):
       out = shared_trace.CallWith(
@@ -330,7 +336,7 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
   def _Backward(*args):
     kept = list(args[:num_kept])
     dys = list(args[num_kept:num_kept + nx])
-    stacked = _Stacked(args[num_kept + nx:])
+    stacked = args[num_kept + nx:]
 
     def _Body(i, kept, dys, lists):
       kept, got_args = kept_stack.Pop(kept, kept_specs)
@@ -349,12 +355,12 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
       return i + 1, kept, dx, cut_stack.Push(lists, rest)
 
     _, dx, lists = _Loop(_Body, (kept, dys, cut_stack.Empty()))
-    return list(dx) + (_PerLayer(lists, backwards=True)
+    return list(dx) + (_PerVariable(lists, backwards=True)
                        if kind.weights is None or fused else list(lists))
 
   def _Weights(*args):
     num_cut = len(cut_stack.dtypes)
-    cut, stacked = args[:num_cut], _Stacked(args[num_cut:])
+    cut, stacked = args[:num_cut], args[num_cut:]
 
     def _Body(i, cut, lists):
       # The cuts were pushed from the last layer on: the first pops first.
@@ -364,7 +370,7 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
       return i + 1, cut, dws_stack.Push(lists, dws)
 
     _, lists = _Loop(_Body, (list(cut), dws_stack.Empty()))
-    return _PerLayer(lists)
+    return _PerVariable(lists)
 
   with tf.device(None):
     forward = tf.compat.v1.wrap_function(
@@ -471,8 +477,9 @@ def _Call(function: Any, args: Sequence[tf.Tensor], forward: bool) -> list:
 def _Backward(run: _Run, xs: Sequence[Any], ys: Sequence[tf.Tensor],
               kept: Sequence[tf.Tensor], dys: Sequence[Any],
               handles: Sequence[tf.Tensor]) -> tuple[list, list]:
-  """(the inputs' gradients, every layer's variables' gradients in order):
-  RB, then RW."""
+  """(the inputs' gradients, per variable of the kind its n layers'
+  gradients stacked): RB, then RW. `handles`: per variable of the kind,
+  the run's handles stacked."""
   dys = [tf.zeros_like(y) if g is None else g for g, y in zip(dys, ys)]
   got = _Call(run.backward, list(kept) + dys + list(handles), False)
   dx, rest = got[:len(xs)], got[len(xs):]
@@ -497,4 +504,6 @@ def _RunGradient(op: tf.Operation, *grads: Any) -> list:
   xs = op.inputs[2:2 + nx]
   dx, dws = _Backward(run, xs, op.outputs[:nx], op.outputs[nx:],
                       grads[:nx], op.inputs[2 + nx:])
-  return [None, None] + dx + dws  # The call's inputs: seeds, xs, handles.
+  # The call's inputs: seeds, xs, the stacked handles (tf.gradients takes
+  # each variable's from the stack's gradient).
+  return [None, None] + dx + dws

@@ -60,9 +60,9 @@ class SharedRunTest(tf.test.TestCase):
       self.assertAllClose(a, b, rtol=1e-5, atol=1e-5)
 
   def testStepGraphDoesNotGrowWithDepth(self):
-    """A run is one loop: what a step's graph adds per block is its
-    variables' handles and gradients, not the block. Called one by one
-    (NoRuns), each block adds its forward and backward (~400 ops)."""
+    """A run is one loop: what a step's graph adds per block is a few ops
+    per variable (its gradient out of the stack), not the block. Called one
+    by one (NoRuns), each block adds its forward and backward."""
 
     def _Size(n, *contexts):
       net = layers.SequentialLayer.Params().Set(
@@ -80,7 +80,9 @@ class SharedRunTest(tf.test.TestCase):
     per_block = (_Size(12) - _Size(4)) / 8
     one_by_one = (_Size(12, shared_run.NoRuns()) -
                   _Size(4, shared_run.NoRuns())) / 8
-    self.assertLess(per_block, 150)
+    # A block has 16 variables; seen: 32 ops a block in a run, 373 called
+    # one by one.
+    self.assertLessEqual(per_block, 2 * 16)
     self.assertGreater(one_by_one, 300)
     # Block 0 alone (nobody wants its input's gradient), then one run.
     stats = shared_trace.Stats.Get()

@@ -394,12 +394,15 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
       _LIST_BYTES[(tf.compat.as_str(backward.name), nx + k)] = _Held(
           cut_from, cut_specs, x_specs, n, d)
   # What each adds to a step once inlined: its own ops, and one copy of the
-  # loop body (the kind's function it calls).
-  for fn, body in ((forward, kind.forward), (backward, kind.backward),
-                   (weights, kind.weights)):
+  # loop body: the ops of the kind's functions it calls that make their
+  # outputs (shared_trace.InlinedSize's count of a call).
+  for fn, bodies in ((forward, [kind.forward]),
+                     (backward, [kind.backward] +
+                      ([kind.weights] if fused else [])),
+                     (weights, [kind.weights])):
     if fn is not None:
-      shared_trace.Register(fn, len(fn.graph.get_operations()) +
-                            len(body.graph.get_operations()))
+      shared_trace.Register(fn, len(fn.graph.get_operations()) + sum(
+          shared_trace.LiveSize(b.graph) for b in bodies))
   return _Run(kind, n, forward, backward, weights, num_kept)
 
 

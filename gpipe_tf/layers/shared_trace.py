@@ -208,6 +208,11 @@ def Register(function: Any, size: int) -> None:
   function.graph.variables = []
 
 
+def LiveSize(graph: tf.Graph) -> int:
+  """The ops of `graph` that make its outputs."""
+  return len(_Ancestors(graph.outputs, set(graph.get_operations())))
+
+
 def _SubLayers(layer: Any) -> list:
   """`layer` and its sub-layers that have a layer_seed, in tf.Module order."""
   return [layer] + [m for m in layer.submodules if hasattr(m, 'layer_seed')]

@@ -107,14 +107,14 @@ def Take(slots: Sequence[Any], m: Any, specs: Sequence[Any],
       # is: the piece's ops that read the value wait for the device's
       # previous step (the function call itself is inlined away).
       values.append(tf.identity(value))
-      after.append(ta.write(index, tl.Empty(value)) if empty and spec.shape.rank
-                   else ta)
+      after.append(ta.write(index, tl.Empty(value))
+                   if empty and tl.HoldsMemory(spec) else ta)
       continue
     value = ta  # None, or a shared tensor: itself.
     if isinstance(ta, tf.TensorArray):
       value = ta.read(index)
       value.set_shape(spec.shape)
-      if empty and spec.shape.rank:
+      if empty and tl.HoldsMemory(spec):
         ta = ta.write(index, tl.Empty(value))
       elif not empty and tf.executing_eagerly():
         ta = ta.write(index, value)

@@ -32,11 +32,23 @@ def Filler(spec: Any) -> tf.Tensor:
   return tf_internals.ShapeUnknown(zeros, [None] * shape.rank)
 
 
+def HoldsMemory(spec: Any) -> bool:
+  """Whether a slot of `spec` is emptied once read: not a scalar, which
+  holds no memory, unless it is a TensorList (a run's kept tensors)."""
+  return bool(spec.shape.rank) or spec.dtype == tf.variant
+
+
 def Empty(value: tf.Tensor) -> tf.Tensor:
   """A tensor of no examples with `value`'s other dimensions: what a slot
   read once holds after its read, so that the value it held is freed. One
   constant when the other dimensions are known statically (as they mostly
-  are): no shape ops to build, optimise or run at every step."""
+  are): no shape ops to build, optimise or run at every step. A TensorList
+  (what a run of layers keeps, layers/shared_run.py) becomes an empty
+  one."""
+  if value.dtype == tf.variant:
+    return tf.raw_ops.EmptyTensorList(
+        element_shape=tf.constant(-1), max_num_elements=-1,
+        element_dtype=tf.float32)
   dims = value.shape[1:]
   if dims.is_fully_defined():
     return tf_internals.Const(
@@ -172,9 +184,8 @@ class Packed:
     """
     indices = self._Indices(m)
     values = self._Get(lists, indices)
-    # Scalars are left: they hold no memory.
     return values, self._Set(lists, indices, [
-        Empty(v) if v is not None and v.shape.rank else None
+        Empty(v) if v is not None and HoldsMemory(v) else None
         for v in values])
 
   def _Get(self, lists: Sequence[tf.Tensor], indices: Sequence[Any]) -> list:

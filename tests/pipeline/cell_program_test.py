@@ -11,6 +11,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
+from gpipe_tf.layers import shared_run
 from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import cell_program
@@ -36,10 +37,13 @@ def _Cell(batch_norm=False):
 
 
 def _Program(cell, input_grads=True, defers_w=True):
-  return cell_program.CellProgram(
-      cell, (0,), [tf.TensorSpec([4, 8], tf.float32)],
-      tf.TensorSpec([2], tf.int64), True, input_grads=input_grads,
-      defers_w=defers_w)
+  # Each layer a call of its own: the pieces' ops are counted through
+  # calls, not loops (runs of layers: tests/layers/shared_run_test.py).
+  with shared_run.NoRuns():
+    return cell_program.CellProgram(
+        cell, (0,), [tf.TensorSpec([4, 8], tf.float32)],
+        tf.TensorSpec([2], tf.int64), True, input_grads=input_grads,
+        defers_w=defers_w)
 
 
 def _MatMuls(piece):

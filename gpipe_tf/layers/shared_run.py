@@ -93,6 +93,18 @@ class _Run:
   backward: Any
   weights: Any | None  # None: RB returns the weight gradients.
   num_kept: int  # RF's outputs after the layers': one list per dtype.
+  dws: Any  # The _Stacks of the weight gradients RB or RW returns.
+  dws_backwards: bool  # Whether they were pushed from the last layer on.
+
+  def Gradients(self, lists: Sequence[tf.Tensor]) -> list:
+    """Per layer, per variable (layer-major): the weight gradients in the
+    lists RB or RW returned (read in place, no copy)."""
+    nv = len(self.kind.variables)
+    got = self.dws.Items(lists, self.dws.specs * self.n)
+    rounds = (range(self.n - 1, -1, -1) if self.dws_backwards else
+              range(self.n))
+    by_layer = {l: got[k * nv:(k + 1) * nv] for k, l in enumerate(rounds)}
+    return [t for l in range(self.n) for t in by_layer[l]]
 
 
 # (a run function's name, an output index) -> the bytes that list holds.
@@ -171,10 +183,8 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   ys, kept = out[:len(xs)], out[len(xs):]
 
   def _Grad(*dys):
-    dx, dws = _Backward(run, xs, ys, kept, dys, stacked)
-    per_var = [tf.unstack(d, num=n) for d in dws]
-    return dx + [None, None] + [per_var[j][i] for i in range(n)
-                                for j in range(nv)]
+    dx, lists = _Backward(run, xs, ys, kept, dys, stacked)
+    return dx + [None, None] + run.Gradients(lists)
 
   record.record_operation('SharedRun', list(ys),
                           list(xs) + [step_seed, seeds] + handles, _Grad)
@@ -218,6 +228,7 @@ class _Stacks:
   tensors are freed once read."""
 
   def __init__(self, specs: Sequence[tf.TensorSpec]) -> None:
+    self.specs = list(specs)
     self.dtypes = sorted({s.dtype for s in specs}, key=lambda d: d.name)
 
   def Empty(self) -> list:
@@ -243,6 +254,21 @@ class _Stacks:
           element_dtype=s.dtype)
       items.append(t)
     return [lists[d] for d in self.dtypes], items[::-1]
+
+  def Items(self, lists: Sequence[tf.Tensor],
+            specs: Sequence[tf.TensorSpec]) -> list:
+    """Every item of `lists`, pushed in the order of `specs` (read once the
+    pushing is over): each the tensor pushed, not a copy."""
+    lists, count, items, shapes = dict(zip(self.dtypes, lists)), {}, [], {}
+    for s in specs:
+      i = count[s.dtype] = count.get(s.dtype, -1) + 1
+      key = tuple(s.shape.as_list())
+      if key not in shapes:  # One constant a shape, not one an item.
+        shapes[key] = tf.constant(key or [], tf.int32)
+      items.append(tf.raw_ops.TensorListGetItem(
+          input_handle=lists[s.dtype], index=i, element_shape=shapes[key],
+          element_dtype=s.dtype))
+    return items
 
   def Gathered(self, lists: Sequence[tf.Tensor],
                specs: Sequence[tf.TensorSpec], n: int, backwards: bool
@@ -295,10 +321,6 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
 
   dws_stack = _Stacks(w_specs)
 
-  def _PerVariable(lists, backwards=False):
-    """Per variable, its n layers' gradients stacked in layer order; they
-    were pushed from the first layer on (from the last if `backwards`)."""
-    return dws_stack.Gathered(lists, w_specs, n, backwards)
 
   kept_stack = _Stacks(kept_specs)
 
@@ -355,8 +377,7 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
       return i + 1, kept, dx, cut_stack.Push(lists, rest)
 
     _, dx, lists = _Loop(_Body, (kept, dys, cut_stack.Empty()))
-    return list(dx) + (_PerVariable(lists, backwards=True)
-                       if kind.weights is None or fused else list(lists))
+    return list(dx) + list(lists)
 
   def _Weights(*args):
     num_cut = len(cut_stack.dtypes)
@@ -370,7 +391,7 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
       return i + 1, cut, dws_stack.Push(lists, dws)
 
     _, lists = _Loop(_Body, (list(cut), dws_stack.Empty()))
-    return _PerVariable(lists)
+    return list(lists)
 
   with tf.device(None):
     forward = tf.compat.v1.wrap_function(
@@ -393,6 +414,13 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
     for k, d in enumerate(cut_stack.dtypes):
       _LIST_BYTES[(tf.compat.as_str(backward.name), nx + k)] = _Held(
           cut_from, cut_specs, x_specs, n, d)
+  # The weight gradients' lists: every layer's, as they are made.
+  dws_from = [('own', ('W', i)) for i in range(nv)]
+  for fn, first in ((backward, nx), (weights, 0)):
+    if fn is not None and (fn is weights or fused or kind.weights is None):
+      for k, d in enumerate(dws_stack.dtypes):
+        _LIST_BYTES[(tf.compat.as_str(fn.name), first + k)] = _Held(
+            dws_from, w_specs, x_specs, n, d)
   # What each adds to a step once inlined: its own ops, and one copy of the
   # loop body: the ops of the kind's functions it calls that make their
   # outputs (shared_trace.InlinedSize's count of a call).
@@ -403,7 +431,8 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
     if fn is not None:
       shared_trace.Register(fn, len(fn.graph.get_operations()) + sum(
           shared_trace.LiveSize(b.graph) for b in bodies))
-  return _Run(kind, n, forward, backward, weights, num_kept)
+  return _Run(kind, n, forward, backward, weights, num_kept, dws_stack,
+              kind.weights is None or fused)
 
 
 def _Sources(kind: Any, nx: int) -> tuple[list, list]:
@@ -480,9 +509,8 @@ def _Call(function: Any, args: Sequence[tf.Tensor], forward: bool) -> list:
 def _Backward(run: _Run, xs: Sequence[Any], ys: Sequence[tf.Tensor],
               kept: Sequence[tf.Tensor], dys: Sequence[Any],
               handles: Sequence[tf.Tensor]) -> tuple[list, list]:
-  """(the inputs' gradients, per variable of the kind its n layers'
-  gradients stacked): RB, then RW. `handles`: per variable of the kind,
-  the run's handles stacked."""
+  """(the inputs' gradients, the lists of weight gradients): RB, then RW.
+  `handles`: per variable of the kind, the run's handles stacked."""
   dys = [tf.zeros_like(y) if g is None else g for g, y in zip(dys, ys)]
   got = _Call(run.backward, list(kept) + dys + list(handles), False)
   dx, rest = got[:len(xs)], got[len(xs):]
@@ -505,8 +533,9 @@ def _RunGradient(op: tf.Operation, *grads: Any) -> list:
   run = _BY_NAME[op.get_attr('f').name]
   nx = len(op.outputs) - run.num_kept
   xs = op.inputs[2:2 + nx]
-  dx, dws = _Backward(run, xs, op.outputs[:nx], op.outputs[nx:],
-                      grads[:nx], op.inputs[2 + nx:])
+  dx, lists = _Backward(run, xs, op.outputs[:nx], op.outputs[nx:],
+                        grads[:nx], op.inputs[2 + nx:])
+  dws = run.dws.Gathered(lists, run.dws.specs, run.n, run.dws_backwards)
   # The call's inputs: seeds, xs, the stacked handles (tf.gradients takes
   # each variable's from the stack's gradient).
   return [None, None] + dx + dws

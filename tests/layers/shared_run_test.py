@@ -80,9 +80,10 @@ class SharedRunTest(tf.test.TestCase):
     per_block = (_Size(12) - _Size(4)) / 8
     one_by_one = (_Size(12, shared_run.NoRuns()) -
                   _Size(4, shared_run.NoRuns())) / 8
-    # A block has 16 variables; seen: 32 ops a block in a run, 373 called
-    # one by one.
-    self.assertLessEqual(per_block, 2 * 16)
+    # A block has 16 variables; seen: 64 ops a block in a run (its
+    # handles, its gradients read out of the run's list), 373 called one
+    # by one.
+    self.assertLessEqual(per_block, 4 * 16)
     self.assertGreater(one_by_one, 300)
     # Block 0 alone (nobody wants its input's gradient), then one run.
     stats = shared_trace.Stats.Get()

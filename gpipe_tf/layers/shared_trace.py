@@ -145,13 +145,17 @@ def CalledGraph(op: tf.Operation) -> tf.Graph | None:
   return (_GRAPHS.get(op.get_attr('f').name) if op.type in _CALLS else None)
 
 
-def InlinedSize(graph: tf.Graph) -> int:
+def InlinedSize(graph: tf.Graph, as_built: bool = False) -> int:
   """The ops of `graph` once the calls of shared traces in it are inlined
   (what a piece of a cell's program adds to a step): of a call, the ops of
   its trace that make the outputs the piece uses, as TensorFlow keeps them
   after inlining. Counting whole traces would count a forward's saved
   tensors where only its outputs are read, twice a piece's real size, and
-  a step's plan (periods.Plan) would fold what it builds whole."""
+  a step's plan (periods.Plan) would fold what it builds whole.
+
+  A loop over a run of layers (layers/shared_run.py) weighs the ops of
+  the layers it stands for; `as_built`, the ops it holds (one copy of its
+  body)."""
   fetched = {id(t) for t in getattr(graph, 'outputs', ())}
   total = 0
   for op in graph.get_operations():
@@ -160,11 +164,12 @@ def InlinedSize(graph: tf.Graph) -> int:
       total += 1
       continue
     name = op.get_attr('f').name
-    if name in _REGISTERED:  # A loop (layers/shared_run.py): its size.
-      total += _REGISTERED[name]
-      continue
     used = tuple(i for i, y in enumerate(op.outputs)
                  if y.consumers() or id(y) in fetched)
+    if name in _REGISTERED:  # A loop (layers/shared_run.py): its size,
+      #                        unless it is dead (a prune copies some in).
+      total += _REGISTERED[name][1 if as_built else 0] if used else 0
+      continue
     key = (op.get_attr('f').name, used)
     if key not in _SIZES:
       outputs = [called.outputs[i] for i in used]
@@ -194,17 +199,17 @@ def Root(x: tf.Tensor) -> tf.Tensor:
 
 # (a traced function's name, the outputs a call uses) -> the ops kept.
 _SIZES: dict = {}
-# A function of another module's making (layers/shared_run.py) -> the ops it
-# adds to a step once inlined.
+# A function of another module's making (layers/shared_run.py) -> (the ops
+# it weighs, the ops it adds to a step once inlined).
 _REGISTERED: dict = {}
 
 
-def Register(function: Any, size: int) -> None:
+def Register(function: Any, size: int, built: int) -> None:
   """Makes calls of `function` found by CalledGraph and weighed `size` ops
-  by InlinedSize (layers/shared_run.py's loops)."""
+  by InlinedSize, `built` as_built (layers/shared_run.py's loops)."""
   name = tf.compat.as_str(function.name)
   _GRAPHS[name] = function.graph
-  _REGISTERED[name] = size
+  _REGISTERED[name] = (size, built)
   function.graph.variables = []
 
 

@@ -7,8 +7,11 @@ from gpipe_tf.layers import random_seeds
 from gpipe_tf.layers import shared_run
 from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import cell as cell_lib
+from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline import introspect
 from gpipe_tf.pipeline import loss as loss_lib
+from gpipe_tf.pipeline.schedule import ticks
 
 
 def _Blocks(n, dropout=0.0, dim=16):
@@ -75,19 +78,43 @@ class SharedRunTest(tf.test.TestCase):
       finally:
         for c in contexts[::-1]:
           c.__exit__(None, None, None)
-      return shared_trace.InlinedSize(graph)
+      return shared_trace.InlinedSize(graph, as_built=True)
 
     per_block = (_Size(12) - _Size(4)) / 8
     one_by_one = (_Size(12, shared_run.NoRuns()) -
                   _Size(4, shared_run.NoRuns())) / 8
-    # A block has 16 variables; seen: 64 ops a block in a run (its
-    # handles, its gradients read out of the run's list), 373 called one
-    # by one.
+    # A block has 16 variables; seen: 64 ops a block in a run (its handle
+    # into the stack, its gradients read out of the run's list), 373 called
+    # one by one.
     self.assertLessEqual(per_block, 4 * 16)
     self.assertGreater(one_by_one, 300)
     # Block 0 alone (nobody wants its input's gradient), then one run.
     stats = shared_trace.Stats.Get()
     self.assertEqual(stats.traces, 2)
+
+  def testPiecesWeighTheLayersTheyStandFor(self):
+    """A step's plan (periods.Plan) weighs a pipeline piece by its ops: a
+    run weighs the layers it stands for, as called one by one, not its one
+    copy of the block (weighed so, a 16-block 1F1B step was built as whole
+    ticks of loops instead of one switch loop: 2.8x the first step)."""
+    cell = cell_lib.Cell(0, layers.SequentialLayer.Params().Set(
+        name='net', layers=_Blocks(8)).Instantiate().layers, '/device:CPU:0')
+    specs = [tf.TensorSpec([2, 5, 16], tf.float32),
+             tf.TensorSpec([2, 5], tf.float32)]
+
+    def _Sizes():
+      program = cell_program.CellProgram(
+          cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
+          input_grads=True, defers_w=True)
+      return {kind: program.Piece(ticks.Step(kind, 0, False)).num_ops
+              for kind in (ticks.F, ticks.B, ticks.BW, ticks.W)}
+
+    runs = _Sizes()
+    self.assertEqual(shared_trace.Stats.Get().runs, 1)
+    with shared_run.NoRuns():
+      alone = _Sizes()
+    for kind, size in runs.items():
+      self.assertBetween(size / alone[kind], 0.9, 1.3, kind)
 
   def testRunEqualsEachLayerTracedAloneWithDropout(self):
     """Tape and tf.gradients, fused W and W in a loop of its own: the loss

@@ -20,11 +20,14 @@ input shapes its cost estimate needs), takes one SGD step in a
     start to exit (imports and the next steps included): what a loaded
     machine stretches least, and measured the same way for any tree;
   * next step: the median of the next three calls;
-  * traces: the layer kinds traced by layers/shared_trace.py, and calls.
+  * traces: the layer kinds traced by layers/shared_trace.py, the layer
+    calls, and the runs of identical layers called as one loop
+    (layers/shared_run.py).
 
     python -m tools.trace.first_step                     # L=16,64 plain and 1f1b
     python -m tools.trace.first_step --layers=16,64,128 --schedules=gpipe,1f1b,zb_h1
     python -m tools.trace.first_step --share=on,off      # shared traces A/B
+    python -m tools.trace.first_step --share=on,noruns   # runs as loops A/B
     python -m tools.trace.first_step --remat=always,except_last
     python -m tools.trace.first_step --repos=.,/tmp/main # this tree beside another
 
@@ -157,7 +160,8 @@ def _Child(config: dict) -> dict:
               remat=None if config['schedule'] == 'plain' else
               net.params.remat,
               traces=stats.traces if stats else None,
-              calls=stats.calls if stats else None)
+              calls=stats.calls if stats else None,
+              runs=getattr(stats, 'runs', None))
 
 
 def _Run(config: dict, repo: str) -> dict:
@@ -193,7 +197,7 @@ def main(argv):
         f'{_BATCH.value}; seconds; one fresh process per row')
   print('| tree | L | schedule | K | M | remat | share | imports | build | '
         'tracing | grappler | rest of first call | first step | process CPU '
-        '| next step | kinds / calls |')
+        '| next step | kinds / calls / runs |')
   print('|---' * 16 + '|')
   for layers_, schedule in itertools.product(_L.value, _SCHEDULES.value):
     plain = schedule == 'plain'
@@ -211,7 +215,7 @@ def main(argv):
             f"{r['grappler_s']:.1f} | "
             f"{r['first_call_s'] - r['grappler_s']:.1f} | {first:.1f} | "
             f"{r['cpu_s']:.1f} | {r['next_step_s']:.2f} | "
-            f"{r['traces']} / {r['calls']} |", flush=True)
+            f"{r['traces']} / {r['calls']} / {r.get('runs')} |", flush=True)
 
 
 if __name__ == '__main__':

@@ -45,10 +45,12 @@ from gpipe_tf.layers import skips as skips_lib
 # Private TensorFlow APIs, as in shared_trace.py: a run records itself on
 # the tape, with recording stopped while it is called, and marks its
 # variables read.
+from tensorflow.core.framework import attr_value_pb2  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['ListBytes', 'MIN_LAYERS', 'NoRuns', 'Run', 'SeparateWeights']
+__all__ = ['CellsLoop', 'ListBytes', 'LoopsInCells', 'MIN_LAYERS', 'NoRuns',
+           'Run', 'SeparateWeights']
 
 MIN_LAYERS = 2
 
@@ -72,6 +74,23 @@ def _Set(var: contextvars.ContextVar) -> Iterator[None]:
 def NoRuns() -> contextlib.AbstractContextManager:
   """Every shared layer in here is called on its own (no loops)."""
   return _Set(_NO_RUNS)
+
+
+_IN_CELLS: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_shared_run_in_cells', default=False)
+
+
+def LoopsInCells() -> contextlib.AbstractContextManager:
+  """Pipeline cells traced in here run their runs as loops too
+  (`PipeliningLayer` Param `layer_loops`); elsewhere a cell calls each
+  layer on its own. A cell's loops run as While kernels, their bodies
+  functions of their own on the cell's device (`_KeepWhole`)."""
+  return _Set(_IN_CELLS)
+
+
+def CellsLoop() -> bool:
+  """Whether pipeline cells traced now run runs as loops."""
+  return _IN_CELLS.get()
 
 
 def SeparateWeights() -> contextlib.AbstractContextManager:
@@ -135,7 +154,7 @@ def ListBytes(x: tf.Tensor) -> tuple[int, list] | None:
   return size, [tensors[io](j) for io, j in held]
 
 
-_RUNS: dict = {}  # (the kind's forward name, n, fused) -> _Run
+_RUNS: dict = {}  # (the kind's forward name, n, fused, whole) -> _Run
 _BY_NAME: dict = {}  # A run forward's name -> its _Run
 
 
@@ -166,7 +185,7 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   if n < MIN_LAYERS:
     return (), 0
   run = _RunOf(kind, n, xs, kind.weights is not None and
-               not _SEPARATE_W.get())
+               not _SEPARATE_W.get(), _IN_CELLS.get())
   step_seed = shared_trace.StepSeed(kind)
   layers = layers[:n]
   seeds = tf.constant([shared_trace.LayerSeeds(l) for l in layers], tf.int32)
@@ -211,10 +230,10 @@ def _Specs(tensors: Sequence[Any]) -> list:
   return [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
 
 
-def _RunOf(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
-  key = (kind.forward.name, n, fused)
+def _RunOf(kind: Any, n: int, xs: tuple, fused: bool, whole: bool) -> _Run:
+  key = (kind.forward.name, n, fused, whole)
   if key not in _RUNS:
-    _RUNS[key] = run = _Build(kind, n, xs, fused)
+    _RUNS[key] = run = _Build(kind, n, xs, fused, whole)
     _BY_NAME[tf.compat.as_str(run.forward.name)] = run
   return _RUNS[key]
 
@@ -289,7 +308,7 @@ class _Stacks:
     return out
 
 
-def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
+def _Build(kind: Any, n: int, xs: tuple, fused: bool, whole: bool) -> _Run:
   """Traces RF, RB and RW for `n` layers of `kind` (module docstring).
 
   What one loop keeps for the next rides in `_Stacks`: RF pushes each
@@ -315,9 +334,12 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
     return [tf.gather(h, i) for h in stacked]
 
   def _Loop(body, state):
-    return tf.while_loop(lambda i, *_: i < n, body,
-                         (tf.constant(0),) + tuple(state),
-                         maximum_iterations=n)[1:]
+    out = tf.while_loop(lambda i, *_: i < n, body,
+                        (tf.constant(0),) + tuple(state),
+                        maximum_iterations=n)[1:]
+    if whole:
+      _KeepWhole(tf.compat.v1.get_default_graph())
+    return out
 
   dws_stack = _Stacks(w_specs)
 
@@ -439,6 +461,20 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool) -> _Run:
       shared_trace.Register(fn, n * body, built=own + body)
   return _Run(kind, n, forward, backward, weights, num_kept, dws_stack,
               kind.weights is None or fused)
+
+
+def _KeepWhole(graph: tf.Graph) -> None:
+  """Marks the While ops of `graph` to run as While kernels, their body a
+  function of their own on the While's device, not lowered into the
+  caller's graph (Switch, Merge, Enter ... ops). Lowered, a loop in a
+  function placed by its caller (a pipeline piece on device 1) put its
+  Enter, Exit and LoopCond ops, and the lists its body pops, on the
+  default device: K=2, 1F1B, each backward sent its lists and loop
+  condition to device 0 and back on every iteration (partition graphs)."""
+  for op in graph.get_operations():
+    if op.type in ('While', 'StatelessWhile'):
+      op._set_attr('_lower_using_switch_merge',  # pylint: disable=protected-access
+                   attr_value_pb2.AttrValue(b=False))
 
 
 def _Sources(kind: Any, nx: int) -> tuple[list, list]:

@@ -267,9 +267,11 @@ class CellProgram:
     # The traced function's arguments: the seed, then these in turn.
     templates = [in_specs, skip_specs, head.label_specs if head else (),
                  dy_specs, dskip_specs]
-    # Runs of identical layers are loops (layers/shared_run.py): with W's
-    # loop apart from B's where a schedule defers W; none in XLA pieces.
-    with (shared_run.NoRuns() if jit_compile else
+    # Runs of identical layers are loops (layers/shared_run.py) where the
+    # PipeliningLayer asks (layer_loops), with W's loop apart from B's where
+    # a schedule defers W; none in XLA pieces.
+    with (shared_run.NoRuns() if jit_compile or not shared_run.CellsLoop()
+          else
           shared_run.SeparateWeights() if training and defers_w else
           contextlib.nullcontext()):
       self._wrapped = tf_internals.WrapFunction(

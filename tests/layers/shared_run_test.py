@@ -103,9 +103,10 @@ class SharedRunTest(tf.test.TestCase):
              tf.TensorSpec([2, 5], tf.float32)]
 
     def _Sizes():
-      program = cell_program.CellProgram(
-          cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
-          input_grads=True, defers_w=True)
+      with shared_run.LoopsInCells():
+        program = cell_program.CellProgram(
+            cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
+            input_grads=True, defers_w=True)
       return {kind: program.Piece(ticks.Step(kind, 0, False)).num_ops
               for kind in (ticks.F, ticks.B, ticks.BW, ticks.W)}
 
@@ -115,6 +116,36 @@ class SharedRunTest(tf.test.TestCase):
       alone = _Sizes()
     for kind, size in runs.items():
       self.assertBetween(size / alone[kind], 0.9, 1.3, kind)
+
+  def testLoopsInCellsStayOnTheirDevice(self):
+    """A cell's loops run whole on the cell's device: lowered into the
+    step's graph, their Enter, Exit and LoopCond ops and the lists their
+    body pops went to the default device (device 0), and a K=2 1F1B step
+    sent them there and back on every iteration."""
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    pipe = PipeliningLayer.Params().Set(
+        name='net', layers=_Blocks(4), num_partitions=2, num_micro_batches=2,
+        balance=[2, 2], schedule='1f1b', layer_loops=True).Instantiate()
+    x, paddings = _Inputs()
+
+    @tf.function
+    def _Step():
+      with random_seeds.StepSeedScope(tf.constant([1, 2], tf.int64)):
+        return pipe.ComputeLossAndGradients(
+            (x, paddings), x, lambda o, l: loss_lib.LossTerms(
+                tf.reduce_sum(tf.sin(o[0]) * l, [1, 2])))[0]
+    _Step.get_concrete_function()
+    self.assertEqual(shared_trace.Stats.Get().runs, 1)  # Cell 1's blocks.
+    context.enable_graph_collection()
+    try:
+      _Step()
+      graphs = context.context().export_run_metadata().partition_graphs
+    finally:
+      context.disable_graph_collection()
+    sent = [n.attr['T'].type for g in graphs for n in g.node
+            if n.op == '_Send']
+    self.assertNotIn(tf.variant.as_datatype_enum, sent)
+    self.assertNotIn(tf.bool.as_datatype_enum, sent)
 
   def testRunEqualsEachLayerTracedAloneWithDropout(self):
     """Tape and tf.gradients, fused W and W in a loop of its own: the loss
@@ -170,7 +201,7 @@ class SharedRunTest(tf.test.TestCase):
       return PipeliningLayer.Params().Set(
           name='net', layers=_Blocks(8, dropout=0.2), num_partitions=2,
           num_micro_batches=2, balance=[4, 4], schedule=schedule,
-          remat='never').Instantiate()
+          remat='never', layer_loops=True).Instantiate()
 
     def _Loss(outputs, labels):
       y = outputs[0] if isinstance(outputs, tuple) else outputs
@@ -194,6 +225,7 @@ class SharedRunTest(tf.test.TestCase):
         self.assertEqual(shared_trace.Stats.Get().runs, 2)
         with shared_run.NoRuns():
           want = _Train(_Pipe(schedule))
+        self.assertEqual(shared_trace.Stats.Get().runs, 2)
         self._AssertSame(got[:2], want[:2])
         for g, w in zip(got[2], want[2]):
           self.assertEqual(g.activations, w.activations)

@@ -54,7 +54,7 @@ __all__ = ['GrapplerSeconds', 'main']
 def _DefineFlags() -> None:
   """Defines the tool's flags: only when it runs as a program, so that tests
   importing several tools define no flag twice."""
-  global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, \
+  global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, _LOOPS, \
       _REPOS, _DIM, _SEQ, _BATCH, _CHILD  # pylint: disable=global-variable-undefined
   _L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
   _SCHEDULES = flags.DEFINE_list(
@@ -72,6 +72,9 @@ def _DefineFlags() -> None:
   _REMAT = flags.DEFINE_list(
       'remat', ['default'], "PipeliningLayer remat policies ('default': "
       'not set).')
+  _LOOPS = flags.DEFINE_bool(
+      'layer_loops', False, "Pipelined rows: PipeliningLayer layer_loops "
+      "(each cell's runs of blocks as loops, layers/shared_run.py).")
   _REPOS = flags.DEFINE_list(
       'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
       'main beside this one).')
@@ -109,6 +112,8 @@ def _Net(config: dict):
       input_shapes=transformer.InputShapes(config['dim'], config['seq_len']))
   if config.get('remat', 'default') != 'default':
     p.Set(remat=config['remat'])
+  if config.get('layer_loops'):
+    p.Set(layer_loops=True)
   return p.Instantiate()
 
 
@@ -193,6 +198,8 @@ def main(argv):
     return
   base = dict(dim=_DIM.value, seq_len=_SEQ.value, batch_size=_BATCH.value,
               v=_V.value)
+  if _LOOPS.value:
+    base['layer_loops'] = True
   print(f'{_DIM.value}-wide Transformer blocks, {_SEQ.value} tokens, batch '
         f'{_BATCH.value}; seconds; one fresh process per row')
   print('| tree | L | schedule | K | M | remat | share | imports | build | '

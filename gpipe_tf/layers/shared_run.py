@@ -26,6 +26,11 @@ B and W run on the same tensors, in the same order
 Variables stay each layer's own (names, checkpoints): nothing is stacked
 but their handles. A run has at least `MIN_LAYERS` layers; a shorter one,
 and any layer shared_trace would not share, is called as before.
+
+A plain model's loops are lowered into its step (Switch, Merge, ...). A
+pipeline cell forms runs only under `LoopsInCells()` (PipeliningLayer
+`layer_loops`), and its loops run as While kernels on the cell's device
+(`_KeepWhole`): lowered, their loop ops went to the default device.
 `NoRuns()` calls every layer on its own (A/B, and the XLA pieces: XLA takes
 no stacked resource handles).
 """

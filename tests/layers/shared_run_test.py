@@ -1,5 +1,6 @@
 """Tests for layers/shared_run.py: runs of identical layers as one loop, same numbers."""
 
+import shared_trace_test  # pylint: disable=g-bad-import-order
 import tensorflow as tf
 
 from gpipe_tf import layers
@@ -7,47 +8,16 @@ from gpipe_tf.layers import random_seeds
 from gpipe_tf.layers import shared_run
 from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import PipeliningLayer
-from gpipe_tf.pipeline import cell as cell_lib
-from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline import introspect
 from gpipe_tf.pipeline import loss as loss_lib
-from gpipe_tf.pipeline.schedule import ticks
 
 
-def _Blocks(n, dropout=0.0, dim=16):
-  return [layers.TransformerEncoderLayer.Params().Set(
-      name=f'block{i}', model_dim=dim, hidden_dim=32, num_heads=2,
-      residual_dropout_prob=dropout, atten_dropout_prob=dropout)
-          for i in range(n)]
+_Blocks = shared_trace_test.Blocks
+_StepFn = shared_trace_test.StepFn
 
 
 def _Inputs():
   return (tf.random.stateless_normal([4, 5, 16], [1, 2]), tf.zeros([4, 5]))
-
-
-def _StepFn(net, inputs, seed=(5, 6), symbolic=False):
-  """A tf.function: (loss, gradients of the first input and the variables),
-  from a tape, or from tf.gradients if `symbolic`."""
-
-  @tf.function
-  def _Run():
-    with random_seeds.StepSeedScope(tf.constant(seed, tf.int64)):
-      if symbolic:  # A tape watches (so layers chain), tf.gradients takes
-        #             the gradient: the run's registered gradient.
-        with tf.GradientTape() as tape:
-          tape.watch(inputs[0])
-          y = net.FProp(*inputs, training=True)[0]
-          loss = tf.reduce_sum(tf.sin(y))
-        return loss, tf.gradients(loss, [inputs[0]] +
-                                  list(net.trainable_variables))
-      with tf.GradientTape() as tape:
-        tape.watch(inputs[0])
-        y = net.FProp(*inputs, training=True)
-        y = y[0] if isinstance(y, tuple) else y
-        loss = tf.reduce_sum(tf.sin(y))
-    return loss, tape.gradient(loss, [inputs[0]] +
-                               list(net.trainable_variables))
-  return _Run
 
 
 class SharedRunTest(tf.test.TestCase):
@@ -91,31 +61,6 @@ class SharedRunTest(tf.test.TestCase):
     # Block 0 alone (nobody wants its input's gradient), then one run.
     stats = shared_trace.Stats.Get()
     self.assertEqual(stats.traces, 2)
-
-  def testPiecesWeighTheLayersTheyStandFor(self):
-    """A step's plan (periods.Plan) weighs a pipeline piece by its ops: a
-    run weighs the layers it stands for, as called one by one, not its one
-    copy of the block (weighed so, a 16-block 1F1B step was built as whole
-    ticks of loops instead of one switch loop: 2.8x the first step)."""
-    cell = cell_lib.Cell(0, layers.SequentialLayer.Params().Set(
-        name='net', layers=_Blocks(8)).Instantiate().layers, '/device:CPU:0')
-    specs = [tf.TensorSpec([2, 5, 16], tf.float32),
-             tf.TensorSpec([2, 5], tf.float32)]
-
-    def _Sizes():
-      with shared_run.LoopsInCells():
-        program = cell_program.CellProgram(
-            cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
-            input_grads=True, defers_w=True)
-      return {kind: program.Piece(ticks.Step(kind, 0, False)).num_ops
-              for kind in (ticks.F, ticks.B, ticks.BW, ticks.W)}
-
-    runs = _Sizes()
-    self.assertEqual(shared_trace.Stats.Get().runs, 1)
-    with shared_run.NoRuns():
-      alone = _Sizes()
-    for kind, size in runs.items():
-      self.assertBetween(size / alone[kind], 0.9, 1.3, kind)
 
   def testLoopsInCellsStayOnTheirDevice(self):
     """A cell's loops run whole on the cell's device: lowered into the

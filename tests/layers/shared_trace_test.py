@@ -10,15 +10,19 @@ from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import PipeliningLayer
 
 
-def _Blocks(n, dropout=0.0):
+def Blocks(n, dropout=0.0):
+  """n small Transformer blocks (also layers/shared_run_test.py's)."""
   return [layers.TransformerEncoderLayer.Params().Set(
       name=f'block{i}', model_dim=16, hidden_dim=32, num_heads=2,
       residual_dropout_prob=dropout, atten_dropout_prob=dropout)
           for i in range(n)]
 
-def _Step(net, inputs, seed=(5, 6)):
-  """(loss, gradients of the variables and the first input) in a
-  tf.function, under a step seed."""
+
+def StepFn(net, inputs, seed=(5, 6), symbolic=False):
+  """A tf.function: (loss, gradients of the first input and the
+  variables) under a step seed, from a tape, or from tf.gradients if
+  `symbolic` (a tape still watches, so that layers chain: a shared call's,
+  or a run's, registered gradient)."""
 
   @tf.function
   def _Run():
@@ -28,9 +32,17 @@ def _Step(net, inputs, seed=(5, 6)):
         y = net.FProp(*inputs, training=True)
         y = y[0] if isinstance(y, tuple) else y
         loss = tf.reduce_sum(tf.sin(y))
-    return loss, tape.gradient(loss, [inputs[0]] +
-                               list(net.trainable_variables))
-  return _Run()
+      wrt = [inputs[0]] + list(net.trainable_variables)
+      if symbolic:
+        return loss, tf.gradients(loss, wrt)
+    return loss, tape.gradient(loss, wrt)
+  return _Run
+
+
+def _Step(net, inputs, seed=(5, 6)):
+  """StepFn's result."""
+  return StepFn(net, inputs, seed)()
+
 
 class SharedTraceTest(tf.test.TestCase):
 
@@ -44,7 +56,7 @@ class SharedTraceTest(tf.test.TestCase):
 
   def testIdenticalBlocksShareOneTraceAndEqualTracingEach(self):
     net = layers.SequentialLayer.Params().Set(
-        name='net', layers=_Blocks(6)).Instantiate()
+        name='net', layers=Blocks(6)).Instantiate()
     shared = _Step(net, self._Inputs())
     stats = shared_trace.Stats.Get()
     # Two kinds: the first block, whose paddings input no tape watches (it
@@ -64,7 +76,7 @@ class SharedTraceTest(tf.test.TestCase):
     and gradients) equal those of every layer traced on its own, and two
     layers of one kind draw different masks."""
     net = layers.SequentialLayer.Params().Set(
-        name='net', layers=_Blocks(3, dropout=0.5)).Instantiate()
+        name='net', layers=Blocks(3, dropout=0.5)).Instantiate()
     shared = _Step(net, self._Inputs())
     self.assertEqual(shared_trace.Stats.Get().traces, 2)
     with shared_trace.Off():
@@ -92,7 +104,7 @@ class SharedTraceTest(tf.test.TestCase):
 
   def testOutsideAFunctionNothingIsShared(self):
     net = layers.SequentialLayer.Params().Set(
-        name='net', layers=_Blocks(2)).Instantiate()
+        name='net', layers=Blocks(2)).Instantiate()
     with random_seeds.StepSeedScope(tf.constant([1, 2], tf.int64)):
       net.FProp(*self._Inputs(), training=True)
     self.assertEqual(shared_trace.Stats.Get().calls, 0)
@@ -101,7 +113,7 @@ class SharedTraceTest(tf.test.TestCase):
     """Zero-bubble's W runs apart from B: each kind's weight gradients are a
     function of their own, called once per layer in the backward."""
     net = layers.SequentialLayer.Params().Set(
-        name='net', layers=_Blocks(3)).Instantiate()
+        name='net', layers=Blocks(3)).Instantiate()
 
     @tf.function
     def _Run():
@@ -126,7 +138,7 @@ class SharedTraceTest(tf.test.TestCase):
     """A pipeline's cells share their layers' traces (one kind for the
     blocks of every cell) and equal the SequentialLayer traced layer by
     layer."""
-    blocks = _Blocks(4)
+    blocks = Blocks(4)
     pipe = PipeliningLayer.Params().Set(
         name='net', layers=blocks, num_partitions=2, num_micro_batches=2,
         balance=[2, 2]).Instantiate()

@@ -79,6 +79,18 @@ def _Blocks(n, width=16):
   return cell_lib.Cell(0, seq.layers, '/device:CPU:0')
 
 
+def _PieceSizes(cell):
+  """The op count of each piece (F, B, BW and W, nothing kept) of a cell of
+  _Blocks, traced with input gradients and W apart from B."""
+  specs = [tf.TensorSpec([2, 4, 16], tf.float32),
+           tf.TensorSpec([2, 4], tf.float32)]
+  program = cell_program.CellProgram(
+      cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
+      input_grads=True, defers_w=True)
+  return {kind: program.Piece(_Step(kind)).num_ops
+          for kind in (ticks.F, ticks.B, ticks.BW, ticks.W)}
+
+
 class CellProgramTest(tf.test.TestCase):
 
   def setUp(self):
@@ -121,25 +133,28 @@ class CellProgramTest(tf.test.TestCase):
     reads count. Counting whole traces (a forward's saved tensors with its
     outputs) made B pieces 2x and folded what should be built whole."""
     cell = _Blocks(2)
-    specs = [tf.TensorSpec([2, 4, 16], tf.float32),
-             tf.TensorSpec([2, 4], tf.float32)]
-
-    def _Sizes():
-      program = cell_program.CellProgram(
-          cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
-          input_grads=True, defers_w=True)
-      return {(kind, keep): program.Piece(_Step(kind, keep)).num_ops
-              for kind, keep in ((ticks.F, False), (ticks.B, False),
-                                 (ticks.BW, False), (ticks.W, False))}
-
     shared_trace.Stats.Reset()
-    with shared_run.NoRuns():  # Calls (runs: shared_run_test).
-      shared = _Sizes()
+    with shared_run.NoRuns():  # Calls (runs: the test below).
+      shared = _PieceSizes(cell)
     self.assertGreater(shared_trace.Stats.Get().calls, 0)
     with shared_trace.Off():
-      alone = _Sizes()
-    for key, size in shared.items():
-      self.assertBetween(size / alone[key], 0.25, 1.4, key)
+      alone = _PieceSizes(cell)
+    for kind, size in shared.items():
+      self.assertBetween(size / alone[kind], 0.25, 1.4, kind)
+
+  def testARunWeighsTheLayersItStandsFor(self):
+    """A run of blocks called as one loop (layers/shared_run.py) weighs the
+    layers it stands for, as called one by one, not its one copy of the
+    block (weighed so, a 16-block 1F1B step was built as whole ticks of
+    loops instead of one switch loop: 2.8x the first step)."""
+    cell = _Blocks(8)
+    shared_trace.Stats.Reset()
+    with shared_run.LoopsInCells():
+      runs = _PieceSizes(cell)
+    self.assertEqual(shared_trace.Stats.Get().runs, 1)
+    alone = _PieceSizes(cell)  # Cells call each layer on their own.
+    for kind, size in runs.items():
+      self.assertBetween(size / alone[kind], 0.9, 1.3, kind)
 
   def testBAndWTogetherEqualTheWholeBackward(self):
     p = self.program

@@ -176,16 +176,21 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   if skips_lib.Names(first.params, 'stash') or skips_lib.Names(
       first.params, 'pop'):
     return (), 0
-  kind = shared_trace.KindOf(first, fprops[0], xs, training)
-  if kind is None or not _Chains(kind, xs):
+  got = shared_trace.KindOf(first, fprops[0], xs, training)
+  if got is None or not _Chains(got[0], xs):
     return (), 0
+  kind, variables = got
   text = shared_trace.ParamsText(first)
   n = 1
   while (n < len(layers) and type(layers[n]) is type(first) and
          not skips_lib.Names(layers[n].params, 'stash') and
          not skips_lib.Names(layers[n].params, 'pop') and
-         shared_trace.ParamsText(layers[n]) == text and
-         shared_trace.Relative(layers[n]) == kind.names):
+         shared_trace.ParamsText(layers[n]) == text):
+    # Walked once a layer (a module's variables are found by walking it).
+    mine = layers[n].trainable_variables
+    if shared_trace.Relative(layers[n], mine) != kind.names:
+      break
+    variables += mine
     n += 1
   if n < MIN_LAYERS:
     return (), 0
@@ -194,7 +199,6 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   step_seed = shared_trace.StepSeed(kind)
   layers = layers[:n]
   seeds = tf.constant([shared_trace.LayerSeeds(l) for l in layers], tf.int32)
-  variables = [v for l in layers for v in l.trainable_variables]
   for v in variables:  # Watched by tapes and by the graph, as a read is.
     resource_variable_ops.variable_accessed(v)
   handles = [v.handle for v in variables]

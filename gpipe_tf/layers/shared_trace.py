@@ -244,13 +244,14 @@ def _Key(layer: Any, xs: Sequence[Any], training: bool) -> tuple | None:
   return (type(layer), ParamsText(layer), specs, training)
 
 
-def Relative(layer: Any) -> tuple:
-  """Per trainable variable of `layer`, its path below the layer, shape
-  and dtype: a layer calls its kind's trace when these are the kind's."""
-  return _Relative(layer, layer.trainable_variables)
-
-
-def _Relative(layer: Any, variables: Sequence[tf.Variable]) -> tuple:
+def Relative(layer: Any, variables: Sequence[tf.Variable] | None = None
+             ) -> tuple:
+  """Per trainable variable of `layer` (`variables`, where the caller has
+  them: a module's are found by walking it), its path below the layer,
+  shape and dtype: a layer calls its kind's trace when these are the
+  kind's."""
+  if variables is None:
+    variables = layer.trainable_variables
   prefix = layer.path + '/'
   return tuple((v.name[len(prefix):] if v.name.startswith(prefix) else None,
                 tuple(v.shape.as_list()), v.dtype.name) for v in variables)
@@ -386,7 +387,7 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
   _BY_NAME[tf.compat.as_str(forward.name)] = kind = _Kind(
       forward, backward_fn, weights, len(got['ys']),
       tuple(x is not None for x in got['dxs']), tuple(variables),
-      _Relative(layer, variables), kept, w_reads, got['struct'],
+      Relative(layer, variables), kept, w_reads, got['struct'],
       any(x.consumers() for x in forward.inputs[:2]))
   return kind
 
@@ -518,10 +519,10 @@ NOT_SHARED = object()
 
 @tf.autograph.experimental.do_not_convert
 def KindOf(layer: Any, fprop: Callable[..., Any], xs: tuple,
-           training: bool) -> _Kind | None:
-  """The kind `layer` called on `xs` shares (traced from this layer if it
-  is new), or None where the layer is traced on its own (module
-  docstring)."""
+           training: bool) -> tuple[_Kind, list] | None:
+  """(the kind `layer` called on `xs` shares, traced from this layer if it
+  is new; the layer's trainable variables), or None where the layer is
+  traced on its own (module docstring)."""
   if (_OFF.get() or not training or not tf.inside_function() or
       tf.distribute.has_strategy() or
       precision.CurrentPolicy() != 'float32' or
@@ -537,10 +538,13 @@ def KindOf(layer: Any, fprop: Callable[..., Any], xs: tuple,
     except _Unshareable:
       _KINDS[key] = None
   kind = _KINDS[key]
-  if (kind is None or Relative(layer) != kind.names or
+  if kind is None:
+    return None
+  variables = list(layer.trainable_variables)
+  if (Relative(layer, variables) != kind.names or
       (kind.random and random_seeds.CurrentStepSeed() is None)):
     return None  # Outside a seed scope each draw is fresh.
-  return kind
+  return kind, variables
 
 
 def StepSeed(kind: _Kind) -> tf.Tensor:
@@ -557,12 +561,12 @@ def SharedCall(layer: Any, fprop: Callable[..., Any], xs: tuple,
   from its kind's shared trace, or NOT_SHARED where the layer is traced on
   its own (module docstring). Not converted by AutoGraph: what it runs is
   library code and layers that opted in."""
-  kind = KindOf(layer, fprop, xs, training)
-  if kind is None:
+  got = KindOf(layer, fprop, xs, training)
+  if got is None:
     return NOT_SHARED
+  kind, variables = got
   step_seed = StepSeed(kind)
   _STATS.calls += 1
-  variables = list(layer.trainable_variables)
   seeds = tf.constant(LayerSeeds(layer), tf.int32)
   for v in variables:  # Watched by tapes and by the graph, as a read is.
     resource_variable_ops.variable_accessed(v)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -175,7 +176,10 @@ class BaseLayer(tf.Module):
 
     Each child keeps its own ``Params.name`` when set and unique among them,
     else is named ``{name}_{i}``. With `devices`, child i (and so its
-    variables) is built under ``tf.device(devices[i])``.
+    variables) is built under ``tf.device(devices[i])``; without, under
+    the caller's device scope (a model built under ``tf.device(d)`` keeps
+    its variables on d; ``tf.device(None)`` here moved them to the default
+    device).
     """
     names = [p.name for p in params_list]
     children = []
@@ -183,7 +187,7 @@ class BaseLayer(tf.Module):
       p = p.Copy()
       if not p.name or names.count(p.name) > 1:
         p.name = f'{name}_{i}'
-      with tf.device(devices[i] if devices else None):
+      with (tf.device(devices[i]) if devices else contextlib.nullcontext()):
         children.append(
             p.Instantiate(parent_path=self._path if path is None else path))
     setattr(self, name, children)

@@ -27,10 +27,12 @@ Variables stay each layer's own (names, checkpoints): nothing is stacked
 but their handles. A run has at least `MIN_LAYERS` layers; a shorter one,
 and any layer shared_trace would not share, is called as before.
 
-A plain model's loops are lowered into its step (Switch, Merge, ...). A
-pipeline cell forms runs only under `LoopsInCells()` (PipeliningLayer
-`layer_loops`), and its loops run as While kernels on the cell's device
-(`_KeepWhole`): lowered, their loop ops went to the default device.
+A plain model's loops are lowered into its step (Switch, Merge, ...), but
+under a device scope (`tf.device`) they run as While kernels on its device
+(`_UnderDevice`). A pipeline cell forms runs only under `LoopsInCells()`
+(PipeliningLayer `layer_loops`), and its loops run as While kernels on the
+cell's device (`_KeepWhole`): lowered, their loop ops went to the default
+device.
 `NoRuns()` calls every layer on its own (A/B, and the XLA pieces: XLA takes
 no stacked resource handles).
 """
@@ -194,8 +196,6 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
     n += 1
   if n < MIN_LAYERS:
     return (), 0
-  run = _RunOf(kind, n, xs, kind.weights is not None and
-               not _SEPARATE_W.get(), _IN_CELLS.get())
   step_seed = shared_trace.StepSeed(kind)
   layers = layers[:n]
   seeds = tf.constant([shared_trace.LayerSeeds(l) for l in layers], tf.int32)
@@ -206,6 +206,12 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   # Per variable of the kind, the run's n handles stacked: the functions
   # take one argument, and return one gradient, per variable, not per layer.
   stacked = [tf.stack(handles[j::nv]) for j in range(nv)]
+  # A plain model under a device scope runs its loops whole there, on the
+  # device its ops get (the stack's).
+  placed = not _IN_CELLS.get() and _UnderDevice()
+  run = _RunOf(kind, n, xs, kind.weights is not None and
+               not _SEPARATE_W.get(), _IN_CELLS.get() or placed,
+               stacked[0].device if placed else None)
   with record.stop_recording():
     out = _Call(run.forward, [step_seed, seeds] + list(xs) + stacked, True)
   ys, kept = out[:len(xs)], out[len(xs):]
@@ -220,6 +226,27 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   for y, x in zip(ys, xs):
     y.set_shape(x.shape)
   return tuple(ys), n
+
+
+def _UnderDevice() -> bool:
+  """Whether ops built now are placed by a device scope (`tf.device`).
+
+  Lowered into a step, a loop's body ops go to the default device whatever
+  scope the loop was built in (as in a pipeline cell): a SequentialLayer
+  placed on a worker process (tools.benchmark --devices=processes) stepped
+  15x slower, its loops' ops on the chief, 1.3 GB sent a step. Under a
+  scope, a run's loops run whole (`_KeepWhole`) on the scope's device. Read
+  from the graph's device stack (private), as TensorFlow applies it: the
+  innermost scope that names a device or clears it (`tf.device(None)`).
+  """
+  graph = tf.compat.v1.get_default_graph()
+  try:
+    for spec in graph._device_function_stack.peek_objs():  # pylint: disable=protected-access
+      if not spec.is_null_merge:
+        return spec.function is not None
+  except AttributeError:  # A graph without the stack TensorFlow keeps.
+    return False
+  return False
 
 
 def _Chains(kind: Any, xs: tuple) -> bool:
@@ -239,10 +266,11 @@ def _Specs(tensors: Sequence[Any]) -> list:
   return [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
 
 
-def _RunOf(kind: Any, n: int, xs: tuple, fused: bool, whole: bool) -> _Run:
-  key = (kind.forward.name, n, fused, whole)
+def _RunOf(kind: Any, n: int, xs: tuple, fused: bool, whole: bool,
+           device: str | None = None) -> _Run:
+  key = (kind.forward.name, n, fused, whole, device)
   if key not in _RUNS:
-    _RUNS[key] = run = _Build(kind, n, xs, fused, whole)
+    _RUNS[key] = run = _Build(kind, n, xs, fused, whole, device)
     _BY_NAME[tf.compat.as_str(run.forward.name)] = run
   return _RUNS[key]
 
@@ -317,7 +345,8 @@ class _Stacks:
     return out
 
 
-def _Build(kind: Any, n: int, xs: tuple, fused: bool, whole: bool) -> _Run:
+def _Build(kind: Any, n: int, xs: tuple, fused: bool, whole: bool,
+           device: str | None = None) -> _Run:
   """Traces RF, RB and RW for `n` layers of `kind` (module docstring).
 
   What one loop keeps for the next rides in `_Stacks`: RF pushes each
@@ -347,7 +376,7 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool, whole: bool) -> _Run:
                         (tf.constant(0),) + tuple(state),
                         maximum_iterations=n)[1:]
     if whole:
-      _KeepWhole(tf.compat.v1.get_default_graph())
+      _KeepWhole(tf.compat.v1.get_default_graph(), device)
     return out
 
   dws_stack = _Stacks(w_specs)
@@ -472,16 +501,21 @@ def _Build(kind: Any, n: int, xs: tuple, fused: bool, whole: bool) -> _Run:
               kind.weights is None or fused)
 
 
-def _KeepWhole(graph: tf.Graph) -> None:
+def _KeepWhole(graph: tf.Graph, device: str | None = None) -> None:
   """Marks the While ops of `graph` to run as While kernels, their body a
   function of their own on the While's device, not lowered into the
   caller's graph (Switch, Merge, Enter ... ops). Lowered, a loop in a
   function placed by its caller (a pipeline piece on device 1) put its
   Enter, Exit and LoopCond ops, and the lists its body pops, on the
   default device: K=2, 1F1B, each backward sent its lists and loop
-  condition to device 0 and back on every iteration (partition graphs)."""
+  condition to device 0 and back on every iteration (partition graphs).
+  With `device`, the While ops are placed there: TensorFlow's placer does
+  not follow a While's resource inputs, and a plain model's loop, called
+  from its step's graph, went to the default device."""
   for op in graph.get_operations():
     if op.type in ('While', 'StatelessWhile'):
+      if device:
+        op._set_device(device)  # pylint: disable=protected-access
       op._set_attr('_lower_using_switch_merge',  # pylint: disable=protected-access
                    attr_value_pb2.AttrValue(b=False))
 

@@ -53,6 +53,19 @@ class BaseLayerTest(tf.test.TestCase):
                       'model/head/w:0'])
     self.assertEqual(tree.NumParams(), 3 * 6)
 
+  def testATreeBuiltUnderADeviceKeepsItsVariablesThere(self):
+    # CreateChildren without devices builds under the caller's scope: it
+    # built under tf.device(None), which put the blocks' variables on the
+    # default device (a SequentialLayer on a benchmark's worker kept them on
+    # the chief).
+    with tf.device('/device:CPU:1'):
+      tree = _Tree.Params().Set(name='model').Instantiate()
+    self.assertEqual(
+        {v.name: tf.DeviceSpec.from_string(v.device).device_index
+         for v in tree.variables},
+        {'model/blocks_0/w:0': 1, 'model/blocks_1/w:0': 1,
+         'model/head/w:0': 1})
+
   def testInitialValuesFollowThePathAndSeed(self):
     a = _Tree.Params().Set(name='model').Instantiate()
     b = _Tree.Params().Set(name='model').Instantiate()

@@ -32,6 +32,21 @@ class SharedRunTest(tf.test.TestCase):
     for a, b in zip(got[1], want[1]):
       self.assertAllClose(a, b, rtol=1e-5, atol=1e-5)
 
+  def _AssertNoLoopCrossesDevices(self, step):
+    """Runs `step` once: no list (variant) and no loop condition (bool)
+    crosses devices in the partition graphs the runtime ran."""
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    context.enable_graph_collection()
+    try:
+      step()
+      graphs = context.context().export_run_metadata().partition_graphs
+    finally:
+      context.disable_graph_collection()
+    sent = [n.attr['T'].type for g in graphs for n in g.node
+            if n.op == '_Send']
+    self.assertNotIn(tf.variant.as_datatype_enum, sent)
+    self.assertNotIn(tf.bool.as_datatype_enum, sent)
+
   def testStepGraphDoesNotGrowWithDepth(self):
     """A run is one loop: what a step's graph adds per block is a few ops
     per variable (its gradient out of the stack), not the block. Called one
@@ -67,7 +82,6 @@ class SharedRunTest(tf.test.TestCase):
     step's graph, their Enter, Exit and LoopCond ops and the lists their
     body pops went to the default device (device 0), and a K=2 1F1B step
     sent them there and back on every iteration."""
-    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     pipe = PipeliningLayer.Params().Set(
         name='net', layers=_Blocks(4), num_partitions=2, num_micro_batches=2,
         balance=[2, 2], schedule='1f1b', layer_loops=True).Instantiate()
@@ -81,16 +95,32 @@ class SharedRunTest(tf.test.TestCase):
                 tf.reduce_sum(tf.sin(o[0]) * l, [1, 2])))[0]
     _Step.get_concrete_function()
     self.assertEqual(shared_trace.Stats.Get().runs, 1)  # Cell 1's blocks.
-    context.enable_graph_collection()
-    try:
-      _Step()
-      graphs = context.context().export_run_metadata().partition_graphs
-    finally:
-      context.disable_graph_collection()
-    sent = [n.attr['T'].type for g in graphs for n in g.node
-            if n.op == '_Send']
-    self.assertNotIn(tf.variant.as_datatype_enum, sent)
-    self.assertNotIn(tf.bool.as_datatype_enum, sent)
+    self._AssertNoLoopCrossesDevices(_Step)
+
+  def testAPlacedModelsLoopsStayOnItsDevice(self):
+    """A SequentialLayer built and stepped under tf.device: its runs' loops
+    run on that device (as While kernels). Lowered, their ops went to the
+    default device, and a model on a worker process (tools.benchmark
+    --devices=processes) sent its lists to the chief and back on every
+    iteration: 15x the step."""
+    with tf.device('/device:CPU:1'):  # The variables too.
+      net = layers.SequentialLayer.Params().Set(
+          name='net', layers=_Blocks(4)).Instantiate()
+    x, paddings = _Inputs()
+
+    @tf.function
+    def _Step():
+      with tf.device('/device:CPU:1'), random_seeds.StepSeedScope(
+          tf.constant([1, 2], tf.int64)):
+        with tf.GradientTape() as tape:
+          y = net.FProp(x, paddings, training=True)
+          y = y[0] if isinstance(y, tuple) else y
+          loss = tf.reduce_sum(tf.sin(y))
+        return tape.gradient(loss, net.trainable_variables)[0]
+
+    _Step.get_concrete_function()
+    self.assertEqual(shared_trace.Stats.Get().runs, 1)
+    self._AssertNoLoopCrossesDevices(_Step)
 
   def testRunEqualsEachLayerTracedAloneWithDropout(self):
     """Tape and tf.gradients, fused W and W in a loop of its own: the loss

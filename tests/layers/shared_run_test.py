@@ -121,6 +121,13 @@ class SharedRunTest(tf.test.TestCase):
     _Step.get_concrete_function()
     self.assertEqual(shared_trace.Stats.Get().runs, 1)
     self._AssertNoLoopCrossesDevices(_Step)
+    # Whole on CPU:1; on the default device a lowered loop lands where it
+    # should, so it stays lowered (faster).
+    self.assertIn((True, '/device:CPU:1'), {  # (whole, device)
+        key[3:] for key in shared_run._RUNS})  # pylint: disable=protected-access
+    self.assertFalse(shared_run._IsDefaultDevice('/device:CPU:1'))  # pylint: disable=protected-access
+    self.assertTrue(shared_run._IsDefaultDevice('/job:localhost/device:CPU:0'))  # pylint: disable=protected-access
+    self.assertFalse(shared_run._IsDefaultDevice('/job:worker/task:0/device:CPU:0'))  # pylint: disable=protected-access
 
   def testRunEqualsEachLayerTracedAloneWithDropout(self):
     """Tape and tf.gradients, fused W and W in a loop of its own: the loss

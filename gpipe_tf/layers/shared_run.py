@@ -29,10 +29,10 @@ and any layer shared_trace would not share, is called as before.
 
 A plain model's loops are lowered into its step (Switch, Merge, ...), but
 under a device scope (`tf.device`) naming another device than the default
-they run as While kernels on its device (`_UnderDevice`). A pipeline cell forms runs only under `LoopsInCells()`
-(PipeliningLayer `layer_loops`), and its loops run as While kernels on the
-cell's device (`_KeepWhole`): lowered, their loop ops went to the default
-device.
+they run as While kernels on its device (`_UnderDevice`). A pipeline cell
+forms runs only under `LoopsInCells()` (PipeliningLayer `layer_loops`), and
+its loops run as While kernels on the cell's device (`_KeepWhole`):
+lowered, their loop ops went to the default device.
 `NoRuns()` calls every layer on its own (A/B, and the XLA pieces: XLA takes
 no stacked resource handles).
 """

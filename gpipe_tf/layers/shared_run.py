@@ -29,7 +29,7 @@ and any layer shared_trace would not share, is called as before.
 
 A plain model's loops are lowered into its step (Switch, Merge, ...), but
 under a device scope (`tf.device`) naming another device than the default
-they run as While kernels on its device (`_UnderDevice`). A pipeline cell
+they run as While kernels on it (`_IsDefaultDevice`). A pipeline cell
 forms runs only under `LoopsInCells()` (PipeliningLayer `layer_loops`), and
 its loops run as While kernels on the cell's device (`_KeepWhole`):
 lowered, their loop ops went to the default device.
@@ -206,13 +206,15 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   # Per variable of the kind, the run's n handles stacked: the functions
   # take one argument, and return one gradient, per variable, not per layer.
   stacked = [tf.stack(handles[j::nv]) for j in range(nv)]
-  # A plain model under a device scope other than the default device runs
-  # its loops whole there, on the device its ops get (the stack's).
-  placed = (not _IN_CELLS.get() and _UnderDevice() and
-            not _IsDefaultDevice(stacked[0].device))
+  # A plain model placed by a device scope on another device than the
+  # default runs its loops whole there: on the device its ops get (the
+  # stack's, empty where no scope places them).
+  device = stacked[0].device
+  placed = not _IN_CELLS.get() and bool(device) and not _IsDefaultDevice(
+      device)
   run = _RunOf(kind, n, xs, kind.weights is not None and
                not _SEPARATE_W.get(), _IN_CELLS.get() or placed,
-               stacked[0].device if placed else None)
+               device if placed else None)
   with record.stop_recording():
     out = _Call(run.forward, [step_seed, seeds] + list(xs) + stacked, True)
   ys, kept = out[:len(xs)], out[len(xs):]
@@ -229,32 +231,18 @@ def Run(layers: Sequence[Any], fprops: Sequence[Callable[..., Any]],
   return tuple(ys), n
 
 
-def _UnderDevice() -> bool:
-  """Whether ops built now are placed by a device scope (`tf.device`).
-
-  Lowered into a step, a loop's body ops go to the default device whatever
-  scope the loop was built in (as in a pipeline cell): a SequentialLayer
-  placed on a worker process (tools.benchmark --devices=processes) stepped
-  15x slower, its loops' ops on the chief, 1.3 GB sent a step. Under a
-  scope, a run's loops run whole (`_KeepWhole`) on the scope's device. Read
-  from the graph's device stack (private), as TensorFlow applies it: the
-  innermost scope that names a device or clears it (`tf.device(None)`).
-  """
-  graph = tf.compat.v1.get_default_graph()
-  try:
-    for spec in graph._device_function_stack.peek_objs():  # pylint: disable=protected-access
-      if not spec.is_null_merge:
-        return spec.function is not None
-  except AttributeError:  # A graph without the stack TensorFlow keeps.
-    return False
-  return False
-
-
 def _IsDefaultDevice(device: str) -> bool:
   """Whether `device` is where TensorFlow places ops that name none (the
-  first GPU, else the first CPU, of this process): lowered loops land
-  there anyway, and run 1.16-1.18x faster a step than whole (a plain
-  model of 32 blocks under tf.device('/device:CPU:0'), in-process A/B)."""
+  first GPU, else the first CPU, of this process).
+
+  Lowered into a step, a loop's body ops go to that device whatever scope
+  the loop was built in (as in a pipeline cell): a SequentialLayer placed
+  on a worker process (tools.benchmark --devices=processes) stepped 15x
+  slower, its loops' ops on the chief, 1.3 GB sent a step; so a run placed
+  elsewhere runs whole (`_KeepWhole`) on its device. On the default device
+  lowered loops land where they should, and run 1.16-1.18x faster a step
+  than whole (a plain model of 32 blocks under tf.device('/device:CPU:0'),
+  in-process A/B)."""
   spec = tf.DeviceSpec.from_string(device)
   default = 'GPU' if tf.config.list_logical_devices('GPU') else 'CPU'
   return ((spec.device_type or '').upper() == default and

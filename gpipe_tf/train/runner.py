@@ -255,14 +255,24 @@ class Runner:
       return None
     return tf.convert_to_tensor(self.optimizer.dynamic_scale)
 
-  def EvalStep(self, batch: dict[str, tf.Tensor]) -> tuple[dict, tf.Tensor]:
+  def EvalStep(self, batch: dict[str, tf.Tensor],
+               spec: Any = None) -> tuple[dict, tf.Tensor]:
+    """Metrics and batch size of one evaluation batch.
+
+    `spec` (the dataset's element_spec, its batch dimension None when the
+    input keeps a smaller last batch) is the signature the step is traced
+    for, on the first call: one trace serves every batch size, where
+    tracing for the first batch's shape traced the step again for the
+    last one. None: traced for `batch`, retraced relaxed on a new shape.
+    """
     if self._eval_step is None:
       def Step(batch):
         with precision_lib.Policy(self.precision):
           _, metrics = self.task.ComputeLoss(batch, training=False)
         return metrics, tasks.BatchSize(batch)
-      self._eval_step = tf.function(Step, autograph=False,
-                                    reduce_retracing=True)
+      self._eval_step = tf.function(
+          Step, autograph=False, reduce_retracing=spec is None,
+          input_signature=None if spec is None else [spec])
     with run_errors.Explaining(self.task, training=False):
       return self._eval_step(batch)
 
@@ -274,10 +284,11 @@ class Runner:
       p.repeat = False
     sums: dict[str, float] = {}
     total = 0
-    for i, batch in enumerate(p.Instantiate().GetDataset()):
+    dataset = p.Instantiate().GetDataset()
+    for i, batch in enumerate(dataset):
       if 0 < eval_steps <= i:
         break
-      metrics, size = self.EvalStep(batch)
+      metrics, size = self.EvalStep(batch, dataset.element_spec)
       size = int(size)
       for name, value in metrics.items():
         sums[name] = sums.get(name, 0.0) + float(value) * size

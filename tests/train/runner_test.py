@@ -40,6 +40,29 @@ class _Failing(mlp.TinyPipelined):
     return p
 
 
+class _Remainder(mlp.TinyPipelined):
+  """TinyPipelined evaluated on 232 examples: 7 batches of 32 and one of 8,
+  which still splits into its 4 micro-batches."""
+
+  def Test(self):
+    return super().Test().Set(num_examples=232, drop_remainder=False)
+
+
+class RunnerEvalTest(tf.test.TestCase):
+
+  def testAnEvaluationWithASmallerLastBatchTracesItsStepOnce(self):
+    runner = runner_lib.Runner(_Remainder, self.get_temp_dir(),
+                               max_checkpoints_to_keep=1)
+    sizes = []
+    step = runner.EvalStep
+    runner.EvalStep = lambda batch, *a: sizes.append(
+        int(tf.shape(batch['inputs'])[0])) or step(batch, *a)
+    results = runner.Evaluate(eval_steps=0)
+    self.assertEqual(sizes, [32] * 7 + [8])
+    self.assertEqual(runner._eval_step.experimental_get_tracing_count(), 1)
+    self.assertBetween(results['accuracy'], 0.0, 1.0)
+
+
 class RunnerErrorTest(tf.test.TestCase):
 
   def testAnOpErrorOfATrainStepNamesItsActions(self):

@@ -55,6 +55,7 @@ import tensorflow as tf
 from gpipe_tf import errors
 from gpipe_tf.layers import aux_losses
 from gpipe_tf.layers import precision
+from gpipe_tf.layers import prune
 from gpipe_tf.layers import random_seeds
 
 # Private TensorFlow APIs, all used here and pinned by
@@ -65,7 +66,6 @@ from gpipe_tf.layers import random_seeds
 # watches them; and a function is called with other captured inputs
 # (ConcreteFunction._call_flat).
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
 __all__ = ['CalledGraph', 'InlinedSize', 'NOT_SHARED', 'Off', 'SharedCall',
@@ -353,15 +353,15 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
   wcut = _Crossing(_Ancestors([d for d in got['dws'] if d is not None],
                               backward) - need_dx)
   seeds = graph.inputs[:2]
-  forward = wrapped.prune(feeds=list(seeds) + got['xs'],
-                          fetches=got['ys'] + saved)
+  forward = prune.Prune(wrapped, list(seeds) + got['xs'],
+                        got['ys'] + saved)
   dws = [d for d in got['dws'] if d is not None]
   if len(dws) != len(variables):
     raise _Unshareable()  # A variable the layer does not differentiate.
   w_reads = ()  # W's arguments are what B returns (or its own).
   if not dxs:  # No input gradient: W differentiates the whole layer.
     backward_fn = None
-    weights = wrapped.prune(feeds=read + got['dys'], fetches=dws)
+    weights = prune.Prune(wrapped, read + got['dys'], dws)
   else:
     # What W reads of B's own arguments (the layer's input, say) the
     # caller hands W, as a traced layer's W reads that very tensor: B
@@ -369,15 +369,14 @@ def _Trace(layer: Any, fprop: Callable[..., Any], xs: Sequence[tf.Tensor],
     args = {id(x): i for i, x in enumerate(read + got['dys'])}
     w_reads = tuple(args.get(id(x)) for x in wcut)
     try:
-      weights = wrapped.prune(feeds=wcut, fetches=dws)
-      backward_fn = wrapped.prune(
-          feeds=read + got['dys'],
-          fetches=dxs + [x for x, i in zip(wcut, w_reads) if i is None])
-    except (op_selector.UnliftableError, KeyError, ValueError):
+      weights = prune.Prune(wrapped, wcut, dws)
+      backward_fn = prune.Prune(
+          wrapped, read + got['dys'],
+          dxs + [x for x, i in zip(wcut, w_reads) if i is None])
+    except prune.ERRORS:
       # W reads what the cut cannot feed: B computes the weight gradients.
       weights, w_reads = None, ()
-      backward_fn = wrapped.prune(feeds=read + got['dys'],
-                                  fetches=dxs + dws)
+      backward_fn = prune.Prune(wrapped, read + got['dys'], dxs + dws)
   for fn in (forward, backward_fn, weights):
     if fn is not None:
       _GRAPHS[tf.compat.as_str(fn.name)] = fn.graph

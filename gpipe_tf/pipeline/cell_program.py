@@ -9,7 +9,7 @@ trainable variable it read. Its ops fall into three sets::
     input-grad   B   backward ops the input gradient dx needs
     weight-grad  W   backward ops only the weight gradients dws need
 
-Each piece is that graph pruned (``WrappedFunction.prune``) between a set of
+Each piece is that graph pruned (``layers/prune.py``) between a set of
 feeds and a set of fetches, so every step computes exactly its share, never
 twice::
 
@@ -60,6 +60,7 @@ import tensorflow as tf
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
 from gpipe_tf.layers import precision
+from gpipe_tf.layers import prune
 from gpipe_tf.layers import random_seeds
 from gpipe_tf.layers import shared_run
 from gpipe_tf.layers import shared_trace
@@ -293,7 +294,7 @@ class CellProgram:
     try:
       self._pieces[PieceKind.W] = self._Prune(
           *roles.Signature(PieceKind.W, False))
-    except tf_internals.PRUNE_ERRORS:
+    except prune.ERRORS:
       return False
     return True
 
@@ -430,8 +431,8 @@ class CellProgram:
       seen.update(id(x) for x in self.tensors[role] if x is not None)
     feeds = [x for role, f in zip(reads, fed)
              for x, ok in zip(self.tensors[role], f) if ok]
-    function = self._wrapped.prune(feeds=feeds,
-                                   fetches=self.tensors.Present(*makes))
+    function = prune.Prune(self._wrapped, feeds,
+                           self.tensors.Present(*makes))
     num_ops = shared_trace.InlinedSize(function.graph)
     if self.jit_compile:
       function = tf.function(lambda *args, f=function: f(*args),

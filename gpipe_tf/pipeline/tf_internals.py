@@ -16,22 +16,14 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tensorflow.python.ops import op_selector  # pylint: disable=g-direct-tensorflow-import
 
 __all__ = []  # Internal to the engine: its types are in docs/pipeline.md.
-
-# What WrappedFunction.prune raises when a fetch depends on something the
-# feeds cannot replace (lift_to_graph's op_selector.UnliftableError, or a
-# KeyError/ValueError from inside it): the cell program then does not
-# split its backward (cell_program.CellProgram.w_separable).
-PRUNE_ERRORS = (op_selector.UnliftableError, KeyError, ValueError)
-
 
 def WrapFunction(fn: Callable[..., Any],
                  signature: Sequence[tf.TensorSpec]) -> Any:
   """`fn` traced once into a graph of its own (tf.compat.v1.wrap_function):
-  a WrappedFunction whose `.prune(feeds, fetches)` cuts a function out of
-  it between any of its tensors, and whose `.structured_outputs` keeps the
+  a WrappedFunction that layers/prune.py's Prune cuts functions out of
+  between any of its tensors, and whose `.structured_outputs` keeps the
   None leaves of what `fn` returned."""
   return tf.compat.v1.wrap_function(fn, list(signature))
 

@@ -153,8 +153,11 @@ class CellProgramTest(tf.test.TestCase):
       runs = _PieceSizes(cell)
     self.assertEqual(shared_trace.Stats.Get().runs, 1)
     alone = _PieceSizes(cell)  # Cells call each layer on their own.
+    # Weighed as one copy of the block, a run is about 1/8 of the calls.
+    # A run's W is about 1.3x the calls' W: its stacks' pops, and a W
+    # piece holds no placeholder for the variables it does not read.
     for kind, size in runs.items():
-      self.assertBetween(size / alone[kind], 0.9, 1.3, kind)
+      self.assertBetween(size / alone[kind], 0.9, 1.4, kind)
 
   def testBAndWTogetherEqualTheWholeBackward(self):
     p = self.program

@@ -32,11 +32,6 @@ class TfInternalsTest(tf.test.TestCase):
     (out,) = pruned(tf.constant([1.0, 2.0, 3.0]))
     self.assertAllClose(out, [2.0, 4.0, 6.0])
 
-  def testPruneErrorsNameUnliftable(self):
-    self.assertTrue(issubclass(tf_internals.PRUNE_ERRORS[0], Exception))
-    self.assertEqual(tf_internals.PRUNE_ERRORS[0].__name__,
-                     'UnliftableError')
-
   def testReplaceInputRewiresABuiltOp(self):
     graph = tf.Graph()
     with graph.as_default():

@@ -1,0 +1,88 @@
+"""layers/prune.py: a function cut out of a traced graph, as TensorFlow's WrappedFunction.prune cuts it, without its dead copies."""
+
+import test_utils  # pylint: disable=g-bad-import-order
+
+test_utils.SetUpDevices()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from gpipe_tf.layers import prune
+
+
+def _Wrapped(variable):
+  """A traced graph: h = tanh(x @ w), y = 2 h + 1, dy/dw; a control edge
+  from the read of w into y, and a placeholder nothing feeds."""
+  def _Fn(x, unfed):
+    w = variable.read_value()
+    h = tf.tanh(tf.matmul(x, w))
+    with tf.control_dependencies([w.op]):
+      y = h * 2.0 + 1.0
+    dw = tf.gradients(y, [w])[0]
+    return h, y, dw, unfed * 3.0
+  return tf.compat.v1.wrap_function(
+      _Fn, [tf.TensorSpec([2, 3], tf.float32), tf.TensorSpec([], tf.float32)])
+
+
+class PruneTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.w = tf.Variable(tf.reshape(tf.range(6, dtype=tf.float32), [3, 2]) / 10)
+    self.wrapped = _Wrapped(self.w)
+    self.x = tf.reshape(tf.range(6, dtype=tf.float32), [2, 3]) / 5
+    self.h, self.y, self.dw, self.unfed = self.wrapped.structured_outputs
+
+  def testTheSameFunctionAsTensorFlowsPrune(self):
+    x = self.wrapped.inputs[0]
+    for feeds, fetches, args in [
+        ([x], [self.y, self.dw], [self.x]),
+        ([self.h], [self.y], [tf.ones([2, 2])]),
+        ([x, self.h], [self.h, self.dw], [self.x, tf.ones([2, 2])]),
+    ]:
+      mine = prune.Prune(self.wrapped, feeds, fetches)
+      theirs = self.wrapped.prune(feeds=feeds, fetches=fetches)
+      for a, b in zip(mine(*args), theirs(*args)):
+        self.assertAllClose(a, b)
+      # A fed tensor is a placeholder; a fetch that is a feed passes through.
+      self.assertLen(mine.graph.inputs, len(feeds) + 1)  # w's handle.
+
+  def testHoldsOnlyWhatTheFetchesNeed(self):
+    """Fed h, y needs h * 2 + 1 and the control edge's read: TensorFlow's
+    prune copies the ancestors of h too (the matmul, the tanh), dead."""
+    mine = prune.Prune(self.wrapped, [self.h], [self.y])
+    theirs = self.wrapped.prune(feeds=[self.h], fetches=[self.y])
+    types = {op.type for op in mine.graph.get_operations()}
+    self.assertNotIn('MatMul', types)
+    self.assertNotIn('Tanh', types)
+    self.assertIn('ReadVariableOp', types)  # The control edge's source.
+    self.assertIn('MatMul', {op.type for op in theirs.graph.get_operations()})
+    self.assertLess(len(mine.graph.get_operations()),
+                    len(theirs.graph.get_operations()))
+    self.assertAllClose(mine(tf.ones([2, 2]))[0], 3.0 * tf.ones([2, 2]))
+
+  def testCapturesOnlyTheVariablesItReads(self):
+    no_read = prune.Prune(self.wrapped, [self.h], [self.h])
+    self.assertEmpty(no_read.graph.captures)
+    reads = prune.Prune(self.wrapped, [self.wrapped.inputs[0]], [self.y])
+    self.assertLen(reads.graph.captures, 1)
+    self.assertEqual(reads.graph.captures[0][0].dtype, tf.resource)
+
+  def testRaisesWhatTheFeedsCannotReplace(self):
+    with self.assertRaises(prune.ERRORS):  # Nothing feeds `unfed`.
+      prune.Prune(self.wrapped, [self.wrapped.inputs[0]], [self.unfed])
+    with self.assertRaisesRegex(Exception, 'UnliftableError|placeholder'):
+      prune.Prune(self.wrapped, [self.wrapped.inputs[0]], [self.unfed])
+    self.assertEqual(prune.ERRORS[0].__name__, 'UnliftableError')
+
+  def testVariablesStayLive(self):
+    """The pruned function reads the variable when it runs, not a copy."""
+    fn = prune.Prune(self.wrapped, [self.wrapped.inputs[0]], [self.y])
+    before = fn(self.x)[0]
+    self.w.assign(self.w * 2.0)
+    self.assertNotAllClose(before, fn(self.x)[0])
+    self.assertAllClose(fn(self.x)[0],
+                        tf.tanh(self.x @ self.w) * 2.0 + 1.0)
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -19,7 +19,7 @@ input shapes its cost estimate needs), takes one SGD step in a
   * process CPU: the child process's CPU seconds, user and system, from
     start to exit (imports and the next steps included): what a loaded
     machine stretches least, and measured the same way for any tree;
-  * next step: the median of the next three calls;
+  * next step: the median of the next --next_steps calls (3);
   * traces: the layer kinds traced by layers/shared_trace.py, the layer
     calls, and the runs of identical layers called as one loop
     (layers/shared_run.py).
@@ -30,6 +30,7 @@ input shapes its cost estimate needs), takes one SGD step in a
     python -m tools.trace.first_step --share=on,noruns   # runs as loops A/B
     python -m tools.trace.first_step --remat=always,except_last
     python -m tools.trace.first_step --repos=.,/tmp/main # this tree beside another
+    python -m tools.trace.first_step --grappler=default,off --next_steps=9
 
 Ratios within one run are what count on a shared machine.
 """
@@ -55,7 +56,7 @@ def _DefineFlags() -> None:
   """Defines the tool's flags: only when it runs as a program, so that tests
   importing several tools define no flag twice."""
   global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, _LOOPS, \
-      _REPOS, _DIM, _SEQ, _BATCH, _CHILD  # pylint: disable=global-variable-undefined
+      _REPOS, _DIM, _SEQ, _BATCH, _CHILD, _GRAPPLER_FLAG, _NEXT  # pylint: disable=global-variable-undefined
   _L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
   _SCHEDULES = flags.DEFINE_list(
       'schedules', ['plain', '1f1b'],
@@ -78,6 +79,12 @@ def _DefineFlags() -> None:
   _REPOS = flags.DEFINE_list(
       'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
       'main beside this one).')
+  _GRAPPLER_FLAG = flags.DEFINE_list(
+      'grappler', ['default'], "'default': TensorFlow's graph optimizer as "
+      "configured; 'off': the child disables it (tf.config.optimizer "
+      'disable_meta_optimizer) before it builds the step.')
+  _NEXT = flags.DEFINE_integer('next_steps', 3, 'Steps after the first; '
+                               'the next step is their median.')
   _DIM = flags.DEFINE_integer('dim', 64, 'Model width.')
   _SEQ = flags.DEFINE_integer('seq_len', 16, 'Tokens per sequence.')
   _BATCH = flags.DEFINE_integer('batch_size', 64, 'Mini-batch (sequences).')
@@ -122,6 +129,10 @@ def _Child(config: dict) -> dict:
   start = time.perf_counter()
   from gpipe_tf.runtime import devices  # pylint: disable=g-import-not-at-top
   devices.SplitCpu(config['k'] if config['schedule'] != 'plain' else 1)
+  if config.get('grappler', 'default') == 'off':
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.optimizer.set_experimental_options(
+        {'disable_meta_optimizer': True})
   import contextlib  # pylint: disable=g-import-not-at-top
   # Imported here so that 'imports' counts them, not 'build'.
   from gpipe_tf import layers  # pylint: disable=g-import-not-at-top,unused-import
@@ -154,11 +165,11 @@ def _Child(config: dict) -> dict:
     _Step().numpy()
     first_call = time.perf_counter() - start
     steps = []
-    for _ in range(3):
+    for _ in range(config.get('next_steps', 3)):
       start = time.perf_counter()
       _Step().numpy()
       steps.append(time.perf_counter() - start)
-    next_step = sorted(steps)[1]
+    next_step = sorted(steps)[len(steps) // 2]
   stats = shared_trace.Stats.Get() if shared_trace else None
   return dict(imports_s=imports, build_s=build, trace_s=tracing,
               first_call_s=first_call, next_step_s=next_step,
@@ -197,26 +208,28 @@ def main(argv):
     print(json.dumps(_Child(json.loads(_CHILD.value))))
     return
   base = dict(dim=_DIM.value, seq_len=_SEQ.value, batch_size=_BATCH.value,
-              v=_V.value)
+              v=_V.value, next_steps=_NEXT.value)
   if _LOOPS.value:
     base['layer_loops'] = True
   print(f'{_DIM.value}-wide Transformer blocks, {_SEQ.value} tokens, batch '
         f'{_BATCH.value}; seconds; one fresh process per row')
-  print('| tree | L | schedule | K | M | remat | share | imports | build | '
-        'tracing | grappler | rest of first call | first step | process CPU '
-        '| next step | kinds / calls / runs |')
-  print('|---' * 16 + '|')
+  print('| tree | L | schedule | K | M | remat | share | optimizer | imports | '
+        'build | tracing | grappler | rest of first call | first step | '
+        'process CPU | next step | kinds / calls / runs |')
+  print('|---' * 17 + '|')
   for layers_, schedule in itertools.product(_L.value, _SCHEDULES.value):
     plain = schedule == 'plain'
-    for k, m, remat, share, repo in itertools.product(
+    for k, m, remat, share, grappler, repo in itertools.product(
         ['1'] if plain else _K.value, ['1'] if plain else _M.value,
-        ['default'] if plain else _REMAT.value, _SHARE.value, _REPOS.value):
+        ['default'] if plain else _REMAT.value, _SHARE.value,
+        _GRAPPLER_FLAG.value, _REPOS.value):
       config = dict(base, layers=int(layers_), schedule=schedule, k=int(k),
-                    m=int(m), share=share, remat=remat)
+                    m=int(m), share=share, remat=remat, grappler=grappler)
       r = _Run(config, repo)  # Its remat: the policy the layer ran with.
       first = r['trace_s'] + r['first_call_s']
       print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
             f"{'-' if plain else r.get('remat') or remat} | {share} | "
+            f"{grappler} | "
             f"{r['imports_s']:.1f} | "
             f"{r['build_s']:.1f} | {r['trace_s']:.1f} | "
             f"{r['grappler_s']:.1f} | "

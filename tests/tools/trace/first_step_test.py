@@ -37,6 +37,14 @@ class FirstStepTest(unittest.TestCase):
     # watches its inputs), the other three share one trace.
     self.assertEqual((row['traces'], row['calls']), (2, 4))
 
+  def testGrapplerOffRunsNoPass(self):
+    row = first_step._Run(  # pylint: disable=protected-access
+        dict(dim=16, seq_len=4, batch_size=4, v=1, layers=2,
+             schedule='plain', k=1, m=1, share='on', grappler='off',
+             next_steps=1), test_utils.REPO_ROOT)
+    self.assertEqual(row['grappler_s'], 0)
+    self.assertGreater(row['next_step_s'], 0)
+
   def testOnlyTheRematAskedForIsSet(self):
     # In-process: the layer is built, not run (one logical device, K=1).
     config = dict(dim=8, seq_len=4, batch_size=4, v=1, layers=2,

@@ -160,6 +160,14 @@ flags.DEFINE_string('profile_steps', '',
                     'logdir/train/plugins/profile, for TensorBoard\'s Profile '
                     'tab (pip install tensorboard-plugin-profile to view it). '
                     'Empty (default): no profile.')
+flags.DEFINE_enum('graph_optimizer', 'tensorflow', ['tensorflow', 'off'],
+                  "TensorFlow's graph optimizer (Grappler), which rewrites "
+                  "each step's graph on its first call: 'tensorflow' "
+                  "(default): as TensorFlow configures it; 'off': disabled "
+                  'in this process before any step is built, which cuts the '
+                  'first step of a pipelined model (0.6x for 64 Transformer '
+                  'blocks, K=4, on a CPU) and may slow the steps of a small '
+                  'one (up to 1.2x measured); docs/scale.md.')
 flags.DEFINE_bool('debug', False,
                   'On an error, print its traceback before the one-line '
                   'message.')
@@ -309,6 +317,11 @@ def _Run() -> None:
             tf.config.list_physical_devices('TPU')):
     _SplitCpu(params, multi_worker)
 
+  if FLAGS.graph_optimizer == 'off':
+    tf.config.optimizer.set_experimental_options(
+        {'disable_meta_optimizer': True})
+    logging.info('Graph optimizer off (--graph_optimizer=off): steps run '
+                 'their graphs as traced.')
   from gpipe_tf.train import loop  # pylint: disable=g-import-not-at-top
   if multi_worker:
     # Before any other op: collective ops are configured at start-up. Waits

@@ -3,6 +3,7 @@
 import hashlib
 import os
 import shutil
+import re
 import subprocess
 import json
 import sys
@@ -255,11 +256,15 @@ class TrainerSplitsTheCpuTest(test_utils.FlagsParsedTestCase):
                   '\n'.join(logs.output))
 
   def testReplicasTimesCells(self):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    # With --graph_optimizer=off too (a process fewer): no Grappler pass
+    # runs (their VLOG lines are asked for).
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0',
+               TF_CPP_VMODULE='meta_optimizer=1')
     run = subprocess.run(
         [sys.executable, '-m', 'gpipe_tf.trainer', '--mode=train',
          '--max_steps=1', f'--logdir={self.get_temp_dir()}/run',
-         '--model=synthetic.mlp.TinyPipelined', '--num_replicas=2'],
+         '--model=synthetic.mlp.TinyPipelined', '--num_replicas=2',
+         '--graph_optimizer=off'],
         cwd=_REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
         check=False)
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
@@ -270,6 +275,11 @@ class TrainerSplitsTheCpuTest(test_utils.FlagsParsedTestCase):
     self.assertIn('MirroredStrategy: 2 replicas x 2 cells', log)
     self.assertIn('Replica 1: cell 0 on /device:CPU:2, cell 1 on '
                   '/device:CPU:3', log)
+    self.assertIn('Graph optimizer off', log)
+    # tf.data optimizes its own functions; the train step is not optimized.
+    self.assertIn('grappler item: __inference_Dataset', log)
+    self.assertFalse(re.search(r'grappler item: __inference_\w*TrainStep', log),
+                     'Grappler optimized the train step')
 
   # A one-device model is not split: TrainLibTest.testCliTrainsThenResumes
   # (its second run has no device flags).

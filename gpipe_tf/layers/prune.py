@@ -74,11 +74,16 @@ def _Needed(fetches: Sequence[tf.Tensor], source_ops: set) -> set:
   return needed
 
 
-def _Placeholder(x: tf.Tensor) -> tf.Tensor:
+def _Placeholder(x: tf.Tensor, name: str) -> tf.Tensor:
   """A placeholder standing for `x` in the default graph: its dtype, shape,
-  device and handle data (a variable's, a TensorList's element)."""
+  device and handle data (a variable's, a TensorList's element).
+
+  Named `name`, not after x: a placeholder named `a/b/resource` would take
+  the names `a` and `a/b`, and the import would rename the ops of those
+  names it brings in (`a_1`, `a/b_1`), which errors name.
+  """
   with tf.device(x.op.device):
-    out = tf.compat.v1.placeholder(x.dtype, x.shape, name=x.op.name)
+    out = tf.compat.v1.placeholder(x.dtype, x.shape, name=name)
   handle = resource_variable_ops.get_resource_handle_data(x)
   if handle.shape_and_type:
     resource_variable_ops._set_handle_shapes_and_types(  # pylint: disable=protected-access
@@ -138,7 +143,8 @@ def Prune(wrapped: Any, feeds: Sequence[tf.Tensor],
     placeholders = {}
     for x in feeds + [inner for _, inner in captures if id(inner) in read]:
       if id(x) not in placeholders:
-        placeholders[id(x)] = _Placeholder(x)
+        placeholders[id(x)] = _Placeholder(
+            x, f'pruned_input_{len(placeholders)}')
     outputs = [x.name for x in fetches if id(x) not in sources]
     imported = iter(importer.import_graph_def(
         _GraphDef(graph, needed, source_ops),

@@ -10,8 +10,9 @@ images, 10 classes, no network needed), upscaled to 16x16 greyscale, with
 AmoebaNet-D(3, 32) (3 normal and 2 reduction cells after a 3x3 stem conv; no
 stem cells, the images being small; 0.4M parameters) cut into 2 pipeline
 cells, 4 micro-batches per batch of 64, rematerialising in the backward pass.
-Measured on 2 CPU cores: 97.5% test accuracy after 200 steps, in about 2.5
-minutes, a third of which is building the pipelined step (for comparison,
+Measured on 2 CPU cores: 97.5% test accuracy after 200 steps, in about 100
+seconds, half of which is building the pipelined step (``--graph_optimizer=off``
+cuts that by 10-15 s; benchmarks/first_step) (for comparison,
 on this split scikit-learn's SVC gets 94% and 3-nearest-neighbours 97%).
 
 The data is written on first use: the input generator (``DigitsInput``) calls

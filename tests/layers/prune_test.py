@@ -67,6 +67,17 @@ class PruneTest(tf.test.TestCase):
     self.assertLen(reads.graph.captures, 1)
     self.assertEqual(reads.graph.captures[0][0].dtype, tf.resource)
 
+  def testOpsKeepTheirNames(self):
+    """Errors name ops (run_errors): an op of the piece is the op of the
+    graph's of its name. Placeholders named after a capture (`x/resource`)
+    made the import rename `x` to `x_1`."""
+    fn = prune.Prune(self.wrapped, [self.wrapped.inputs[0]],
+                     [self.y, self.dw])
+    graph = self.wrapped.graph
+    for op in fn.graph.get_operations():
+      if op.type != 'Placeholder':
+        self.assertEqual(graph.get_operation_by_name(op.name).type, op.type)
+
   def testRaisesWhatTheFeedsCannotReplace(self):
     with self.assertRaises(prune.ERRORS):  # Nothing feeds `unfed`.
       prune.Prune(self.wrapped, [self.wrapped.inputs[0]], [self.unfed])

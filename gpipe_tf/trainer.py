@@ -165,9 +165,9 @@ flags.DEFINE_enum('graph_optimizer', 'tensorflow', ['tensorflow', 'off'],
                   "each step's graph on its first call: 'tensorflow' "
                   "(default): as TensorFlow configures it; 'off': disabled "
                   'in this process before any step is built, which cuts the '
-                  'first step of a pipelined model (0.6x for 64 Transformer '
-                  'blocks, K=4, on a CPU) and may slow the steps of a small '
-                  'one (up to 1.2x measured); docs/scale.md.')
+                  'first step of a pipelined model (0.53-0.80x measured on a '
+                  'CPU) and may slow its steps (up to 1.39x measured); '
+                  'docs/scale.md.')
 flags.DEFINE_bool('debug', False,
                   'On an error, print its traceback before the one-line '
                   'message.')

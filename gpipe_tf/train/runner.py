@@ -83,6 +83,14 @@ class NotATaskError(TrainConfigError, TypeError):
   """The task Params build something other than a gpipe_tf.tasks.BaseTask."""
 
 
+def _AnyBatch(x: Any) -> Any:
+  """The spec of `x` with its batch (first) dimension None; a scalar or a
+  composite tensor keeps its own spec."""
+  if isinstance(x, tf.Tensor) and x.shape.rank:
+    return tf.TensorSpec([None] + x.shape.as_list()[1:], x.dtype)
+  return tf.type_spec_from_value(x)
+
+
 class Runner:
   """The task, optimizer, global step and checkpointer of one logdir, its
   train and eval steps, and the loops that run them.
@@ -255,24 +263,24 @@ class Runner:
       return None
     return tf.convert_to_tensor(self.optimizer.dynamic_scale)
 
-  def EvalStep(self, batch: dict[str, tf.Tensor],
-               spec: Any = None) -> tuple[dict, tf.Tensor]:
+  def EvalStep(self, batch: dict[str, tf.Tensor]) -> tuple[dict, tf.Tensor]:
     """Metrics and batch size of one evaluation batch.
 
-    `spec` (the dataset's element_spec, its batch dimension None when the
-    input keeps a smaller last batch) is the signature the step is traced
-    for, on the first call: one trace serves every batch size, where
-    tracing for the first batch's shape traced the step again for the
-    last one. None: traced for `batch`, retraced relaxed on a new shape.
+    The step is traced once, on the first call, for that batch with its
+    batch dimension relaxed to None: a smaller last batch runs the same
+    trace, where tracing for the first batch's shape traced the step again
+    for the last one. Other dimensions keep the first batch's sizes; a
+    batch that differs in them is traced again (reduce_retracing).
     """
     if self._eval_step is None:
       def Step(batch):
         with precision_lib.Policy(self.precision):
           _, metrics = self.task.ComputeLoss(batch, training=False)
         return metrics, tasks.BatchSize(batch)
-      self._eval_step = tf.function(
-          Step, autograph=False, reduce_retracing=spec is None,
-          input_signature=None if spec is None else [spec])
+      self._eval_step = tf.function(Step, autograph=False,
+                                    reduce_retracing=True)
+      self._eval_step.get_concrete_function(
+          tf.nest.map_structure(_AnyBatch, batch))
     with run_errors.Explaining(self.task, training=False):
       return self._eval_step(batch)
 
@@ -284,11 +292,10 @@ class Runner:
       p.repeat = False
     sums: dict[str, float] = {}
     total = 0
-    dataset = p.Instantiate().GetDataset()
-    for i, batch in enumerate(dataset):
+    for i, batch in enumerate(p.Instantiate().GetDataset()):
       if 0 < eval_steps <= i:
         break
-      metrics, size = self.EvalStep(batch, dataset.element_spec)
+      metrics, size = self.EvalStep(batch)
       size = int(size)
       for name, value in metrics.items():
         sums[name] = sums.get(name, 0.0) + float(value) * size

@@ -62,6 +62,13 @@ class RunnerEvalTest(tf.test.TestCase):
     self.assertEqual(runner._eval_step.experimental_get_tracing_count(), 1)
     self.assertBetween(results['accuracy'], 0.0, 1.0)
 
+  def testOnlyTheBatchDimensionIsRelaxed(self):
+    any_batch = runner_lib._AnyBatch  # pylint: disable=protected-access
+    self.assertEqual(any_batch(tf.zeros([32, 16, 3])),
+                     tf.TensorSpec([None, 16, 3], tf.float32))
+    self.assertEqual(any_batch(tf.constant(1, tf.int64)),
+                     tf.TensorSpec([], tf.int64))
+
 
 class RunnerErrorTest(tf.test.TestCase):
 

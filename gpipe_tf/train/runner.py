@@ -272,16 +272,18 @@ class Runner:
     for the last one. Other dimensions keep the first batch's sizes; a
     batch that differs in them is traced again (reduce_retracing).
     """
-    if self._eval_step is None:
+    first = self._eval_step is None
+    if first:
       def Step(batch):
         with precision_lib.Policy(self.precision):
           _, metrics = self.task.ComputeLoss(batch, training=False)
         return metrics, tasks.BatchSize(batch)
       self._eval_step = tf.function(Step, autograph=False,
                                     reduce_retracing=True)
-      self._eval_step.get_concrete_function(
-          tf.nest.map_structure(_AnyBatch, batch))
     with run_errors.Explaining(self.task, training=False):
+      if first:  # Traced where the call would have traced it.
+        self._eval_step.get_concrete_function(
+            tf.nest.map_structure(_AnyBatch, batch))
       return self._eval_step(batch)
 
   # ---- Loops ----------------------------------------------------------------

@@ -637,8 +637,11 @@ class ProcessesTest(tf.test.TestCase):
     self.assertEqual(p['recompute_shares'][-1] == 0,
                      cfg['remat'] == 'never' or cfg['schedule'] == '1f1b')
     step = statistics.median(row['seconds_per_step_rounds'])
-    self.assertBetween(step / p['predicted_seconds'], 0.1, 10)
-    self.assertBetween(step / p['predicted_seconds_wall'], 0.1, 10)
+    # Plausible, not accurate: a unit slip would be 1000x. Beside another
+    # test on a 2-core CI machine the step has measured 10.8x the
+    # prediction from the pieces' fastest wall times.
+    self.assertBetween(step / p['predicted_seconds'], 0.05, 30)
+    self.assertBetween(step / p['predicted_seconds_wall'], 0.05, 30)
     self.assertBetween(p['measured_bubble'], 0, 1)
     self.assertBetween(p['simulated_bubble'], 0, 1)
     self.assertGreaterEqual(p['comm_seconds'], 0)

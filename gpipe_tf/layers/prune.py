@@ -128,7 +128,11 @@ def Prune(wrapped: Any, feeds: Sequence[tf.Tensor],
   sources.update((id(inner), inner) for _, inner in captures)
   source_ops = {x.op for x in sources.values()}
   needed = _Needed(fetches, source_ops)
-  read = {id(x): x for op in needed for x in op.inputs if x.op in source_ops}
+  # What the needed ops read of the sources' ops (the import's input map),
+  # and the fetches that are sources themselves (passed through).
+  consumed = {id(x): x for op in needed for x in op.inputs
+              if x.op in source_ops}
+  read = dict(consumed)
   read.update((id(x), x) for x in fetches if id(x) in sources)
   for x in read.values():
     if id(x) not in sources:
@@ -148,8 +152,7 @@ def Prune(wrapped: Any, feeds: Sequence[tf.Tensor],
     outputs = [x.name for x in fetches if id(x) not in sources]
     imported = iter(importer.import_graph_def(
         _GraphDef(graph, needed, source_ops),
-        input_map={x.name: placeholders[id(x)] for op in needed
-                   for x in op.inputs if x.op in source_ops},
+        input_map={x.name: placeholders[id(x)] for x in consumed.values()},
         return_elements=outputs, name='') if outputs else ())
   pruned.outputs.extend(placeholders[id(x)] if id(x) in sources
                         else next(imported) for x in fetches)

@@ -55,8 +55,8 @@ class RunnerEvalTest(tf.test.TestCase):
                                max_checkpoints_to_keep=1)
     sizes = []
     step = runner.EvalStep
-    runner.EvalStep = lambda batch, *a: sizes.append(
-        int(tf.shape(batch['inputs'])[0])) or step(batch, *a)
+    runner.EvalStep = lambda batch: sizes.append(
+        int(tf.shape(batch['inputs'])[0])) or step(batch)
     results = runner.Evaluate(eval_steps=0)
     self.assertEqual(sizes, [32] * 7 + [8])
     self.assertEqual(runner._eval_step.experimental_get_tracing_count(), 1)

@@ -13,7 +13,7 @@ from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import initializers
 
 __all__ = ['BatchNormLayer', 'CurrentDeferral', 'DeferMovingStats',
-           'DeferredMovingStats', 'LayerNorm']
+           'DeferredMovingStats', 'LayerNorm', 'SumAcrossReplicas']
 
 LayerMeta = base_layer.LayerMeta
 Shape = base_layer.Shape
@@ -159,7 +159,7 @@ class BatchNormLayer(base_layer.BaseLayer):
     if deferred is not None:
       deferred.Add(self, *self.SufficientStatistics(x))
     elif _NumReplicas() > 1:
-      total, total_sq, count = _SumAcrossReplicas(
+      total, total_sq, count = SumAcrossReplicas(
           *self.SufficientStatistics(x))
       self.UpdateMovingStats(
           *self.MomentsFromSufficientStatistics(total, total_sq, count))
@@ -175,7 +175,7 @@ class BatchNormLayer(base_layer.BaseLayer):
       mean, variance = self.moving_mean, self.moving_variance
     else:
       if self.p.cross_replica_normalization and _NumReplicas() > 1:
-        total, total_sq, count = _SumAcrossReplicas(
+        total, total_sq, count = SumAcrossReplicas(
             *self.SufficientStatistics(x))
         batch_mean, batch_variance = self.MomentsFromSufficientStatistics(
             total, total_sq, count)
@@ -270,7 +270,7 @@ def _NumReplicas() -> int:
   return 1 if ctx is None else int(ctx.num_replicas_in_sync)
 
 
-def _SumAcrossReplicas(*tensors: tf.Tensor) -> list[tf.Tensor]:
+def SumAcrossReplicas(*tensors: tf.Tensor) -> list[tf.Tensor]:
   """Sums tensors over all replicas (identity without tf.distribute)."""
   ctx = tf.distribute.get_replica_context()
   if ctx is None or ctx.num_replicas_in_sync == 1:
@@ -313,12 +313,14 @@ class DeferredMovingStats:
     """(layers, their [total, total_sq, count]) recorded so far."""
     return list(self._layers), [self._sums[id(l)] for l in self._layers]
 
-  def Apply(self) -> None:
+  def Apply(self, summed_across_replicas: bool = False) -> None:
     """Moves every layer's moving statistics once, from all its micro-batches
-    (and all replicas)."""
+    and all replicas (summed here, unless the sums added already were)."""
     for layer in self._layers:
       with tf.device(layer.moving_mean.device):
-        total, total_sq, count = _SumAcrossReplicas(*self._sums[id(layer)])
+        total, total_sq, count = self._sums[id(layer)]
+        if not summed_across_replicas:
+          total, total_sq, count = SumAcrossReplicas(total, total_sq, count)
         layer.UpdateMovingStats(
             *layer.MomentsFromSufficientStatistics(total, total_sq, count))
     self._layers, self._sums = [], {}

@@ -70,6 +70,7 @@ from gpipe_tf.pipeline import graph_edit
 from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import roles
+from gpipe_tf.pipeline import tensor_loop
 from gpipe_tf.pipeline import tf_internals
 from gpipe_tf.pipeline.roles import Piece as PieceKind
 from gpipe_tf.pipeline.roles import Role
@@ -144,6 +145,11 @@ class Piece:
 
 # The W of a cell whose B computed the whole backward: nothing to run.
 _NO_PIECE = Piece(lambda: ())
+
+# The largest weight gradient a piece packs into its cell's one vector of
+# small gradients (tensor_loop.Flat; 64 KiB of float32): copying it costs
+# about what summing it alone over micro-batches costs in ops.
+_PACKED_GRADIENT_ELEMENTS = 16384
 
 
 def _RunCell(cell: cell_lib.Cell, structure: Any, seed: tf.Tensor,
@@ -229,8 +235,10 @@ class CellProgram:
 
   Attributes:
     out_struct, out_specs: the outputs' nest and flat specs.
-    bn_layers: the BatchNorm layers whose sufficient statistics `bn` holds.
-    variables: the trainable variables `dws` belongs to, each once.
+    bn_layers: the BatchNorm layers whose sufficient statistics Role.BN
+      holds, packed by `bn_flat` (three a layer: sum, sum of squares, count).
+    variables: the trainable variables whose gradients Role.DWS holds,
+      each once, the small ones packed by `dws_flat`.
     tensors: the traced Tensors of one micro-batch's step.
   """
 
@@ -331,10 +339,12 @@ class CellProgram:
     self.out_struct = y
     self.out_specs = _Specs(flat_y)
     self.bn_layers, bn = stats.Export()
+    bn = [x for stat in bn for x in stat]
+    self.bn_flat = tensor_loop.Flat(_Specs(bn))
     self.tensors = Tensors({
         Role.SEED: (seed,), Role.X: xs, Role.SKIP_IN: skips,
         Role.LABELS: labels_flat, Role.Y: flat_y, Role.SKIP_OUT: skip_out,
-        Role.BN: [x for stat in bn for x in stat], Role.SUMS: sums_flat})
+        Role.BN: self.bn_flat.Pack(bn), Role.SUMS: sums_flat})
     self._mark = len(graph.get_operations())
     if not self.training:
       return self.tensors.Present(Role.Y, Role.SKIP_OUT)
@@ -356,11 +366,13 @@ class CellProgram:
         graph, graph.get_operations()[self._mark:],
         graph_edit.TrainableReads(graph, self.variables))
     grads = iter(grads)
+    dx = [next(grads) if w else None for w in wanted]
+    dskip_in = [next(grads) if w else None for w in wanted_skips]
+    dws = [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]
+    self.dws_flat = tensor_loop.Flat(_Specs(dws), _PACKED_GRADIENT_ELEMENTS)
     self.tensors = self.tensors.With({
-        Role.DY: dys, Role.DSKIP_OUT: dskips,
-        Role.DX: [next(grads) if w else None for w in wanted],
-        Role.DSKIP_IN: [next(grads) if w else None for w in wanted_skips],
-        Role.DWS: [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]})
+        Role.DY: dys, Role.DSKIP_OUT: dskips, Role.DX: dx,
+        Role.DSKIP_IN: dskip_in, Role.DWS: self.dws_flat.Pack(dws)})
     return self.tensors.Present(Role.DX, Role.DSKIP_IN, Role.DWS, Role.Y,
                                 Role.SKIP_OUT, Role.BN, Role.SUMS)
 

@@ -390,7 +390,8 @@ def Gradients(compiled: Compiled, state: State) -> dict:
   grads: dict = {}
   for s, program in enumerate(compiled.programs):
     with tf.device(compiled.cells[s].device):
-      sums = compiled.layouts[s][Role.DWS].Read(state[s].Of(Role.DWS))
+      sums = program.dws_flat.Unpack(
+          compiled.layouts[s][Role.DWS].Read(state[s].Of(Role.DWS)))
     for v, g in zip(program.variables, sums):
       if g is None:
         continue
@@ -409,10 +410,13 @@ def MoveBatchNormStats(compiled: Compiled, state: State) -> None:
     if not program.bn_layers:
       continue
     with tf.device(compiled.cells[s].device):
-      bn = compiled.layouts[s][Role.BN].Read(slots.Of(Role.BN))
+      # Summed over replicas as the stage's packed vectors: one all-reduce
+      # a dtype, not three a layer.
+      bn = program.bn_flat.Unpack(normalization.SumAcrossReplicas(
+          *compiled.layouts[s][Role.BN].Read(slots.Of(Role.BN))))
     for i, layer in enumerate(program.bn_layers):
       stats.Add(layer, *bn[3 * i:3 * i + 3])
-  stats.Apply()
+  stats.Apply(summed_across_replicas=True)
 
 
 def Done(state: State) -> None:

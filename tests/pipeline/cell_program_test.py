@@ -172,8 +172,9 @@ class CellProgramTest(tf.test.TestCase):
         whole = p.Piece(_Step(ticks.BW, keep))(feeds)
         b = p.Piece(_Step(ticks.B, keep))(feeds)
         w = p.Piece(_Step(ticks.W))(_T({Role.WCUT: b[Role.WCUT]}))
-        for got in (whole[Role.DX] + whole[Role.DWS],
-                    b[Role.DX] + w[Role.DWS]):
+        for got in (
+            list(whole[Role.DX]) + p.dws_flat.Unpack(whole[Role.DWS]),
+            list(b[Role.DX]) + p.dws_flat.Unpack(w[Role.DWS])):
           for a, g in zip(want, got):
             self.assertAllClose(a, g, rtol=1e-5, atol=1e-6)
 
@@ -195,6 +196,40 @@ class CellProgramTest(tf.test.TestCase):
     for a, b in zip(before[Role.DX] + before[Role.DWS],
                     after[Role.DX] + after[Role.DWS]):
       self.assertAllClose(a, b)
+
+  def testBatchNormSumsAreOneVectorOfEveryLayersSums(self):
+    # Three sums a layer, packed into one vector by the forward: one add
+    # and one slot a micro-batch in the step, not three a layer.
+    cell = _Cell(batch_norm=True)
+    p = _Program(cell)
+    self.assertLen(p.tensors[Role.BN], 1)
+    f = p.Piece(_Step(ticks.F, False))(
+        _T({Role.SEED: [self.seed], Role.X: self.x}))
+    with normalization.DeferMovingStats() as stats:
+      cell.Run((0,), self.x, True)
+    layers, sums = stats.Export()
+    self.assertEqual(p.bn_layers, layers)
+    self.assertLen(layers, _NUM_LAYERS)
+    want = [x for stat in sums for x in stat]
+    got = p.bn_flat.Unpack(f[Role.BN])
+    self.assertLen(got, len(want))
+    for g, w in zip(got, want):
+      self.assertAllClose(g, w, rtol=1e-6)
+
+  def testSmallGradientsAreOneVectorLargeOnesApart(self):
+    # The FC layers' weights (64 elements) and biases (8): every gradient
+    # in one vector; with at most 10 elements packed, only the biases.
+    feeds = _T({Role.SEED: [self.seed], Role.X: self.x, Role.DY: self.dy})
+    want = self._Reference()[1:]
+    for limit, num_tensors in ((16384, 1), (10, 1 + _NUM_LAYERS)):
+      with self.subTest(limit=limit), mock.patch.object(
+          cell_program, '_PACKED_GRADIENT_ELEMENTS', limit):
+        p = _Program(self.cell)
+        self.assertLen(p.tensors[Role.DWS], num_tensors)
+        got = p.dws_flat.Unpack(p.Piece(_Step(ticks.BW))(feeds)[Role.DWS])
+        self.assertLen(got, len(want))
+        for g, w in zip(got, want):
+          self.assertAllClose(g, w, rtol=1e-5, atol=1e-6)
 
   def testVariablesAreDifferentiatedOnce(self):
     cell = _Cell()

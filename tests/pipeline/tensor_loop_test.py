@@ -93,5 +93,44 @@ class PackedTest(tf.test.TestCase):
     self.assertAllEqual(b, 8.0)
 
 
+class FlatTest(tf.test.TestCase):
+
+  def testPackIsOneVectorPerDtypeAndUnpackGivesEachTensorBack(self):
+    values = [tf.constant([1.0, 2.0]), tf.constant(3.0, tf.float64),
+              tf.constant([[4.0], [5.0]]), tf.constant(6.0),
+              tf.constant([7.0], tf.float64)]
+    flat = tl.Flat([tf.TensorSpec.from_tensor(v) for v in values])
+    vectors = flat.Pack(values)
+    self.assertLen(vectors, 2)
+    self.assertAllEqual(vectors[0], [1.0, 2.0, 4.0, 5.0, 6.0])
+    self.assertAllEqual(vectors[1], [3.0, 7.0])
+    for got, want in zip(flat.Unpack(vectors), values):
+      self.assertEqual(got.dtype, want.dtype)
+      self.assertAllEqual(got, want)
+
+  def testTensorsOfUnknownShapeStayAsTheyAre(self):
+    flat = tl.Flat([tf.TensorSpec([2], tf.float32),
+                    tf.TensorSpec([None], tf.float32)])
+    values = [tf.constant([1.0, 2.0]), tf.constant([3.0])]
+    self.assertIs(flat.Pack(values)[1], values[1])
+    self.assertIs(flat.Unpack(values)[0], values[0])
+
+  def testLargeTensorsAndNoneFollowTheVectorAsTheyAre(self):
+    values = [tf.ones([3, 3]), None, tf.constant([1.0, 2.0]),
+              tf.zeros([4]), tf.constant(5.0)]
+    flat = tl.Flat([None if v is None else tf.TensorSpec.from_tensor(v)
+                    for v in values], max_elements=4)
+    packed = flat.Pack(values)
+    self.assertLen(packed, 3)
+    self.assertAllEqual(packed[0], [1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 5.0])
+    self.assertIs(packed[1], values[0])
+    self.assertIsNone(packed[2])
+    got = flat.Unpack(packed)
+    self.assertIsNone(got[1])
+    for g, w in zip(got, values):
+      if w is not None:
+        self.assertAllEqual(g, w)
+
+
 if __name__ == '__main__':
   tf.test.main()

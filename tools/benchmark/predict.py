@@ -299,7 +299,7 @@ def PieceRuns(layers: Sequence, inputs: Sequence, device: str,
   'B_remat' and 'BW_remat'. Each returns one scalar on the chief; with
   ``consume`` the sum of every weight gradient (as the engine adds it into
   its gradient sums) and one value of every other output, else the piece's
-  Tensors (to check what it computes).
+  Tensors (to check what it computes; each weight's gradient unpacked).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gpipe_tf.pipeline import introspect  # pylint: disable=g-import-not-at-top
@@ -330,8 +330,10 @@ def PieceRuns(layers: Sequence, inputs: Sequence, device: str,
     def _Call():
       with tf.device(device):
         out = piece(feeds)
-        if not consume:
-          return out.Present(*piece.makes)
+        if not consume:  # Each weight's gradient, unpacked.
+          return [t for role in piece.makes for t in (
+              program.dws_flat.Unpack(out[role]) if role is R.DWS
+              else out[role]) if t is not None]
         total = tf.constant(0.0)
         for role in piece.makes:
           for t in out.Present(role):

@@ -179,7 +179,8 @@ class Role(enum.Enum, metaclass=_Table):
   SKIP_OUT = _R(_FORWARDS, (), Store.LATEST, 'the skips it stashes that '
                 'later cells pop', freed=Freed.REPLACED)
   BN = _R(_TOTALS, (), Store.PACKED_SUM, 'the BatchNorm sufficient '
-          'statistics, three per BatchNorm layer')
+          'statistics, three per BatchNorm layer, as one vector per dtype '
+          '(CellProgram.bn_flat)')
   SUMS = _R(_TOTALS, (), Store.SUM, 'the flat loss.Sums', loss=True)
   DX = _R(_BACKWARDS | _FUSED, (), Store.LATEST, 'the gradients of the flat '
           'inputs', freed=Freed.REPLACED, merged='input_grads')
@@ -189,7 +190,8 @@ class Role(enum.Enum, metaclass=_Table):
             'what W reads from B (layer inputs and output gradients)',
             freed=Freed.TAKEN)
   DWS = _R({_P.BW_KEEP, _P.BW_REMAT, _P.W, _P.FB}, (), Store.PACKED_SUM,
-           'the gradients of CellProgram.variables')
+           'the gradients of CellProgram.variables, the small ones as one '
+           'vector per dtype (CellProgram.dws_flat)')
 
 
 def Check(table: Iterable[Role]) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import keras
+import tensorflow as tf
 
 from gpipe_tf import hyperparams
 
@@ -82,6 +83,61 @@ class SGD(BaseOptimizer):
                                 name=p.name)
 
 
+class _FusedAdamUpdate:
+  """Keras's Adam update of a variable as one ResourceApplyAdam op.
+
+  Keras 3 builds Adam's update of each variable from about 25 small ops
+  (casts, the step's bias corrections again for every variable, three
+  assignments); TensorFlow's fused kernel computes the same update, in the
+  same order of operations (``m += (g - m) * (1 - beta1)``, likewise ``v``,
+  ``var -= m * alpha / (sqrt(v) + epsilon)``), in one op, and the step's
+  constants are built once per dtype. The quick start's step has 190
+  variables: 4,500 ops fewer to trace and optimise. Its variables and slots
+  are Keras's own, so checkpoints are unchanged.
+
+  Keras's update runs instead with AMSGrad, under a tf.distribute strategy
+  (whose update of a mirrored variable Keras drives per device), or for a
+  variable that is not a tf.Variable.
+  """
+
+  def _backend_update_step(self, grads, trainable_variables, learning_rate):
+    self._fused_constants = {}
+    try:
+      return super()._backend_update_step(grads, trainable_variables,
+                                          learning_rate)
+    finally:
+      self._fused_constants = None
+
+  def update_step(self, gradient, variable, learning_rate):
+    constants = getattr(self, '_fused_constants', None)
+    if (constants is None or self.amsgrad or tf.distribute.has_strategy() or
+        not isinstance(variable, tf.Variable)):
+      return super().update_step(gradient, variable, learning_rate)
+    dtype = variable.dtype
+    if dtype not in constants:
+      step = tf.cast(self.iterations + 1, dtype)
+      beta1 = tf.cast(self.beta_1, dtype)
+      beta2 = tf.cast(self.beta_2, dtype)
+      constants[dtype] = dict(
+          beta1_power=tf.pow(beta1, step), beta2_power=tf.pow(beta2, step),
+          lr=tf.cast(learning_rate, dtype), beta1=beta1, beta2=beta2,
+          epsilon=tf.cast(self.epsilon, dtype))
+    index = self._get_variable_index(variable)
+    tf.raw_ops.ResourceApplyAdam(
+        var=variable.handle, m=self._momentums[index].value.handle,
+        v=self._velocities[index].value.handle,
+        grad=tf.cast(gradient, dtype), use_locking=False, **constants[dtype])
+
+
+class _FusedKerasAdam(_FusedAdamUpdate, keras.optimizers.Adam):
+  """keras.optimizers.Adam, each variable's update one op."""
+
+
+class _FusedKerasAdamW(_FusedAdamUpdate, keras.optimizers.AdamW):
+  """keras.optimizers.AdamW, each variable's Adam update one op (its decay
+  is Keras's, applied before)."""
+
+
 class Adam(BaseOptimizer):
   """Adam (Kingma & Ba) with bias correction, as Keras implements it."""
 
@@ -92,13 +148,17 @@ class Adam(BaseOptimizer):
     p.Define('beta2', 0.999, 'Decay of the second-moment estimate.')
     p.Define('epsilon', 1e-7, 'Added to the root of the second moment.')
     p.Define('amsgrad', False, 'Whether to use the AMSGrad variant.')
+    p.Define('fused', True,
+             "Update each variable with TensorFlow's fused Adam kernel (one "
+             "op, the same arithmetic) instead of Keras's ops; Keras's run "
+             'with amsgrad and under a tf.distribute strategy.')
     return p
 
   def _Create(self, learning_rate):
     p = self.params
-    return keras.optimizers.Adam(learning_rate=learning_rate, beta_1=p.beta1,
-                                 beta_2=p.beta2, epsilon=p.epsilon,
-                                 amsgrad=p.amsgrad, name=p.name)
+    cls = _FusedKerasAdam if p.fused else keras.optimizers.Adam
+    return cls(learning_rate=learning_rate, beta_1=p.beta1, beta_2=p.beta2,
+               epsilon=p.epsilon, amsgrad=p.amsgrad, name=p.name)
 
 
 class AdamW(Adam):
@@ -116,7 +176,8 @@ class AdamW(Adam):
 
   def _Create(self, learning_rate):
     p = self.params
-    opt = keras.optimizers.AdamW(
+    cls = _FusedKerasAdamW if p.fused else keras.optimizers.AdamW
+    opt = cls(
         learning_rate=learning_rate, weight_decay=p.weight_decay,
         beta_1=p.beta1, beta_2=p.beta2, epsilon=p.epsilon, amsgrad=p.amsgrad,
         name=p.name)

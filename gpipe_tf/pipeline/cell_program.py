@@ -147,8 +147,9 @@ class Piece:
 _NO_PIECE = Piece(lambda: ())
 
 # The largest weight gradient a piece packs into its cell's one vector of
-# small gradients (tensor_loop.Flat; 64 KiB of float32): copying it costs
-# about what summing it alone over micro-batches costs in ops.
+# small gradients (tensor_loop.Flat; 64 KiB of float32): every weight of a
+# block of width 64, where the steady step did not change (64 blocks, 1F1B:
+# benchmarks/first_step); larger ones are summed on their own.
 _PACKED_GRADIENT_ELEMENTS = 16384
 
 

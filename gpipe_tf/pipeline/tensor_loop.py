@@ -111,10 +111,10 @@ class Flat:
   for its BatchNorm sums alone at K=2, M=4.
 
   Packing copies the tensors once, so only tensors of at most
-  `max_elements` elements are packed (a copy of 64 KiB costs about what
-  the three ops it saves do on a CPU); larger ones, and None, follow the
-  vectors as they are. Where a spec's shape is not fully known, nothing is
-  packed.
+  `max_elements` elements are packed (one vector of every gradient made
+  steps slower at width 256: docs/tensorflow-notes.md); larger ones, and
+  None, follow the vectors as they are. Where a spec's shape is not fully
+  known, nothing is packed.
 
   Args:
     specs: the tensors' TensorSpecs (None for an absent tensor).

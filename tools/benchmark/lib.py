@@ -59,10 +59,10 @@ from gpipe_tf.layers import precision
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import schedule as schedule_lib
 
-__all__ = ['AUTO', 'Build', 'Config', 'Label', 'LayersOf', 'LossInside', 'MakeStep',
-           'Measure', 'Merge', 'ModelPeakBytes', 'ModelPlan', 'ModelSpec',
-           'PipelineConfigs', 'ReplicaConfigs', 'RowLayout', 'Rows',
-           'ScheduleLabel', 'StepAndModel', 'StageBalance', 'StageInputs',
+__all__ = ['AUTO', 'AccumulationConfigs', 'Build', 'Config', 'Label',
+           'LayersOf', 'LossInside', 'MakeStep', 'Measure', 'Merge',
+           'ModelPeakBytes', 'ModelPlan', 'ModelSpec', 'PipelineConfigs',
+           'ReplicaConfigs', 'RowLayout', 'Rows', 'ScheduleLabel', 'StepAndModel', 'StageBalance', 'StageInputs',
            'TimeRound', 'TimedRows']
 
 
@@ -104,6 +104,15 @@ def LossInside(schedules: Sequence[str]) -> bool:
   (gpipe's too) runs the same kind of step and the rows compare like with like.
   """
   return any(name != 'gpipe' for name in schedules)
+
+
+def AccumulationConfigs(micro_batches: Sequence[int],
+                        dtypes: Sequence[str] = ('float32',)) -> list[dict]:
+  """A SequentialLayer running M micro-batches in turn (gradient
+  accumulation) for every M > 1: what a pipeline's devices together should
+  not do much more work than (tables.AccumulationTable)."""
+  return [Config(False, num_micro_batches=m, dtype=dtype)
+          for m in micro_batches if m > 1 for dtype in dtypes]
 
 
 def PipelineConfigs(partitions: Sequence[int], micro_batches: Sequence[int],
@@ -191,6 +200,8 @@ def Label(cfg: dict, with_schedule: bool = True) -> str:
   """
   if not cfg['pipeline']:
     label = 'SequentialLayer' + (', single core' if cfg['single_core'] else '')
+    if cfg['num_micro_batches'] > 1:
+      label += f", M={cfg['num_micro_batches']} in turn"
   else:
     label = (f"K={cfg['num_partitions']} M={cfg['num_micro_batches']} "
              f"remat={cfg['remat']}")
@@ -572,7 +583,12 @@ def _ReplicatedStep(spec, cfg, all_devices):
 
 
 def _LossAndGradients(model, cfg, inputs, variables):
-  """The training loss and its gradients, by the row's path."""
+  """The training loss and its gradients, by the row's path. A
+  SequentialLayer with M > 1 runs the M micro-batches in turn and sums their
+  gradients (gradient accumulation): the work a pipeline of M micro-batches
+  does, on one device."""
+  if not cfg['pipeline'] and cfg['num_micro_batches'] > 1:
+    return _Accumulated(model, cfg['num_micro_batches'], inputs, variables)
   if cfg['loss_inside']:
     labels = tf.zeros(tf.shape(inputs[0])[:1])  # Unused; split like inputs.
     loss, _, grads = model.ComputeLossAndGradients(
@@ -581,6 +597,21 @@ def _LossAndGradients(model, cfg, inputs, variables):
   with tf.GradientTape() as tape:
     loss = _Loss(model, inputs, training=True)
   return loss, tape.gradient(loss, variables)
+
+
+def _Accumulated(model, num_micro_batches, inputs, variables):
+  """_Loss and its gradients over M equal micro-batches run one after
+  another: each micro-batch's mean weighs 1/M."""
+  parts = [tf.split(x, num_micro_batches) for x in inputs]
+  loss, grads = 0.0, [None] * len(variables)
+  for m in range(num_micro_batches):
+    with tf.GradientTape() as tape:
+      part = _Loss(model, [p[m] for p in parts], training=True)
+    loss += part / num_micro_batches
+    for i, g in enumerate(tape.gradient(part, variables)):
+      g = g / num_micro_batches
+      grads[i] = g if grads[i] is None else grads[i] + g
+  return loss, grads
 
 
 def _PerExampleLoss(outputs, labels):

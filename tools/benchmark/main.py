@@ -171,6 +171,11 @@ _DTYPES = flags.DEFINE_list(
     'dtype', ['float32'],
     "Precision policies of the rows, side by side: 'float32', "
     "'mixed_bfloat16', 'mixed_float16' (gpipe_tf.layers.precision).")
+_ACCUMULATION = flags.DEFINE_bool(
+    'accumulation', False,
+    'Also time a SequentialLayer running the M micro-batches in turn '
+    '(gradient accumulation) for each M > 1; with --devices=processes, '
+    "table every pipelined row's summed device busy time against it.")
 _JIT = flags.DEFINE_bool(
     'jit_compile', False,
     'Also time every pipeline row with its pieces compiled by XLA, beside '
@@ -221,7 +226,9 @@ def _Run(spec, workers, worker_devices, threads):
                           _EXECUTIONS.value),
       lib.ReplicaConfigs(_NUM_DEVICES.value, _Ints(_REPLICAS), _Ints(_MICRO),
                          _REMAT.value, _BATCH.value,
-                         lib.LossInside(_SCHEDULES.value)))
+                         lib.LossInside(_SCHEDULES.value)),
+      lib.AccumulationConfigs(_Ints(_MICRO), _DTYPES.value)
+      if _ACCUMULATION.value else [])
   measure = None
   if workers:
 
@@ -259,6 +266,8 @@ def _Run(spec, workers, worker_devices, threads):
     print(tables.ScheduleTable(rows, micro, _REMAT.value))
   if workers:
     print(tables.DeviceTable(rows))
+    if _ACCUMULATION.value:
+      print(tables.AccumulationTable(rows))
   if _PREDICT.value and workers:
     print(tables.PredictionTable(rows))
   if _REPLICAS.value:

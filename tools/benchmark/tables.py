@@ -332,6 +332,34 @@ def DeviceTable(rows: Sequence[dict]) -> str:
   return '\n'.join(lines)
 
 
+def AccumulationTable(rows: Sequence[dict]) -> str:
+  """Each pipelined training row's work against gradient accumulation:
+  the devices' summed busy time per step beside that of the SequentialLayer
+  running the same M micro-batches in turn on one device
+  (lib.AccumulationConfigs), rows timed on worker processes. Issue 40's
+  target: within 1.15x."""
+  plain = {(r['num_micro_batches'], r['dtype']): r for r in rows
+           if not r['pipeline'] and r['num_micro_batches'] > 1 and
+           r.get('device_busy_seconds_per_step')}
+  lines = ['\nWork against gradient accumulation (summed busy ms per step: '
+           'every device of the row / the SequentialLayer running the same '
+           'micro-batches in turn)',
+           '| configuration | schedule | summed busy ms | accumulation busy ms '
+           '| ratio |', '|---|---|---|---|---|']
+  for r in rows:
+    base = plain.get((r['num_micro_batches'], r['dtype']))
+    busy = r.get('device_busy_seconds_per_step')
+    if not (r['pipeline'] and r['mode'] == 'train' and base and busy):
+      continue
+    total = sum(busy)
+    ref = sum(base['device_busy_seconds_per_step'])
+    lines.append(f"| {lib.Label(r, with_schedule=False)} | "
+                 f'{lib.ScheduleLabel(r)} | {1000 * total:.0f} | '
+                 f'{1000 * ref:.0f} | '
+                 + (f'{total / ref:.2f} |' if ref > 0 else '- |'))
+  return '\n'.join(lines)
+
+
 def PredictionTable(rows: Sequence[dict]) -> str:
   """The step the schedule replayed on each row's measured pieces predicts
   beside the measured step, and the simulated bubble beside the measured

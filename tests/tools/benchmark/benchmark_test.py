@@ -128,6 +128,18 @@ class MeasureTest(tf.test.TestCase):
     self.assertIn('| always | 1 x 2 | 1.00 (', table)
     self.assertIn('| always | 2 x 1 | ', table)
 
+  def testAccumulationTakesTheWholeBatchsSteps(self):
+    # M equal micro-batches in turn, each mean weighed 1/M: the whole
+    # batch's loss and update (the second loss sees the first update).
+    devices = test_utils.devices.LogicalCpus()[:1]
+    whole = lib.MakeStep(_STEP_SPEC, lib.Config(False), devices)
+    want = [float(whole()) for _ in range(2)]
+    cfg = lib.AccumulationConfigs([1, 4])
+    self.assertEqual([c['num_micro_batches'] for c in cfg], [4])
+    self.assertEqual(lib.Label(cfg[0]), 'SequentialLayer, M=4 in turn')
+    step = lib.MakeStep(_STEP_SPEC, cfg[0], devices)
+    self.assertAllClose([float(step()) for _ in range(2)], want, rtol=1e-5)
+
   def testTimedRowsSumsAPeakPerDeviceAndCountsAroundEveryRound(self):
     # The loop of both modes: processes mode reads a peak per worker and
     # its workers' counters around each timed round.
@@ -337,6 +349,24 @@ class ModelPeakTest(tf.test.TestCase):
                boundary_bytes_per_step=2**21)
     self.assertIn('| 1000 | 1200 / 600 | 100 / 50 | 1.0 / 2.0 | 1.0 / 3.0 | '
                   '1.00 / 1.00 | 2.00 |', tables.DeviceTable([row]))
+
+
+  def testAccumulationTableSumsEveryDevicesBusyTime(self):
+    busy = dict(seconds_per_step_rounds=[1.0],
+                device_peak_memory_bytes=[0, 0],
+                device_bytes_sent_per_step=[0, 0])
+    rows = [dict(_Row(100.0, pipeline=False, k=1, m=1), **busy,
+                 device_busy_seconds_per_step=[0.5, 0.0]),
+            dict(_Row(100.0, m=8), **busy, schedule='1f1b',
+                 device_busy_seconds_per_step=[0.6, 0.6]),
+            dict(_Row(100.0, m=4), **busy,
+                 device_busy_seconds_per_step=[0.6, 0.6]),
+            dict(_Row(100.0, pipeline=False, k=1, m=8), **busy,
+                 device_busy_seconds_per_step=[1.0, 0.0])]
+    table = tables.AccumulationTable(rows)
+    self.assertIn('| K=2 M=8 remat=never | 1f1b | 1200 | 1000 | 1.20 |',
+                  table)
+    self.assertNotIn('M=4', table)  # No accumulation row of its M.
 
 
 class AutoTest(tf.test.TestCase):

@@ -36,8 +36,10 @@ _ROW_KEYS = ('pipeline', 'num_partitions', 'num_micro_batches', 'remat',
 _SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 
 
-def _Row(examples_per_sec, pipeline=True, k=2, m=8, remat='never',
+def _Row(examples_per_sec, pipeline=True, k=2, m=None, remat='never',
          mode='train', single_core=False):
+  # A SequentialLayer's row has M=1 unless it is an accumulation's.
+  m = m or (8 if pipeline else 1)
   return dict(lib.Config(pipeline, k, m, remat, mode, single_core=single_core),
               examples_per_sec=examples_per_sec, peak_memory_bytes=0)
 

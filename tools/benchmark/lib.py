@@ -62,8 +62,9 @@ from gpipe_tf.pipeline import schedule as schedule_lib
 __all__ = ['AUTO', 'AccumulationConfigs', 'Build', 'Config', 'Label',
            'LayersOf', 'LossInside', 'MakeStep', 'Measure', 'Merge',
            'ModelPeakBytes', 'ModelPlan', 'ModelSpec', 'PipelineConfigs',
-           'ReplicaConfigs', 'RowLayout', 'Rows', 'ScheduleLabel', 'StepAndModel', 'StageBalance', 'StageInputs',
-           'TimeRound', 'TimedRows']
+           'ReplicaConfigs', 'RowLayout', 'Rows', 'ScheduleLabel',
+           'StepAndModel', 'StageBalance', 'StageInputs', 'TimeRound',
+           'TimedRows']
 
 
 AUTO = 'auto'  # PipeliningLayer's schedule='auto'.
@@ -601,17 +602,17 @@ def _LossAndGradients(model, cfg, inputs, variables):
 
 def _Accumulated(model, num_micro_batches, inputs, variables):
   """_Loss and its gradients over M equal micro-batches run one after
-  another: each micro-batch's mean weighs 1/M."""
+  another: each micro-batch's mean weighs 1/M, applied once to the sums."""
   parts = [tf.split(x, num_micro_batches) for x in inputs]
   loss, grads = 0.0, [None] * len(variables)
   for m in range(num_micro_batches):
     with tf.GradientTape() as tape:
       part = _Loss(model, [p[m] for p in parts], training=True)
-    loss += part / num_micro_batches
+    loss += part
     for i, g in enumerate(tape.gradient(part, variables)):
-      g = g / num_micro_batches
       grads[i] = g if grads[i] is None else grads[i] + g
-  return loss, grads
+  return (loss / num_micro_batches,
+          [g / num_micro_batches for g in grads])
 
 
 def _PerExampleLoss(outputs, labels):

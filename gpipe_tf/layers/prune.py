@@ -27,9 +27,14 @@ fetch needs what the feeds cannot replace (ERRORS): UnliftableError on a
 placeholder that is neither fed nor captured, KeyError on another output of
 a fed tensor's op.
 
+``KeptWhole(function)`` is such a function that TensorFlow calls as it is
+(neither inlined into its caller nor specialised per call site): a pipeline
+cell calls its shared layer traces so (layers/shared_trace.py).
+
 TensorFlow internals used (tests/layers/prune_test.py pins them): the
 WrappedFunction class and its ``_variable_holder``, FuncGraph captures,
-``importer.import_graph_def`` into a FuncGraph, and resource handle data.
+``importer.import_graph_def`` into a FuncGraph, resource handle data, and
+the allow-list of function attributes (``attributes``).
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ import tensorflow as tf
 # pylint: disable=g-direct-tensorflow-import
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.eager import wrap_function
+from tensorflow.python.eager.polymorphic_function import attributes
 from tensorflow.python.framework import func_graph
 from tensorflow.python.framework import importer
 from tensorflow.python.ops import op_selector
 from tensorflow.python.ops import resource_variable_ops
 # pylint: enable=g-direct-tensorflow-import
 
-__all__ = ['ERRORS', 'Prune']
+__all__ = ['ERRORS', 'KeptWhole', 'Prune']
 
 # What Prune raises where a fetch depends on something the feeds cannot
 # replace: a caller then cuts the graph another way (shared_trace: B makes
@@ -55,6 +61,13 @@ __all__ = ['ERRORS', 'Prune']
 ERRORS = (op_selector.UnliftableError, KeyError, ValueError)
 
 _DROPPED_ATTRS = ('_class', '_tpu_replicate')
+
+# The FunctionDef attributes of a function called whole: TensorFlow does not
+# inline its calls (`_noinline`), and Grappler's function optimizer does not
+# copy it for a call that passes a constant or leaves an output unused
+# (`_nospecialize`; with it, 106 copies of one function in a 64-block step,
+# each optimised on its own). tf.function's allow-list has the first only.
+_KEPT_WHOLE = {'_noinline': True, '_nospecialize': True}
 
 
 def _Needed(fetches: Sequence[tf.Tensor], source_ops: set) -> set:
@@ -167,4 +180,25 @@ def Prune(wrapped: Any, feeds: Sequence[tf.Tensor],
   function._num_positional_args = len(feeds)
   function._arg_keywords = [x.op.name for x in feeds]
   return function
+  # pylint: enable=protected-access
+
+
+def KeptWhole(function: Any) -> Any:
+  """`function` (a Prune result) as a function TensorFlow calls whole:
+  the same graph, under another name, with `_KEPT_WHOLE`'s attributes.
+  Grappler, the placer and the executors then see its body once per
+  device, however many calls a step makes, and each call runs it as a
+  function of its own."""
+  # pylint: disable=protected-access
+  allowed = attributes.MONOMORPHIC_FUNCTION_ALLOWLIST
+  attributes.MONOMORPHIC_FUNCTION_ALLOWLIST = allowed | set(_KEPT_WHOLE)
+  try:
+    whole = wrap_function.WrappedFunction(
+        function.graph, variable_holder=function._variable_holder,
+        attrs=dict(_KEPT_WHOLE))
+  finally:
+    attributes.MONOMORPHIC_FUNCTION_ALLOWLIST = allowed
+  whole._num_positional_args = function._num_positional_args
+  whole._arg_keywords = function._arg_keywords
+  return whole
   # pylint: enable=protected-access

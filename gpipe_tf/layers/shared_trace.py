@@ -68,8 +68,8 @@ from gpipe_tf.layers import random_seeds
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['CalledGraph', 'InlinedSize', 'NOT_SHARED', 'Off', 'SharedCall',
-           'SharedTraceSaveError', 'Stats']
+__all__ = ['CalledGraph', 'CallsKeptWhole', 'InlinedSize', 'NOT_SHARED', 'Off',
+           'SharedCall', 'SharedTraceSaveError', 'Stats']
 
 _OFF: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_shared_trace_off', default=False)
@@ -83,6 +83,41 @@ def Off() -> Iterator[None]:
     yield
   finally:
     _OFF.reset(token)
+
+
+_WHOLE: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_shared_trace_whole', default=False)
+
+
+@contextlib.contextmanager
+def CallsKeptWhole() -> Iterator[None]:
+  """Shared traces called in here are called whole: TensorFlow neither
+  inlines the calls nor copies the function per call (prune.KeptWhole), so
+  a graph of many calls of one kind holds its ops once per device, not
+  once per call. A pipeline cell calls its layers so (docs/scale.md)."""
+  token = _WHOLE.set(True)
+  try:
+    yield
+  finally:
+    _WHOLE.reset(token)
+
+
+# A traced function's name -> the same function called whole.
+_WHOLE_OF: dict = {}
+
+
+def _KeptWhole(function: Any, kind: '_Kind') -> Any:
+  name = tf.compat.as_str(function.name)
+  if name not in _WHOLE_OF:
+    whole = prune.KeptWhole(function)
+    # Found, weighed and differentiated as the function it calls
+    # (CalledGraph, InlinedSize, _ForwardGradient).
+    whole_name = tf.compat.as_str(whole.name)
+    _GRAPHS[whole_name] = function.graph
+    if function is kind.forward:
+      _BY_NAME[whole_name] = kind
+    _WHOLE_OF[name] = whole
+  return _WHOLE_OF[name]
 
 
 @dataclasses.dataclass
@@ -413,11 +448,14 @@ def _Dense(grad: Any, v: tf.Variable) -> Any:
 def _Call(function: Any, args: Sequence[tf.Tensor], kind: _Kind,
           handles: Sequence[tf.Tensor]) -> list:
   """`function` called on `args` with `handles` (the caller's variables, in
-  the order of the kind's) in place of the kind's variables."""
+  the order of the kind's) in place of the kind's variables; kept whole
+  inside CallsKeptWhole()."""
   index = {id(v.handle): i for i, v in enumerate(kind.variables)}
   captures = [handles[index[id(c)]] for c in function.captured_inputs]
   gradient = (_FORWARD_GRADIENT if function is kind.forward else
               _NO_GRADIENT)
+  if _WHOLE.get():
+    function = _KeptWhole(function, kind)
   return OverridingGradient(
       lambda: function._call_flat(list(args), captures), gradient)  # pylint: disable=protected-access
 

@@ -95,5 +95,31 @@ class PruneTest(tf.test.TestCase):
                         tf.tanh(self.x @ self.w) * 2.0 + 1.0)
 
 
+  def testKeptWholeIsCalledAsItIsInAStep(self):
+    """KeptWhole: the same function, which a tf.function calls without
+    inlining it or copying it per call site (its FunctionDef says so), and
+    tf.function's allow-list as it was."""
+    # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+    from tensorflow.python.eager.polymorphic_function import attributes
+    # pylint: enable=g-import-not-at-top,g-direct-tensorflow-import
+    allowed = attributes.MONOMORPHIC_FUNCTION_ALLOWLIST
+    x = self.wrapped.inputs[0]
+    cut = prune.Prune(self.wrapped, [x], [self.y, self.dw])
+    whole = prune.KeptWhole(cut)
+    self.assertIs(attributes.MONOMORPHIC_FUNCTION_ALLOWLIST, allowed)
+    self.assertNotEqual(whole.name, cut.name)
+    attrs = whole.function_def.attr
+    self.assertTrue(attrs['_noinline'].b)
+    self.assertTrue(attrs['_nospecialize'].b)
+    self.assertNotIn('_noinline', cut.function_def.attr)
+
+    @tf.function(autograph=False)
+    def _Step(x):
+      return whole(x)
+
+    for a, b in zip(_Step(self.x), cut(self.x)):
+      self.assertAllClose(a, b)
+
+
 if __name__ == '__main__':
   tf.test.main()

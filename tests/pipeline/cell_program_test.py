@@ -293,5 +293,39 @@ class CellProgramTest(tf.test.TestCase):
         self.assertAllEqual(g, w)
 
 
+class LayersCalledWholeTest(tf.test.TestCase):
+  """A cell called layer by layer calls each layer's shared trace whole: a
+  call TensorFlow neither inlines nor copies per call site, so the step's
+  graph holds a kind's ops once, not once per layer (docs/scale.md)."""
+
+  def _Calls(self, piece):
+    graph = piece.function.graph
+    calls = [op for op in graph.get_operations()
+             if shared_trace.CalledGraph(op) is not None]
+    return calls, {op.get_attr('f').name: graph._functions[  # pylint: disable=protected-access
+        tf.compat.as_str(op.get_attr('f').name)].cached_definition.attr
+                   for op in calls}
+
+  def testEveryPieceCallsEachLayerWhole(self):
+    cell = _Blocks(4)
+    specs = [tf.TensorSpec([2, 4, 16], tf.float32),
+             tf.TensorSpec([2, 4], tf.float32)]
+    with shared_run.NoRuns():
+      program = cell_program.CellProgram(
+          cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
+          input_grads=True, defers_w=True)
+    # Nothing kept: B and BW recompute the forward. Per layer, F calls its
+    # forward; B the forward and B; W its W; BW all three.
+    for kind, per_layer in ((ticks.F, 1), (ticks.B, 2), (ticks.W, 1),
+                            (ticks.BW, 3)):
+      calls, attrs = self._Calls(program.Piece(_Step(kind)))
+      self.assertLen(calls, 4 * per_layer, kind)
+      # Four blocks of one kind (their inputs all differentiated): each
+      # function is one for the four layers, called whole.
+      self.assertLen(attrs, per_layer, kind)
+      for name, attr in attrs.items():
+        self.assertTrue(attr['_noinline'].b, name)
+        self.assertTrue(attr['_nospecialize'].b, name)
+
 if __name__ == '__main__':
   tf.test.main()

@@ -69,11 +69,23 @@ def _PartitionGraphs(step):
 
 def _OpsRun(step):
   """Runs the tf.function ``step`` once: Counter of (op type, device index)
-  over the partition graphs the runtime executed."""
+  over the partition graphs the runtime executed, the ops of each function
+  called whole (a cell's layers: layers/shared_trace.py) counted per call,
+  on the call's device, where the runtime runs them."""
   ops = collections.Counter()
+
+  def _Count(nodes, device):
+    for node in nodes:
+      where = (tf.DeviceSpec.from_string(node.device).device_index
+               if device is None else device)
+      if node.op in ('PartitionedCall', 'StatefulPartitionedCall'):
+        _Count(context.context().get_function_def(
+            node.attr['f'].func.name).node_def, where)
+      else:
+        ops[(node.op, where)] += 1
+
   for graph in _PartitionGraphs(step):
-    for node in graph.node:
-      ops[(node.op, tf.DeviceSpec.from_string(node.device).device_index)] += 1
+    _Count(graph.node, None)
   return ops
 
 

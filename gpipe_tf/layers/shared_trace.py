@@ -68,8 +68,9 @@ from gpipe_tf.layers import random_seeds
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['CalledGraph', 'CallsKeptWhole', 'InlinedSize', 'NOT_SHARED', 'Off',
-           'SharedCall', 'SharedTraceSaveError', 'Stats']
+__all__ = ['CalledGraph', 'CallsKeptWhole', 'CellsCallWhole', 'InlinedInCells',
+           'InlinedSize', 'NOT_SHARED', 'Off', 'SharedCall',
+           'SharedTraceSaveError', 'Stats']
 
 _OFF: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_shared_trace_off', default=False)
@@ -87,6 +88,27 @@ def Off() -> Iterator[None]:
 
 _WHOLE: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_shared_trace_whole', default=False)
+
+
+_CELLS_INLINE: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_shared_trace_cells_inline', default=False)
+
+
+@contextlib.contextmanager
+def InlinedInCells() -> Iterator[None]:
+  """Pipeline cells traced in here inline their layers' shared traces into
+  the step instead of calling them whole (`PipeliningLayer` Param
+  `inline_layers`)."""
+  token = _CELLS_INLINE.set(True)
+  try:
+    yield
+  finally:
+    _CELLS_INLINE.reset(token)
+
+
+def CellsCallWhole() -> bool:
+  """Whether pipeline cells traced now call their layers whole."""
+  return not _CELLS_INLINE.get()
 
 
 @contextlib.contextmanager

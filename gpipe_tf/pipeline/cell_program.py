@@ -281,14 +281,17 @@ class CellProgram:
     # PipeliningLayer asks (layer_loops), with W's loop apart from B's where
     # a schedule defers W; none in XLA pieces. Called layer by layer, each
     # layer's shared trace is called whole (not inlined into the step: its
-    # ops are optimised and placed once per device, not once per call);
-    # XLA pieces inline them.
+    # ops are optimised and placed once per device, not once per call)
+    # unless the PipeliningLayer asks otherwise (inline_layers); XLA pieces
+    # inline them.
     by_layer = jit_compile or not shared_run.CellsLoop()
+    whole = (by_layer and not jit_compile and
+             shared_trace.CellsCallWhole())
     with (shared_run.NoRuns() if by_layer else
           shared_run.SeparateWeights() if training and defers_w else
           contextlib.nullcontext()), (
-              shared_trace.CallsKeptWhole() if by_layer and not jit_compile
-              else contextlib.nullcontext()):
+              shared_trace.CallsKeptWhole() if whole else
+              contextlib.nullcontext()):
       self._wrapped = tf_internals.WrapFunction(
           lambda seed, *args: self._Trace(
               seed, *leaves.FillEach(templates, args), input_grads),

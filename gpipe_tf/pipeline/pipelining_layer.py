@@ -14,6 +14,7 @@ from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import precision
 from gpipe_tf.layers import shared_run
+from gpipe_tf.layers import shared_trace
 from gpipe_tf.layers import skips as skips_lib
 from gpipe_tf.pipeline import auto_schedule
 from gpipe_tf.pipeline import cell as cell_lib
@@ -186,6 +187,15 @@ class PipeliningLayer(base_layer.BaseLayer):
              'faster (128 Transformer blocks, 1F1B K=4 M=8: about 0.7x the '
              'first step), but each step costs more (about 1.2x at width '
              '64): docs/scale.md.')
+    p.Define('inline_layers', False,
+             'Inline each cell\'s calls of its layers\' shared traces '
+             '(layers/shared_trace.py) into the step, as before 0.3. By '
+             'default each call is kept whole: TensorFlow optimises and '
+             'places a kind of layer once per device, not once per call '
+             '(128 Transformer blocks, 1F1B K=4 M=8: 0.63x the first '
+             'step), and each call runs as a function of its own, which '
+             'tiny micro-batches feel (2 sequences of 16 tokens: up to '
+             '1.5x a step): docs/scale.md.')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              "into K x V cells, cell s on device s % K. schedule='auto' "
@@ -452,10 +462,15 @@ class PipeliningLayer(base_layer.BaseLayer):
           loss_fn, list(variables), trace, self.p.execution,
           self.p.jit_compile, loss_scale, self.p.loop_budget)
 
+  @contextlib.contextmanager
   def _Loops(self) -> Any:
-    """Where the cells' runs of identical layers are loops (layer_loops)."""
-    return (shared_run.LoopsInCells() if self.p.layer_loops else
-            contextlib.nullcontext())
+    """Where the cells' runs of identical layers are loops (layer_loops)
+    and where their layers' calls are inlined (inline_layers)."""
+    with (shared_run.LoopsInCells() if self.p.layer_loops else
+          contextlib.nullcontext()), (
+              shared_trace.InlinedInCells() if self.p.inline_layers else
+              contextlib.nullcontext()):
+      yield
 
   def _ReplicaCells(self) -> list[cell_lib.Cell]:
     """The cells, placed on this replica's devices when data-parallel."""

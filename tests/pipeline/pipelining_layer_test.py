@@ -334,6 +334,30 @@ class BalanceAndErrorsTest(tf.test.TestCase):
     self.assertEqual(pipe.balance, [1, 1])
 
 
+class LayerCallsTest(tf.test.TestCase):
+
+  def testLayersAreCalledWholeUnlessInlined(self):
+    """By default a cell calls its layers' shared traces whole: the step's
+    partition graphs hold the calls, one per layer and piece run; with
+    inline_layers the calls are inlined (none left). The same numbers."""
+    got = {}
+    for inline in (False, True):
+      pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
+                   num_micro_batches=2, inline_layers=inline)
+      step = _TrainStep(pipe, tf.random.stateless_normal([4, 16], [3, 3]))
+      calls = sum(node.op in ('PartitionedCall', 'StatefulPartitionedCall')
+                  for graph in _PartitionGraphs(step) for node in graph.node)
+      got[inline] = step()
+      if inline:
+        self.assertEqual(calls, 0)
+      else:
+        # GPipe, M=2, remat 'always', 2 layers a cell: 4 forwards a cell,
+        # 2 backwards recomputing their forward: 16 a cell at least.
+        self.assertGreaterEqual(calls, 2 * 4 * 2)
+    for a, b in zip(tf.nest.flatten(got[False]), tf.nest.flatten(got[True])):
+      self.assertAllClose(a, b, rtol=1e-6, atol=1e-6)
+
+
 class CheckpointInterchangeTest(tf.test.TestCase):
 
   def testSequentialCheckpointLoadsIntoAnyPipeline(self):

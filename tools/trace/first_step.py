@@ -76,6 +76,9 @@ def _DefineFlags() -> None:
   _LOOPS = flags.DEFINE_bool(
       'layer_loops', False, "Pipelined rows: PipeliningLayer layer_loops "
       "(each cell's runs of blocks as loops, layers/shared_run.py).")
+  _INLINE = flags.DEFINE_bool(
+      'inline_layers', False, 'Pipelined rows: PipeliningLayer inline_layers '
+      '(layers\' calls inlined into the step, not called whole).')
   _REPOS = flags.DEFINE_list(
       'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
       'main beside this one).')
@@ -121,6 +124,8 @@ def _Net(config: dict):
     p.Set(remat=config['remat'])
   if config.get('layer_loops'):
     p.Set(layer_loops=True)
+  if config.get('inline_layers'):
+    p.Set(inline_layers=True)
   return p.Instantiate()
 
 
@@ -211,6 +216,8 @@ def main(argv):
               v=_V.value, next_steps=_NEXT.value)
   if _LOOPS.value:
     base['layer_loops'] = True
+  if _INLINE.value:
+    base['inline_layers'] = True
   print(f'{_DIM.value}-wide Transformer blocks, {_SEQ.value} tokens, batch '
         f'{_BATCH.value}; seconds; one fresh process per row')
   print('| tree | L | schedule | K | M | remat | share | optimizer | imports | '

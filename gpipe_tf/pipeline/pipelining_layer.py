@@ -189,13 +189,13 @@ class PipeliningLayer(base_layer.BaseLayer):
              '64): docs/scale.md.')
     p.Define('inline_layers', False,
              'Inline each cell\'s calls of its layers\' shared traces '
-             '(layers/shared_trace.py) into the step, as before 0.3. By '
+             '(layers/shared_trace.py) into the step, as 0.2 did. By '
              'default each call is kept whole: TensorFlow optimises and '
              'places a kind of layer once per device, not once per call '
              '(128 Transformer blocks, 1F1B K=4 M=8: 0.63x the first '
              'step), and each call runs as a function of its own, which '
              'tiny micro-batches feel (2 sequences of 16 tokens: up to '
-             '1.5x a step): docs/scale.md.')
+             '1.6x a step): docs/scale.md.')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              "into K x V cells, cell s on device s % K. schedule='auto' "

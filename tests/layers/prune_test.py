@@ -94,7 +94,6 @@ class PruneTest(tf.test.TestCase):
     self.assertAllClose(fn(self.x)[0],
                         tf.tanh(self.x @ self.w) * 2.0 + 1.0)
 
-
   def testKeptWholeIsCalledAsItIsInAStep(self):
     """KeptWhole: the same function, which a tf.function calls without
     inlining it or copying it per call site (its FunctionDef says so), and

@@ -327,5 +327,6 @@ class LayersCalledWholeTest(tf.test.TestCase):
         self.assertTrue(attr['_noinline'].b, name)
         self.assertTrue(attr['_nospecialize'].b, name)
 
+
 if __name__ == '__main__':
   tf.test.main()

@@ -55,7 +55,7 @@ __all__ = ['GrapplerSeconds', 'main']
 def _DefineFlags() -> None:
   """Defines the tool's flags: only when it runs as a program, so that tests
   importing several tools define no flag twice."""
-  global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, _LOOPS, \
+  global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, _LOOPS, _INLINE, \
       _REPOS, _DIM, _SEQ, _BATCH, _CHILD, _GRAPPLER_FLAG, _NEXT  # pylint: disable=global-variable-undefined
   _L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
   _SCHEDULES = flags.DEFINE_list(
@@ -234,8 +234,12 @@ def main(argv):
                     m=int(m), share=share, remat=remat, grappler=grappler)
       r = _Run(config, repo)  # Its remat: the policy the layer ran with.
       first = r['trace_s'] + r['first_call_s']
+      # The pipelined rows' layer Params, where set.
+      shown = share + ''.join(
+          f', {flag}' for flag in ('layer_loops', 'inline_layers')
+          if base.get(flag) and not plain)
       print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
-            f"{'-' if plain else r.get('remat') or remat} | {share} | "
+            f"{'-' if plain else r.get('remat') or remat} | {shown} | "
             f"{grappler} | "
             f"{r['imports_s']:.1f} | "
             f"{r['build_s']:.1f} | {r['trace_s']:.1f} | "

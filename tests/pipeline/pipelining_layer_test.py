@@ -357,7 +357,7 @@ class LayerCallsTest(tf.test.TestCase):
         # its forward, from it (B, W): 4 + 6 + 4 = 14 calls, 28 in all.
         self.assertEqual(calls, 28)
     for a, b in zip(tf.nest.flatten(got[False]), tf.nest.flatten(got[True])):
-      self.assertAllClose(a, b, rtol=1e-6, atol=1e-6)
+      self.assertAllEqual(a, b)
 
 
 class CheckpointInterchangeTest(tf.test.TestCase):

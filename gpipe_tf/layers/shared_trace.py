@@ -68,9 +68,9 @@ from gpipe_tf.layers import random_seeds
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['CalledGraph', 'CallsKeptWhole', 'CellsCallWhole', 'InlinedInCells',
-           'InlinedSize', 'NOT_SHARED', 'Off', 'SharedCall',
-           'SharedTraceSaveError', 'Stats']
+__all__ = ['CalledGraph', 'CallsKeptWhole', 'CellsCallWhole', 'InlinedSize',
+           'NOT_SHARED', 'Off', 'SharedCall', 'SharedTraceSaveError', 'Stats',
+           'WholeInCells']
 
 _OFF: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_shared_trace_off', default=False)
@@ -90,25 +90,25 @@ _WHOLE: contextvars.ContextVar = contextvars.ContextVar(
     'gpipe_tf_shared_trace_whole', default=False)
 
 
-_CELLS_INLINE: contextvars.ContextVar = contextvars.ContextVar(
-    'gpipe_tf_shared_trace_cells_inline', default=False)
+_CELLS_WHOLE: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_shared_trace_cells_whole', default=False)
 
 
 @contextlib.contextmanager
-def InlinedInCells() -> Iterator[None]:
-  """Pipeline cells traced in here inline their layers' shared traces into
-  the step instead of calling them whole (`PipeliningLayer` Param
-  `inline_layers`)."""
-  token = _CELLS_INLINE.set(True)
+def WholeInCells() -> Iterator[None]:
+  """Pipeline cells traced in here call their layers' shared traces whole
+  instead of inlining them into the step (`PipeliningLayer` Param
+  `whole_layer_calls`)."""
+  token = _CELLS_WHOLE.set(True)
   try:
     yield
   finally:
-    _CELLS_INLINE.reset(token)
+    _CELLS_WHOLE.reset(token)
 
 
 def CellsCallWhole() -> bool:
   """Whether pipeline cells traced now call their layers whole."""
-  return not _CELLS_INLINE.get()
+  return _CELLS_WHOLE.get()
 
 
 @contextlib.contextmanager

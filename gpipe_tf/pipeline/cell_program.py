@@ -282,8 +282,8 @@ class CellProgram:
     # a schedule defers W; none in XLA pieces. Called layer by layer, each
     # layer's shared trace is called whole (not inlined into the step: its
     # ops are optimised and placed once per device, not once per call)
-    # unless the PipeliningLayer asks otherwise (inline_layers); XLA pieces
-    # inline them.
+    # where the PipeliningLayer asks (whole_layer_calls); XLA pieces inline
+    # them.
     by_layer = jit_compile or not shared_run.CellsLoop()
     whole = (by_layer and not jit_compile and
              shared_trace.CellsCallWhole())

@@ -187,15 +187,16 @@ class PipeliningLayer(base_layer.BaseLayer):
              'faster (128 Transformer blocks, 1F1B K=4 M=8: about 0.7x the '
              'first step), but each step costs more (about 1.2x at width '
              '64): docs/scale.md.')
-    p.Define('inline_layers', False,
-             'Inline each cell\'s calls of its layers\' shared traces '
-             '(layers/shared_trace.py) into the step, as 0.2 did. By '
-             'default each call is kept whole: TensorFlow optimises and '
-             'places a kind of layer once per device, not once per call '
-             '(128 Transformer blocks, 1F1B K=4 M=8: 0.63x the first '
-             'step), and each call runs as a function of its own, which '
-             'tiny micro-batches feel (2 sequences of 16 tokens: up to '
-             '1.6x a step): docs/scale.md.')
+    p.Define('whole_layer_calls', False,
+             'Call each cell\'s layers\' shared traces '
+             '(layers/shared_trace.py) whole instead of inlining them into '
+             'the step: TensorFlow optimises and places a kind of layer '
+             'once per device, not once per call, so a deep model builds '
+             'faster (128 Transformer blocks, 1F1B K=4 M=8: 0.63x the first '
+             'step), but each call runs as a function of its own, which '
+             'small layers and tiny micro-batches pay for (the README\'s '
+             'quick start: 1.09-1.16x a step; 2 sequences of 16 tokens: up '
+             'to 1.6x): docs/scale.md.')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              "into K x V cells, cell s on device s % K. schedule='auto' "
@@ -465,10 +466,10 @@ class PipeliningLayer(base_layer.BaseLayer):
   @contextlib.contextmanager
   def _Loops(self) -> Any:
     """Where the cells' runs of identical layers are loops (layer_loops)
-    and where their layers' calls are inlined (inline_layers)."""
+    and where their layers' calls are kept whole (whole_layer_calls)."""
     with (shared_run.LoopsInCells() if self.p.layer_loops else
           contextlib.nullcontext()), (
-              shared_trace.InlinedInCells() if self.p.inline_layers else
+              shared_trace.WholeInCells() if self.p.whole_layer_calls else
               contextlib.nullcontext()):
       yield
 

@@ -294,7 +294,8 @@ class CellProgramTest(tf.test.TestCase):
 
 
 class LayersCalledWholeTest(tf.test.TestCase):
-  """A cell called layer by layer calls each layer's shared trace whole: a
+  """A cell called layer by layer under WholeInCells() (PipeliningLayer
+  whole_layer_calls) calls each layer's shared trace whole: a
   call TensorFlow neither inlines nor copies per call site, so the step's
   graph holds a kind's ops once, not once per layer (docs/scale.md)."""
 
@@ -310,7 +311,7 @@ class LayersCalledWholeTest(tf.test.TestCase):
     cell = _Blocks(4)
     specs = [tf.TensorSpec([2, 4, 16], tf.float32),
              tf.TensorSpec([2, 4], tf.float32)]
-    with shared_run.NoRuns():
+    with shared_run.NoRuns(), shared_trace.WholeInCells():
       program = cell_program.CellProgram(
           cell, (0, 0), specs, tf.TensorSpec([2], tf.int64), True,
           input_grads=True, defers_w=True)

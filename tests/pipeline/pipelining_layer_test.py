@@ -336,14 +336,14 @@ class BalanceAndErrorsTest(tf.test.TestCase):
 
 class LayerCallsTest(tf.test.TestCase):
 
-  def testLayersAreCalledWholeUnlessInlined(self):
-    """By default a cell calls its layers' shared traces whole: the step's
-    partition graphs hold the calls, one per layer and piece run; with
-    inline_layers the calls are inlined (none left). The same numbers."""
+  def testLayersAreCalledWholeWhereAsked(self):
+    """With whole_layer_calls a cell calls its layers' shared traces whole:
+    the step's partition graphs hold the calls, one per layer and piece
+    run; by default they are inlined (none left). The same numbers."""
     got = {}
     for inline in (False, True):
       pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
-                   num_micro_batches=2, inline_layers=inline)
+                   num_micro_batches=2, whole_layer_calls=not inline)
       step = _TrainStep(pipe, tf.random.stateless_normal([4, 16], [3, 3]))
       calls = sum(node.op in ('PartitionedCall', 'StatefulPartitionedCall')
                   for graph in _PartitionGraphs(step) for node in graph.node)

@@ -55,7 +55,7 @@ __all__ = ['GrapplerSeconds', 'main']
 def _DefineFlags() -> None:
   """Defines the tool's flags: only when it runs as a program, so that tests
   importing several tools define no flag twice."""
-  global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, _LOOPS, _INLINE, \
+  global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, _LOOPS, _WHOLE, \
       _REPOS, _DIM, _SEQ, _BATCH, _CHILD, _GRAPPLER_FLAG, _NEXT  # pylint: disable=global-variable-undefined
   _L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
   _SCHEDULES = flags.DEFINE_list(
@@ -76,9 +76,9 @@ def _DefineFlags() -> None:
   _LOOPS = flags.DEFINE_bool(
       'layer_loops', False, "Pipelined rows: PipeliningLayer layer_loops "
       "(each cell's runs of blocks as loops, layers/shared_run.py).")
-  _INLINE = flags.DEFINE_bool(
-      'inline_layers', False, 'Pipelined rows: PipeliningLayer inline_layers '
-      '(layers\' calls inlined into the step, not called whole).')
+  _WHOLE = flags.DEFINE_bool(
+      'whole_layer_calls', False, 'Pipelined rows: PipeliningLayer '
+      'whole_layer_calls (layers\' shared traces called whole, not inlined).')
   _REPOS = flags.DEFINE_list(
       'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
       'main beside this one).')
@@ -124,8 +124,8 @@ def _Net(config: dict):
     p.Set(remat=config['remat'])
   if config.get('layer_loops'):
     p.Set(layer_loops=True)
-  if config.get('inline_layers'):
-    p.Set(inline_layers=True)
+  if config.get('whole_layer_calls'):
+    p.Set(whole_layer_calls=True)
   return p.Instantiate()
 
 
@@ -216,8 +216,8 @@ def main(argv):
               v=_V.value, next_steps=_NEXT.value)
   if _LOOPS.value:
     base['layer_loops'] = True
-  if _INLINE.value:
-    base['inline_layers'] = True
+  if _WHOLE.value:
+    base['whole_layer_calls'] = True
   print(f'{_DIM.value}-wide Transformer blocks, {_SEQ.value} tokens, batch '
         f'{_BATCH.value}; seconds; one fresh process per row')
   print('| tree | L | schedule | K | M | remat | share | optimizer | imports | '
@@ -236,7 +236,7 @@ def main(argv):
       first = r['trace_s'] + r['first_call_s']
       # The pipelined rows' layer Params, where set.
       shown = share + ''.join(
-          f', {flag}' for flag in ('layer_loops', 'inline_layers')
+          f', {flag}' for flag in ('layer_loops', 'whole_layer_calls')
           if base.get(flag) and not plain)
       print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
             f"{'-' if plain else r.get('remat') or remat} | {shown} | "

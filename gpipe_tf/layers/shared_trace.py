@@ -116,7 +116,8 @@ def CallsKeptWhole() -> Iterator[None]:
   """Shared traces called in here are called whole: TensorFlow neither
   inlines the calls nor copies the function per call (prune.KeptWhole), so
   a graph of many calls of one kind holds its ops once per device, not
-  once per call. A pipeline cell calls its layers so (docs/scale.md)."""
+  once per call. A pipeline cell calls its layers so under WholeInCells()
+  (docs/scale.md)."""
   token = _WHOLE.set(True)
   try:
     yield

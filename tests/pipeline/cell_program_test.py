@@ -7,6 +7,7 @@ import test_utils  # pylint: disable=g-bad-import-order
 test_utils.SetUpDevices()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 
 from gpipe_tf.layers import core
 from gpipe_tf.layers import normalization
@@ -303,9 +304,8 @@ class LayersCalledWholeTest(tf.test.TestCase):
     graph = piece.function.graph
     calls = [op for op in graph.get_operations()
              if shared_trace.CalledGraph(op) is not None]
-    return calls, {op.get_attr('f').name: graph._functions[  # pylint: disable=protected-access
-        tf.compat.as_str(op.get_attr('f').name)].cached_definition.attr
-                   for op in calls}
+    return calls, {op.get_attr('f').name: context.context().get_function_def(
+        op.get_attr('f').name).attr for op in calls}
 
   def testEveryPieceCallsEachLayerWhole(self):
     cell = _Blocks(4)

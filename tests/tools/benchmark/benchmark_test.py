@@ -352,7 +352,6 @@ class ModelPeakTest(tf.test.TestCase):
     self.assertIn('| 1000 | 1200 / 600 | 100 / 50 | 1.0 / 2.0 | 1.0 / 3.0 | '
                   '1.00 / 1.00 | 2.00 |', tables.DeviceTable([row]))
 
-
   def testAccumulationTableSumsEveryDevicesBusyTime(self):
     busy = dict(seconds_per_step_rounds=[1.0],
                 device_peak_memory_bytes=[0, 0],

@@ -87,20 +87,33 @@ def _Needed(fetches: Sequence[tf.Tensor], source_ops: set) -> set:
   return needed
 
 
-def _Placeholder(x: tf.Tensor, name: str) -> tf.Tensor:
-  """A placeholder standing for `x` in the default graph: its dtype, shape,
-  device and handle data (a variable's, a TensorList's element).
+def _Placeholders(xs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+  """A placeholder standing for each of `xs` in the default graph: its
+  dtype, shape, device and handle data (a variable's, a TensorList's
+  element), made by one import (a placeholder op made from Python costs
+  2-4x as much: a deep cell's pieces have thousands).
 
-  Named `name`, not after x: a placeholder named `a/b/resource` would take
-  the names `a` and `a/b`, and the import would rename the ops of those
-  names it brings in (`a_1`, `a/b_1`), which errors name.
+  Named `pruned_input_<i>`, not after x: a placeholder named `a/b/resource`
+  would take the names `a` and `a/b`, and the import would rename the ops of
+  those names it brings in (`a_1`, `a/b_1`), which errors name.
   """
-  with tf.device(x.op.device):
-    out = tf.compat.v1.placeholder(x.dtype, x.shape, name=name)
-  handle = resource_variable_ops.get_resource_handle_data(x)
-  if handle.shape_and_type:
-    resource_variable_ops._set_handle_shapes_and_types(  # pylint: disable=protected-access
-        out, handle, graph_mode=True)
+  graph_def = graph_pb2.GraphDef()
+  names = []
+  for i, x in enumerate(xs):
+    node = graph_def.node.add()
+    node.name = f'pruned_input_{i}'
+    node.op = 'Placeholder'
+    node.device = x.op.device
+    node.attr['dtype'].type = x.dtype.as_datatype_enum
+    node.attr['shape'].shape.CopyFrom(x.shape.as_proto())
+    names.append(node.name + ':0')
+  out = importer.import_graph_def(graph_def, return_elements=names,
+                                  name='') if names else []
+  for x, y in zip(xs, out):
+    handle = resource_variable_ops.get_resource_handle_data(x)
+    if handle.shape_and_type:
+      resource_variable_ops._set_handle_shapes_and_types(  # pylint: disable=protected-access
+          y, handle, graph_mode=True)
   return out
 
 
@@ -157,11 +170,9 @@ def Prune(wrapped: Any, feeds: Sequence[tf.Tensor],
   for f in graph._functions.values():
     pruned._add_function(f)
   with pruned.as_default():
-    placeholders = {}
-    for x in feeds + [inner for _, inner in captures if id(inner) in read]:
-      if id(x) not in placeholders:
-        placeholders[id(x)] = _Placeholder(
-            x, f'pruned_input_{len(placeholders)}')
+    inputs = {id(x): x for x in
+              feeds + [inner for _, inner in captures if id(inner) in read]}
+    placeholders = dict(zip(inputs, _Placeholders(list(inputs.values()))))
     outputs = [x.name for x in fetches if id(x) not in sources]
     imported = iter(importer.import_graph_def(
         _GraphDef(graph, needed, source_ops),

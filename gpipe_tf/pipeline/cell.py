@@ -50,8 +50,6 @@ class Cell:
     variables: the trainable variables its layers track, each once.
     programs: the cell's traced programs (cell_program.CellProgram), cached
       by what they were traced for (cell_program.ProgramKey).
-    outputs: the output nest and specs of its forward, cached by what it
-      was traced for (cell_program.OutputsOf).
     skip_in: the names of the skips its layers pop that earlier cells
       stashed, in the order its forward takes them.
     skip_out: the names of the skips its layers stash that later cells pop,
@@ -72,7 +70,6 @@ class Cell:
     self.variables = Unique(
         [v for l in self.layers for v in l.trainable_variables])
     self.programs: dict[Any, Any] = {}
-    self.outputs: dict[tuple, tuple] = {}
     self.compiled: collections.deque = collections.deque(maxlen=4)
 
   def Run(self, structure: Any, flat: Sequence[Any], training: bool) -> tuple:

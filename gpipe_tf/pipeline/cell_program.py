@@ -22,6 +22,11 @@ twice::
     W            wcut                 -> dws
     FB           seed, x, labels      -> everything  (F, loss and backward)
 
+The forward is traced first, under a tape; the backward after, into the
+same graph, fed placeholders shaped as the outputs (at once, or with
+``deferred`` once the next cell's program says which gradients come back):
+each cell's forward is traced once.
+
 Skips that cross cells ride beside the boundary tensors: every piece that
 reads x reads ``skip_in`` (the skips earlier cells stashed for this one),
 every piece that makes y makes ``skip_out`` (what this cell stashes for later
@@ -171,31 +176,6 @@ def NestKey(nest: Any) -> str:
   return repr(tf.nest.map_structure(lambda _: 0, nest))
 
 
-def OutputsOf(cell: cell_lib.Cell, in_struct: Any, in_specs: Sequence[Any],
-              seed_spec: tf.TensorSpec, training: bool,
-              skip_specs: Sequence[Any] = (), end: str = aux_carry.PASS
-              ) -> tuple[Any, list, list]:
-  """(output nest, flat output specs, skip_out specs) of the cell's forward
-  on `in_specs` and the skip_in `skip_specs`, from a trace of the forward
-  alone (cached on the cell: Cell.outputs); the outputs carry auxiliary
-  losses on (an aux_carry.Carried) where the micro-batch has some."""
-  key = (NestKey(in_struct), tuple(map(repr, in_specs)),
-         tuple(map(repr, skip_specs)), training, precision.CurrentPolicy(),
-         end)
-  if key not in cell.outputs:
-
-    def _Body(seed, *args):
-      xs, skips = leaves.FillEach([in_specs, skip_specs], args)
-      with normalization.DeferMovingStats():
-        return _RunCell(cell, in_struct, seed, xs, skips, training, end)[:2]
-
-    y, skips = tf_internals.WrapFunction(
-        _Body, [seed_spec] + leaves.Present(in_specs) +
-        leaves.Present(skip_specs)).structured_outputs
-    cell.outputs[key] = (y, _Specs(tf.nest.flatten(y)), _Specs(skips))
-  return cell.outputs[key]
-
-
 def _Dense(grad: Any, shape: tf.TensorShape) -> Any:
   """A variable's gradient as a dense tensor of its shape (None stays)."""
   if grad is None:
@@ -203,6 +183,13 @@ def _Dense(grad: Any, shape: tf.TensorShape) -> Any:
   grad = tf.convert_to_tensor(grad)
   return (grad if grad.shape.is_fully_defined() else
           tf.ensure_shape(grad, shape))
+
+
+def _FedGradients(specs: Sequence[Any], present: Sequence[bool]) -> list:
+  """A placeholder shaped as each spec where `present` says a gradient is
+  fed to it, else None."""
+  return [tf.compat.v1.placeholder(o.dtype, o.shape) if o is not None and p
+          else None for o, p in zip(specs, present)]
 
 
 def _Specs(tensors: Sequence[Any]) -> list:
@@ -223,7 +210,7 @@ class CellProgram:
       backward starts from a gradient fed for every float output.
     input_grads: whether to differentiate the cell's float inputs.
     dy_present: without a head, per flat output whether a gradient is fed
-      to it (default: every float output); see OutputsOf for its specs.
+      to it (default: every float output), shaped as the output.
     skip_specs: one micro-batch's specs of the skips it pops that earlier
       cells stashed (Cell.skip_in).
     dskip_present: per skip it stashes for later cells (Cell.skip_out),
@@ -233,8 +220,13 @@ class CellProgram:
       W later (else its W pieces are never cut).
     last: whether the cell is the last stage (where auxiliary losses stop
       being carried: into the loss, or without a head into an output).
+    deferred: in training, trace the forward only; `Finish` traces the
+      backward into the same graph once the gradients fed are known (the
+      interpreter traces forwards in order, each one's outputs the next
+      one's input specs, then backwards last first).
 
   Attributes:
+    finished: whether the program is whole (its backward traced, if any).
     out_struct, out_specs: the outputs' nest and flat specs.
     bn_layers: the BatchNorm layers whose sufficient statistics Role.BN
       holds, packed by `bn_flat` (three a layer: sum, sum of squares, count).
@@ -251,7 +243,7 @@ class CellProgram:
                jit_compile: bool = False, defers_w: bool = True,
                skip_specs: Sequence[Any] = (),
                dskip_present: Sequence[bool] | None = None,
-               last: bool = False) -> None:
+               last: bool = False, deferred: bool = False) -> None:
     self.cell = cell
     self._end = (aux_carry.LOSS if head is not None else
                  aux_carry.MERGE if last else aux_carry.PASS)
@@ -261,22 +253,7 @@ class CellProgram:
     self.jit_compile = jit_compile
     self.defers_w = defers_w
     self._pieces: dict[PieceKind, Piece] = {}
-    # Per output and per stashed skip, the spec of the gradient fed to it
-    # (None where none is).
-    dy_specs = dskip_specs = ()
-    if training:
-      _, out_specs, skip_out = OutputsOf(cell, in_struct, in_specs, seed_spec,
-                                         training, skip_specs, self._end)
-      if dskip_present is None:
-        dskip_present = [cell_lib.IsFloat(o) for o in skip_out]
-      dskip_specs = [o if p else None for o, p in zip(skip_out, dskip_present)]
-      if head is None:
-        if dy_present is None:
-          dy_present = [cell_lib.IsFloat(o) for o in out_specs]
-        dy_specs = [o if p else None for o, p in zip(out_specs, dy_present)]
-    # The traced function's arguments: the seed, then these in turn.
-    templates = [in_specs, skip_specs, head.label_specs if head else (),
-                 dy_specs, dskip_specs]
+    self._input_grads = input_grads
     # Runs of identical layers are loops (layers/shared_run.py) where the
     # PipeliningLayer asks (layer_loops), with W's loop apart from B's where
     # a schedule defers W; none in XLA pieces. Called layer by layer, each
@@ -287,17 +264,40 @@ class CellProgram:
     by_layer = jit_compile or not shared_run.CellsLoop()
     whole = (by_layer and not jit_compile and
              shared_trace.CellsCallWhole())
-    with (shared_run.NoRuns() if by_layer else
-          shared_run.SeparateWeights() if training and defers_w else
-          contextlib.nullcontext()), (
-              shared_trace.CallsKeptWhole() if whole else
-              contextlib.nullcontext()):
+    self._contexts = lambda: (
+        shared_run.NoRuns() if by_layer else
+        shared_run.SeparateWeights() if training and defers_w else
+        contextlib.nullcontext(), shared_trace.CallsKeptWhole() if whole
+        else contextlib.nullcontext())
+    # The traced function's arguments: the seed, then these in turn. The
+    # gradients fed in are placeholders its backward makes, shaped as the
+    # outputs its forward made.
+    templates = [in_specs, skip_specs, head.label_specs if head else ()]
+    runs, calls = self._contexts()
+    with runs, calls:
       self._wrapped = tf_internals.WrapFunction(
-          lambda seed, *args: self._Trace(
-              seed, *leaves.FillEach(templates, args), input_grads),
+          lambda seed, *args: self._Forward(
+              seed, *leaves.FillEach(templates, args)),
           [seed_spec] + [x for t in templates for x in leaves.Present(t)])
-    if training:
-      self._Cut()
+    self.finished = not training
+    if not training:  # No backward reads the tape.
+      del self._tape, self._target
+    elif not deferred:
+      self.Finish(dy_present, dskip_present)
+
+  def Finish(self, dy_present: Sequence[bool] | None = None,
+             dskip_present: Sequence[bool] | None = None) -> None:
+    """Traces the backward of a program made with ``deferred``, into the
+    same graph (the forward is not traced again), fed a gradient for the
+    outputs and stashed skips ``dy_present`` and ``dskip_present`` say (as
+    the constructor's); then cuts the program."""
+    if self.finished:
+      raise ValueError('CellProgram.Finish: the backward is traced already')
+    self.finished = True
+    runs, calls = self._contexts()
+    with self._wrapped.graph.as_default(), runs, calls:
+      self._Backward(dy_present, dskip_present)
+    self._Cut()
 
   @functools.cached_property
   def w_separable(self) -> bool:
@@ -317,15 +317,19 @@ class CellProgram:
 
   # ---- Tracing -------------------------------------------------------------
 
-  def _Trace(self, seed: tf.Tensor, xs: list, skips: list, labels_flat: list,
-             dys: list, dskips: list, input_grads: bool) -> list:
+  def _Forward(self, seed: tf.Tensor, xs: list, skips: list,
+               labels_flat: list) -> list:
+    """The forward (and the loss), under a tape the backward reads."""
     graph = tf.compat.v1.get_default_graph()
-    wanted = [self.training and input_grads and cell_lib.IsFloat(x)
-              for x in xs]
-    wanted_skips = [self.training and cell_lib.IsFloat(x) for x in skips]
+    self._wanted = [self.training and self._input_grads and
+                    cell_lib.IsFloat(x) for x in xs]
+    self._wanted_skips = [self.training and cell_lib.IsFloat(x)
+                          for x in skips]
     sums_flat = []
+    self._target = None
     with tf.GradientTape() as tape:
-      tape.watch([x for x, w in zip(xs + skips, wanted + wanted_skips) if w])
+      tape.watch([x for x, w in zip(xs + skips,
+                                    self._wanted + self._wanted_skips) if w])
       with normalization.DeferMovingStats() as stats:
         y, skip_out, aux = _RunCell(self.cell, self.in_struct, seed, xs,
                                     skips, self.training, self._end)
@@ -342,9 +346,10 @@ class CellProgram:
         sums = loss_lib.WeightedSums(terms, n)
         if aux is not None:  # Weighed as the micro-batch's loss (aux_carry).
           sums = sums._replace(loss=sums.loss + sums.weight * aux)
-        target = sums.loss * scale if self.head.scaled else sums.loss
+        self._target = sums.loss * scale if self.head.scaled else sums.loss
         sums_flat = tf.nest.flatten(sums)
         self.sums_struct = sums
+    self._tape = tape
     self.out_struct = y
     self.out_specs = _Specs(flat_y)
     self.bn_layers, bn = stats.Export()
@@ -354,36 +359,57 @@ class CellProgram:
         Role.SEED: (seed,), Role.X: xs, Role.SKIP_IN: skips,
         Role.LABELS: labels_flat, Role.Y: flat_y, Role.SKIP_OUT: skip_out,
         Role.BN: self.bn_flat.Pack(bn), Role.SUMS: sums_flat})
+    return self.tensors.Present(Role.Y, Role.SKIP_OUT, Role.BN, Role.SUMS)
+
+  def _Backward(self, dy_present: Sequence[bool] | None,
+                dskip_present: Sequence[bool] | None) -> None:
+    """The gradient of the outputs fed (or of the loss) with respect to the
+    inputs and every trainable variable the forward read, in the graph of
+    the forward (its default graph)."""
+    graph = tf.compat.v1.get_default_graph()
+    t = self.tensors
+    # A placeholder per gradient fed (None where none is), shaped as its
+    # output or stashed skip.
+    skip_out = _Specs(t[Role.SKIP_OUT])
+    if dskip_present is None:
+      dskip_present = [cell_lib.IsFloat(o) for o in skip_out]
+    dskips = _FedGradients(skip_out, dskip_present)
+    dys = [None] * len(self.out_specs)
+    if self.head is None:
+      if dy_present is None:
+        dy_present = [cell_lib.IsFloat(o) for o in self.out_specs]
+      dys = _FedGradients(self.out_specs, dy_present)
+    # The backward's ops start here: the gradients fed are read from
+    # outside it, as the forward's tensors are (what W reads of them is cut).
     self._mark = len(graph.get_operations())
-    if not self.training:
-      return self.tensors.Present(Role.Y, Role.SKIP_OUT)
     self.variables = cell_lib.Unique(
         list(self.cell.variables) +
-        [v for v in tape.watched_variables() if v.trainable])
-    sources = ([x for x, w in zip(xs, wanted) if w] +
-               [x for x, w in zip(skips, wanted_skips) if w] + self.variables)
+        [v for v in self._tape.watched_variables() if v.trainable])
+    xs, skips = list(t[Role.X]), list(t[Role.SKIP_IN])
+    sources = ([x for x, w in zip(xs, self._wanted) if w] +
+               [x for x, w in zip(skips, self._wanted_skips) if w] +
+               self.variables)
     # A stashed tensor's gradient from the cell that popped it adds into
     # this cell's backward like an output's (the tape sums both uses).
     pairs = [(o, g) for o, g in
-             ([(target, tf.ones_like(target))] if self.head else
-              list(zip(flat_y, dys))) + list(zip(skip_out, dskips))
+             ([(self._target, tf.ones_like(self._target))] if self.head else
+              list(zip(t[Role.Y], dys))) + list(zip(t[Role.SKIP_OUT], dskips))
              if g is not None]
-    grads = (tape.gradient([o for o, _ in pairs], sources,
-                           output_gradients=[g for _, g in pairs])
+    grads = (self._tape.gradient([o for o, _ in pairs], sources,
+                                 output_gradients=[g for _, g in pairs])
              if pairs else [None] * len(sources))
+    del self._tape, self._target
     graph_edit.CastsJustInTime(
         graph, graph.get_operations()[self._mark:],
         graph_edit.TrainableReads(graph, self.variables))
     grads = iter(grads)
-    dx = [next(grads) if w else None for w in wanted]
-    dskip_in = [next(grads) if w else None for w in wanted_skips]
+    dx = [next(grads) if w else None for w in self._wanted]
+    dskip_in = [next(grads) if w else None for w in self._wanted_skips]
     dws = [_Dense(g, v.shape) for g, v in zip(grads, self.variables)]
     self.dws_flat = tensor_loop.Flat(_Specs(dws), _PACKED_GRADIENT_ELEMENTS)
-    self.tensors = self.tensors.With({
+    self.tensors = t.With({
         Role.DY: dys, Role.DSKIP_OUT: dskips, Role.DX: dx,
         Role.DSKIP_IN: dskip_in, Role.DWS: self.dws_flat.Pack(dws)})
-    return self.tensors.Present(Role.DX, Role.DSKIP_IN, Role.DWS, Role.Y,
-                                Role.SKIP_OUT, Role.BN, Role.SUMS)
 
   def _Cut(self) -> None:
     """Finds saved, pinned and wcut (module docstring)."""

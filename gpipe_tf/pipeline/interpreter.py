@@ -138,18 +138,52 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
                      '(ticks.Lower(skips=SkipPairs(cells)))')
   structs, in_specs = [structure], [list(specs)]
   skip_specs: dict[str, Any] = {}  # Of each stashed name, from its cell.
-  for s, cell in enumerate(cells[:-1]):
-    with ticks_lib.Naming(ticks[0], s):  # A layer's error: where it is.
-      struct, out_specs, skip_out = program_lib.OutputsOf(
-          cell, structs[-1], in_specs[-1], seed_spec, training,
-          [skip_specs[n] for n in cell.skip_in])
-    skip_specs.update(zip(cell.skip_out, skip_out))
-    structs.append(struct)
-    in_specs.append(out_specs)
   last = len(cells) - 1
   programs = [None] * len(cells)
+
+  def _Key(s, dy_present=None, dskip_present=None):
+    stage_head = head if s == last else None
+    return program_lib.ProgramKey(
+        program_lib.NestKey(structs[s]), tuple(map(repr, in_specs[s])),
+        tuple(map(repr, [skip_specs[n] for n in cells[s].skip_in])),
+        training, None if stage_head is None
+        else (head.loss_fn, program_lib.NestKey(head.label_struct),
+              tuple(map(repr, head.label_specs)), head.scaled),
+        input_grads or s > 0, dy_present, dskip_present,
+        precision.CurrentPolicy(), jit_compile, s in defers_w, s == last)
+
+  def _Program(s, dy_present=None, dskip_present=None, deferred=False):
+    """Cell s's program, traced (its backward deferred: Finish)."""
+    with ticks_lib.Naming(ticks[0], s):  # A layer's error: where it is.
+      return program_lib.CellProgram(
+          cells[s], structs[s], in_specs[s], seed_spec, training,
+          head if s == last else None, input_grads or s > 0, dy_present,
+          jit_compile, s in defers_w,
+          [skip_specs[n] for n in cells[s].skip_in], dskip_present,
+          s == last, deferred=deferred)
+
+  # Cells in order, each one's outputs the next one's input specs: from a
+  # program of the cell cached for these inputs (whatever gradients it is
+  # fed), else from its forward traced now. A training program's backward
+  # needs to know which gradients the next cell's gives back, so it is
+  # traced after (last cell first), into the same graph: each forward is
+  # traced once.
+  pending = {}
+  for s, cell in enumerate(cells):
+    bare = _Key(s)
+    cached = next((p for k, p in cell.programs.items()
+                   if dataclasses.replace(k, dy_present=None,
+                                          dskip_present=None) == bare),
+                  None)
+    if cached is None:
+      cached = pending[s] = _Program(s, deferred=True)
+      if not training:
+        cell.programs[bare] = cached
+    if s < last:
+      skip_specs.update(zip(cell.skip_out, cached.Specs(Role.SKIP_OUT)))
+      structs.append(cached.out_struct)
+      in_specs.append(cached.out_specs)
   for s in reversed(range(len(cells))):
-    cell = cells[s]
     dy_present = dskip_present = None
     if training and s < last:
       dy_present = tuple(g is not None
@@ -157,22 +191,15 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
       dskip_present = tuple(
           programs[r.dst].tensors[Role.DSKIP_IN][r.in_index] is not None
           for r in routes if r.src == s)
-    stage_head = head if s == last else None
-    stage_skips = [skip_specs[n] for n in cell.skip_in]
-    key = program_lib.ProgramKey(
-        program_lib.NestKey(structs[s]), tuple(map(repr, in_specs[s])),
-        tuple(map(repr, stage_skips)), training, None if stage_head is None
-        else (head.loss_fn, program_lib.NestKey(head.label_struct),
-              tuple(map(repr, head.label_specs)), head.scaled),
-        input_grads or s > 0, dy_present, dskip_present,
-        precision.CurrentPolicy(), jit_compile, s in defers_w, s == last)
-    if key not in cell.programs:
-      with ticks_lib.Naming(ticks[0], s):
-        cell.programs[key] = program_lib.CellProgram(
-            cell, structs[s], in_specs[s], seed_spec, training, stage_head,
-            input_grads or s > 0, dy_present, jit_compile, s in defers_w,
-            stage_skips, dskip_present, s == last)
-    programs[s] = cell.programs[key]
+    key = _Key(s, dy_present, dskip_present)
+    if key not in cells[s].programs:
+      if s in pending and not pending[s].finished:
+        program = pending.pop(s)
+        program.Finish(dy_present, dskip_present)
+      else:
+        program = _Program(s, dy_present, dskip_present)
+      cells[s].programs[key] = program
+    programs[s] = cells[s].programs[key]
   layouts = tuple(slots_lib.LayoutOf(p, schedule.num_micro_batches)
                   if training else None for p in programs)
   plans = tuple(_Plan(programs, t, execution, budget) for t in ticks)

@@ -14,6 +14,7 @@ import tensorflow as tf
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
+from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import tick_graph
 from gpipe_tf.pipeline import trace as trace_lib
@@ -120,6 +121,35 @@ class InterpreterTest(tf.test.TestCase):
     defers_w = [{p.defers_w for p in cell.programs.values()}
                 for cell in pipe.cells]
     self.assertEqual(defers_w, [{False}, {True}])
+
+  def testEachCellsForwardIsTracedOnce(self):
+    # A training program's backward is fed gradients shaped as the cell's
+    # outputs, and which of them the next cell gives back is known from
+    # that cell's program: cells are traced in order and each backward
+    # traced after, into its forward's graph, so each cell's forward is
+    # traced once (not once alone for its specs, then again). Evaluation
+    # traces each forward once too.
+    pipe = _Pipe([_Fc(i) for i in range(6)], num_partitions=3,
+                 num_micro_batches=2)
+    x = tf.random.stateless_normal([4, 8], [1, 2])
+    forward = cell_lib.Cell.Forward
+    traced = []
+
+    def _Counted(cell, *args, **kwargs):
+      traced.append(cell.index)
+      return forward(cell, *args, **kwargs)
+
+    with mock.patch.object(cell_lib.Cell, 'Forward', _Counted):
+      step = tf.function(lambda: pipe.ComputeLossAndGradients(
+          x, tf.zeros([4], tf.int32), _LossFn)[2])
+      grads = step()
+      self.assertEqual(sorted(traced), [0, 1, 2])
+      del traced[:]
+      y = tf.function(lambda: pipe.FProp(x, training=False))()
+      self.assertEqual(sorted(traced), [0, 1, 2])
+    self.assertEqual([len(c.programs) for c in pipe.cells], [2, 2, 2])
+    self.assertAllClose(y, pipe.FProp(x, training=False))
+    self.assertLen(grads, 12)  # Numbers: transparency_test.
 
   def testUnrolledPinsEveryDevicesOrder(self):
     self.assertEmpty(_OrderViolations())

@@ -11,6 +11,8 @@ input shapes its cost estimate needs), takes one SGD step in a
   * imports: importing TensorFlow and gpipe_tf;
   * build: instantiating the layers (variables);
   * tracing: building the step's graph in Python (get_concrete_function);
+    with --tracing_parts, a second table splits it into the engine's parts
+    (tools/trace/tracing_parts.py);
   * grappler: the graph optimizer's passes during the first call, summed
     from TensorFlow's meta_optimizer log of that process;
   * rest of first call: the first call less Grappler (function
@@ -31,6 +33,7 @@ input shapes its cost estimate needs), takes one SGD step in a
     python -m tools.trace.first_step --remat=always,except_last
     python -m tools.trace.first_step --repos=.,/tmp/main # this tree beside another
     python -m tools.trace.first_step --grappler=default,off --next_steps=9
+    python -m tools.trace.first_step --tracing_parts     # where tracing goes
 
 Ratios within one run are what count on a shared machine.
 """
@@ -49,6 +52,8 @@ import time
 from absl import app
 from absl import flags
 
+from tools.trace import tracing_parts
+
 __all__ = ['GrapplerSeconds', 'main']
 
 
@@ -56,7 +61,7 @@ def _DefineFlags() -> None:
   """Defines the tool's flags: only when it runs as a program, so that tests
   importing several tools define no flag twice."""
   global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, _LOOPS, _WHOLE, \
-      _REPOS, _DIM, _SEQ, _BATCH, _CHILD, _GRAPPLER_FLAG, _NEXT  # pylint: disable=global-variable-undefined
+      _REPOS, _DIM, _SEQ, _BATCH, _CHILD, _GRAPPLER_FLAG, _NEXT, _PARTS  # pylint: disable=global-variable-undefined
   _L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
   _SCHEDULES = flags.DEFINE_list(
       'schedules', ['plain', '1f1b'],
@@ -91,6 +96,10 @@ def _DefineFlags() -> None:
   _DIM = flags.DEFINE_integer('dim', 64, 'Model width.')
   _SEQ = flags.DEFINE_integer('seq_len', 16, 'Tokens per sequence.')
   _BATCH = flags.DEFINE_integer('batch_size', 64, 'Mini-batch (sequences).')
+  _PARTS = flags.DEFINE_bool(
+      'tracing_parts', False, 'After the table, one of where each row\'s '
+      'tracing went (tools/trace/tracing_parts.py; a tree without that '
+      'module runs without it).')
   _CHILD = flags.DEFINE_string('child', None, 'Internal: one configuration as '
                                'JSON, run in this process.')
 
@@ -164,7 +173,8 @@ def _Child(config: dict) -> dict:
   with (shared_trace.Off() if off else
         shared_run.NoRuns() if loops else contextlib.nullcontext()):
     start = time.perf_counter()
-    _Step.get_concrete_function()
+    with tracing_parts.Parts() as parts:
+      _Step.get_concrete_function()
     tracing = time.perf_counter() - start
     start = time.perf_counter()
     _Step().numpy()
@@ -177,6 +187,7 @@ def _Child(config: dict) -> dict:
     next_step = sorted(steps)[len(steps) // 2]
   stats = shared_trace.Stats.Get() if shared_trace else None
   return dict(imports_s=imports, build_s=build, trace_s=tracing,
+              tracing_parts_s=parts.seconds,
               first_call_s=first_call, next_step_s=next_step,
               remat=None if config['schedule'] == 'plain' else
               net.params.remat,
@@ -224,6 +235,7 @@ def main(argv):
         'build | tracing | grappler | rest of first call | first step | '
         'process CPU | next step | kinds / calls / runs |')
   print('|---' * 17 + '|')
+  parts_rows = []
   for layers_, schedule in itertools.product(_L.value, _SCHEDULES.value):
     plain = schedule == 'plain'
     for k, m, remat, share, grappler, repo in itertools.product(
@@ -247,6 +259,22 @@ def main(argv):
             f"{r['first_call_s'] - r['grappler_s']:.1f} | {first:.1f} | "
             f"{r['cpu_s']:.1f} | {r['next_step_s']:.2f} | "
             f"{r['traces']} / {r['calls']} / {r.get('runs')} |", flush=True)
+      parts_rows.append((f'| {repo} | {layers_} | {schedule} | {k} | {m} | '
+                         f"{r['trace_s']:.1f} | ", r))
+  if _PARTS.value:
+    names = list(dict.fromkeys(name for name, _, _ in tracing_parts.PARTS))
+    print('\nTracing, seconds: each part less the parts it called '
+          '(tools/trace/tracing_parts.py)')
+    print('| tree | L | schedule | K | M | tracing | ' + ' | '.join(names) +
+          ' | rest |')
+    print('|---' * (7 + len(names)) + '|')
+    for head, r in parts_rows:
+      parts = r.get('tracing_parts_s')
+      if parts is None:
+        print(head + ' | '.join(['-'] * (len(names) + 1)) + ' |')
+        continue
+      print(head + ''.join(f'{parts.get(n, 0.0):.1f} | ' for n in names) +
+            f"{r['trace_s'] - sum(parts.values()):.1f} |", flush=True)
 
 
 if __name__ == '__main__':

@@ -37,6 +37,19 @@ class FirstStepTest(unittest.TestCase):
     # watches its inputs), the other three share one trace.
     self.assertEqual((row['traces'], row['calls']), (2, 4))
 
+  def testAPipelinedRowSplitsItsTracingIntoTheEnginesParts(self):
+    row = first_step._Run(  # pylint: disable=protected-access
+        dict(dim=16, seq_len=4, batch_size=4, v=1, layers=4,
+             schedule='1f1b', k=2, m=2, share='on', next_steps=1),
+        test_utils.REPO_ROOT)
+    parts = row['tracing_parts_s']
+    for name in ('cell programs', 'pieces', 'tick graph', 'optimizer'):
+      self.assertGreater(parts[name], 0, name)
+    # Each cell's forward is traced once, in its program (interpreter_test).
+    self.assertEqual(parts['spec traces'], 0)
+    # Each second counted once: the parts are within the tracing.
+    self.assertLess(sum(parts.values()), row['trace_s'])
+
   def testGrapplerOffRunsNoPass(self):
     row = first_step._Run(  # pylint: disable=protected-access
         dict(dim=16, seq_len=4, batch_size=4, v=1, layers=2,

@@ -102,6 +102,12 @@ class Compact:
     return tf.nest.pack_sequence_as(self.nest, leaves.Fill(self.flat, values))
 
 
+def _Flat(x: tf.Tensor) -> tf.Tensor:
+  """`x` as a vector: itself where it is one (no reshape op to build and
+  run)."""
+  return x if x.shape.rank == 1 else tf.reshape(x, [-1])
+
+
 class Flat:
   """Small tensors as one flat vector per dtype, and back: what a cell's
   pieces add to its sums on every micro-batch (three BatchNorm sums a
@@ -137,7 +143,7 @@ class Flat:
   def Pack(self, values: Sequence[Any]) -> list[Any]:
     """One vector per dtype (its packed tensors' elements in order), then
     the tensors not packed, in order."""
-    return ([tf.concat([tf.reshape(values[i], [-1]) for i in group], 0)
+    return ([tf.concat([_Flat(values[i]) for i in group], 0)
              for group in self.groups] +
             [v for v, p in zip(values, self.packed) if not p])
 
@@ -147,7 +153,9 @@ class Flat:
     for vector, group in zip(packed, self.groups):
       sizes = [self.specs[i].shape.num_elements() for i in group]
       for i, part in zip(group, tf.split(vector, sizes)):
-        out[i] = tf.reshape(part, self.specs[i].shape)
+        # A part of a vector is rank-1 already (most biases and scales).
+        out[i] = (part if self.specs[i].shape.rank == 1 else
+                  tf.reshape(part, self.specs[i].shape))
     rest = iter(packed[len(self.groups):])
     for i, p in enumerate(self.packed):
       if not p:

@@ -28,6 +28,29 @@ class PackedTest(tf.test.TestCase):
         if v is not None:
           self.assertAllEqual(g, v)
 
+  def testSlotIndicesOfATensorMicroBatchAreOneVectorAList(self):
+    # In a loop m is a tensor: a list's indices are built once (multiply,
+    # add, unstack), not an add and a constant per tensor it holds.
+    specs = [tf.TensorSpec([2], tf.float32)] * 12 + [
+        tf.TensorSpec([], tf.int32)]
+    packed = tl.Packed(specs, size=3)
+
+    @tf.function
+    def _Read(m):
+      lists = packed.Write(packed.Initial(), m, [
+          tf.fill([2], tf.cast(m, tf.float32) + i) for i in range(12)] +
+                           [m * 7])
+      return packed.Read(lists, m)
+
+    graph = _Read.get_concrete_function(tf.TensorSpec([], tf.int32)).graph
+    adds = [op for op in graph.get_operations() if op.type == 'AddV2' and
+            op.inputs[0].dtype == tf.int32]
+    self.assertLen(adds, 2)  # The float list's indices, once a Write/Read.
+    got = _Read(tf.constant(2))
+    for i in range(12):
+      self.assertAllEqual(got[i], [2.0 + i] * 2)
+    self.assertEqual(got[12].numpy(), 14)
+
   def testReadHasTheStaticShapeOfItsSpec(self):
     packed = tl.Packed(self._Specs(), size=2)
 
@@ -106,6 +129,26 @@ class FlatTest(tf.test.TestCase):
     self.assertAllEqual(vectors[1], [3.0, 7.0])
     for got, want in zip(flat.Unpack(vectors), values):
       self.assertEqual(got.dtype, want.dtype)
+      self.assertAllEqual(got, want)
+
+  def testVectorsAreNotReshaped(self):
+    # Biases and scales are vectors already: packing and unpacking them
+    # builds no Reshape (one a tensor, both ways, in a deep cell's pieces).
+    specs = [tf.TensorSpec([2], tf.float32), tf.TensorSpec([3], tf.float32),
+             tf.TensorSpec([2, 2], tf.float32), tf.TensorSpec([], tf.float32)]
+    flat = tl.Flat(specs)
+
+    @tf.function
+    def _RoundTrip(a, b, c, d):
+      return flat.Unpack(flat.Pack([a, b, c, d]))
+
+    graph = _RoundTrip.get_concrete_function(*specs).graph
+    reshapes = [op for op in graph.get_operations() if op.type == 'Reshape']
+    # The matrix and the scalar, each packed and unpacked: four.
+    self.assertLen(reshapes, 4)
+    values = [tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0, 5.0]),
+              tf.constant([[6.0, 7.0], [8.0, 9.0]]), tf.constant(10.0)]
+    for got, want in zip(_RoundTrip(*values), values):
       self.assertAllEqual(got, want)
 
   def testTensorsOfUnknownShapeStayAsTheyAre(self):

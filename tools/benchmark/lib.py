@@ -602,7 +602,8 @@ def _LossAndGradients(model, cfg, inputs, variables):
 
 def _Accumulated(model, num_micro_batches, inputs, variables):
   """_Loss and its gradients over M equal micro-batches run one after
-  another: each micro-batch's mean weighs 1/M, applied once to the sums."""
+  another: each micro-batch's mean weighs 1/M, applied once to the sums. A
+  variable no micro-batch's loss reads has the gradient None, as a tape's."""
   parts = [tf.split(x, num_micro_batches) for x in inputs]
   loss, grads = 0.0, [None] * len(variables)
   for m in range(num_micro_batches):
@@ -610,9 +611,10 @@ def _Accumulated(model, num_micro_batches, inputs, variables):
       part = _Loss(model, [p[m] for p in parts], training=True)
     loss += part
     for i, g in enumerate(tape.gradient(part, variables)):
-      grads[i] = g if grads[i] is None else grads[i] + g
+      if g is not None:
+        grads[i] = g if grads[i] is None else grads[i] + g
   return (loss / num_micro_batches,
-          [g / num_micro_batches for g in grads])
+          [None if g is None else g / num_micro_batches for g in grads])
 
 
 def _PerExampleLoss(outputs, labels):

@@ -142,6 +142,20 @@ class MeasureTest(tf.test.TestCase):
     step = lib.MakeStep(_STEP_SPEC, cfg[0], devices)
     self.assertAllClose([float(step()) for _ in range(2)], want, rtol=1e-5)
 
+  def testAccumulationLeavesAnUnreadVariablesGradientNone(self):
+    layer = layers.FCLayer.Params().Set(
+        name='fc', input_dim=3, output_dim=3).Instantiate()
+    unread = tf.Variable(1.0)
+    x = tf.random.stateless_normal([4, 3], [1, 2])
+    variables = list(layer.trainable_variables) + [unread]
+    loss, grads = lib._Accumulated(layer, 2, [x], variables)  # pylint: disable=protected-access
+    self.assertIsNone(grads[-1])
+    with tf.GradientTape() as tape:
+      whole = lib._Loss(layer, [x], training=True)  # pylint: disable=protected-access
+    self.assertAllClose(loss, whole)
+    self.assertAllClose(grads[:-1], tape.gradient(
+        whole, layer.trainable_variables))
+
   def testTimedRowsSumsAPeakPerDeviceAndCountsAroundEveryRound(self):
     # The loop of both modes: processes mode reads a peak per worker and
     # its workers' counters around each timed round.

@@ -195,7 +195,8 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
     if key not in cells[s].programs:
       if s in pending and not pending[s].finished:
         program = pending.pop(s)
-        program.Finish(dy_present, dskip_present)
+        with ticks_lib.Naming(ticks[0], s):  # A layer's error: where it is.
+          program.Finish(dy_present, dskip_present)
       else:
         program = _Program(s, dy_present, dskip_present)
       cells[s].programs[key] = program

@@ -7,6 +7,7 @@ test_utils.SetUpDevices()
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
+from gpipe_tf.layers import base_layer
 from gpipe_tf.layers import core
 from gpipe_tf.layers import losses
 from gpipe_tf.pipeline import PipeliningLayer
@@ -141,6 +142,45 @@ class PieceErrorTest(tf.test.TestCase, parameterized.TestCase):
       with run_errors.Explaining(pipe):
         raise error
     self.assertIs(raised.exception, error)
+
+
+class _BadGradient(base_layer.BaseLayer):
+  """Passes its input on; its gradient raises while it is traced."""
+
+  def FProp(self, x, training=False):
+
+    @tf.custom_gradient
+    def _Identity(v):
+      def _Gradient(dy):
+        raise ValueError('no gradient here')
+      return tf.identity(v), _Gradient
+
+    return _Identity(x)
+
+  @classmethod
+  def FPropMeta(cls, p, shape):
+    return base_layer.LayerMeta(0, (tuple(shape),), 0)
+
+
+class BuildErrorTest(tf.test.TestCase):
+
+  def testABackwardTracedAfterItsForwardNamesItsStage(self):
+    # A training program's backward is traced after every forward (last
+    # stage first): an error there still names the stage it is built for.
+    fc = core.FCLayer.Params
+    pipe = PipeliningLayer.Params().Set(
+        name='net', layers=[fc().Set(name='a', input_dim=4, output_dim=4),
+                            _BadGradient.Params().Set(name='bad'),
+                            fc().Set(name='b', input_dim=4, output_dim=3)],
+        num_partitions=3, num_micro_batches=2,
+        balance=[1, 1, 1]).Instantiate()
+    step = tf.function(lambda: pipe.ComputeLossAndGradients(
+        tf.ones([4, 4]), tf.zeros([4], tf.int32),
+        lambda y, labels: loss_lib.LossTerms(
+            losses.SoftmaxCrossEntropy(y, labels)))[0])
+    with self.assertRaisesRegex(Exception, 'ValueError in .* of stage 1 on '
+                                '(.|\n)*no gradient here'):
+      step.get_concrete_function()
 
 
 class EngineOpErrorTest(tf.test.TestCase):

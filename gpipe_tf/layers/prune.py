@@ -39,6 +39,7 @@ the allow-list of function attributes (``attributes``).
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 import tensorflow as tf
@@ -68,6 +69,7 @@ _DROPPED_ATTRS = ('_class', '_tpu_replicate')
 # (`_nospecialize`; with it, 106 copies of one function in a 64-block step,
 # each optimised on its own). tf.function's allow-list has the first only.
 _KEPT_WHOLE = {'_noinline': True, '_nospecialize': True}
+_ALLOWLIST_LOCK = threading.Lock()
 
 
 def _Needed(fetches: Sequence[tf.Tensor], source_ops: set) -> set:
@@ -201,14 +203,17 @@ def KeptWhole(function: Any) -> Any:
   device, however many calls a step makes, and each call runs it as a
   function of its own."""
   # pylint: disable=protected-access
-  allowed = attributes.MONOMORPHIC_FUNCTION_ALLOWLIST
-  attributes.MONOMORPHIC_FUNCTION_ALLOWLIST = allowed | set(_KEPT_WHOLE)
-  try:
-    whole = wrap_function.WrappedFunction(
-        function.graph, variable_holder=function._variable_holder,
-        attrs=dict(_KEPT_WHOLE))
-  finally:
-    attributes.MONOMORPHIC_FUNCTION_ALLOWLIST = allowed
+  # One thread at a time (tf.distribute traces replicas in threads): two
+  # interleaved swaps would leave the allow-list widened for good.
+  with _ALLOWLIST_LOCK:
+    allowed = attributes.MONOMORPHIC_FUNCTION_ALLOWLIST
+    attributes.MONOMORPHIC_FUNCTION_ALLOWLIST = allowed | set(_KEPT_WHOLE)
+    try:
+      whole = wrap_function.WrappedFunction(
+          function.graph, variable_holder=function._variable_holder,
+          attrs=dict(_KEPT_WHOLE))
+    finally:
+      attributes.MONOMORPHIC_FUNCTION_ALLOWLIST = allowed
   whole._num_positional_args = function._num_positional_args
   whole._arg_keywords = function._arg_keywords
   return whole

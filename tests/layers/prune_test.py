@@ -4,6 +4,8 @@ import test_utils  # pylint: disable=g-bad-import-order
 
 test_utils.SetUpDevices()
 
+from unittest import mock  # pylint: disable=g-import-not-at-top
+
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from gpipe_tf.layers import prune
@@ -119,6 +121,51 @@ class PruneTest(tf.test.TestCase):
     for a, b in zip(_Step(self.x), cut(self.x)):
       self.assertAllClose(a, b)
 
+  def testKeptWholeRestoresTheAllowListWhenThreadsMakeFunctionsAtOnce(self):
+    # Thread a makes its function and waits (up to a second) for thread b
+    # to be making one too; b then waits for a to be done. Swapped one
+    # thread at a time (b waits for a's turn to end), the allow-list ends
+    # as it was. Interleaved, b saves the list a widened and restores it
+    # after a restored the original: widened for good.
+    # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+    import threading
+    from tensorflow.python.eager import wrap_function
+    from tensorflow.python.eager.polymorphic_function import attributes
+    # pylint: enable=g-import-not-at-top,g-direct-tensorflow-import
+    allowed = attributes.MONOMORPHIC_FUNCTION_ALLOWLIST
+    cut = prune.Prune(self.wrapped, [self.wrapped.inputs[0]], [self.y])
+    a_inside, b_inside, a_done = (threading.Event(), threading.Event(),
+                                  threading.Event())
+    make = wrap_function.WrappedFunction
+
+    def _Held(*args, **kwargs):
+      if threading.current_thread().name == 'a':
+        a_inside.set()
+        b_inside.wait(1.0)
+      else:
+        b_inside.set()
+        a_done.wait(5.0)
+      return make(*args, **kwargs)
+
+    def _A():
+      prune.KeptWhole(cut)
+      a_done.set()
+
+    def _B():
+      a_inside.wait(5.0)
+      prune.KeptWhole(cut)
+
+    with mock.patch.object(wrap_function, 'WrappedFunction', _Held):
+      threads = [threading.Thread(target=_A, name='a'),
+                 threading.Thread(target=_B, name='b')]
+      for t in threads:
+        t.start()
+      for t in threads:
+        t.join(10)
+    try:
+      self.assertIs(attributes.MONOMORPHIC_FUNCTION_ALLOWLIST, allowed)
+    finally:
+      attributes.MONOMORPHIC_FUNCTION_ALLOWLIST = allowed
 
 if __name__ == '__main__':
   tf.test.main()

@@ -223,7 +223,7 @@ class Packed:
     kept). Where m is a tensor (in a loop), each list's indices are one
     vector unstacked: three ops a list, not an add and a constant a tensor
     (a deep cell stashes hundreds of tensors, and each op made costs
-    Python time: 2.9 s of a 64-block ZB-H1 step's trace)."""
+    Python time: 2.9 s of a 64-block ZB-H1 step's trace under cProfile)."""
     if isinstance(m, int):
       return [None if w is None else m * self.counts[w[0]] + w[1]
               for w in self.where]

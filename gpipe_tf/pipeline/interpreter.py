@@ -168,7 +168,7 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
   # needs to know which gradients the next cell's gives back, so it is
   # traced after (last cell first), into the same graph: each forward is
   # traced once.
-  pending = {}
+  pending = {}  # Training programs whose backward is still to trace.
   for s, cell in enumerate(cells):
     bare = _Key(s)
     cached = next((p for k, p in cell.programs.items()
@@ -176,8 +176,10 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
                                           dskip_present=None) == bare),
                   None)
     if cached is None:
-      cached = pending[s] = _Program(s, deferred=True)
-      if not training:
+      cached = _Program(s, deferred=True)
+      if training:
+        pending[s] = cached
+      else:  # Whole already: the forward is the program.
         cell.programs[bare] = cached
     if s < last:
       skip_specs.update(zip(cell.skip_out, cached.Specs(Role.SKIP_OUT)))
@@ -193,7 +195,7 @@ def Compile(cells: Sequence[cell_lib.Cell], schedule: table.Schedule,
           for r in routes if r.src == s)
     key = _Key(s, dy_present, dskip_present)
     if key not in cells[s].programs:
-      if s in pending and not pending[s].finished:
+      if s in pending:
         program = pending.pop(s)
         with ticks_lib.Naming(ticks[0], s):  # A layer's error: where it is.
           program.Finish(dy_present, dskip_present)

@@ -56,9 +56,10 @@ loop.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -72,6 +73,7 @@ from gpipe_tf.layers import shared_trace
 from gpipe_tf.pipeline import aux_carry
 from gpipe_tf.pipeline import cell as cell_lib
 from gpipe_tf.pipeline import graph_edit
+from gpipe_tf.pipeline import graph_flops
 from gpipe_tf.pipeline import leaves
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import roles
@@ -138,11 +140,15 @@ class Piece:
   num_ops: int = 0
   traced: Tensors = Tensors()
   fed: tuple[tuple[bool, ...], ...] = ()
+  whole: Callable[..., Any] | None = None
 
   def __call__(self, feeds: Tensors) -> Tensors:
     args = [v for role, fed in zip(self.reads, self.fed)
             for v, f in zip(feeds[role], fed) if f]
-    out = iter(self.function(*args))
+    # Called whole only into a graph (eagerly, a call runs as it is).
+    function = (self.whole if self.whole is not None and tf.inside_function()
+                else self.function)
+    out = iter(function(*args))
     return Tensors({role: tuple(None if x is None else next(out)
                                 for x in self.traced[role])
                     for role in self.makes})
@@ -150,6 +156,42 @@ class Piece:
 
 # The W of a cell whose B computed the whole backward: nothing to run.
 _NO_PIECE = Piece(lambda: ())
+
+# The value of PipeliningLayer Param whole_piece_min_flops the docs
+# suggest: a piece that computes this much per call is called whole. A call
+# costs a step about the same whatever it computes; at 50 MFLOPs a call (a
+# Transformer block of width 128 on 8 sequences of 16 tokens) calls kept
+# whole cost a step 1-6% on this 2-core CPU, at 3-13 MFLOPs up to 1.6x
+# (benchmarks/first_step).
+WHOLE_PIECE_MIN_FLOPS = 50_000_000
+
+# Roles whose tensors a piece holds until its call returns when called
+# whole, where inlined ops free each once read: a backward reading a kept
+# forward's activations (or W, B's stash) would hold them all.
+_STASHES = frozenset({Role.SAVED, Role.WCUT})
+
+_MIN_FLOPS: contextvars.ContextVar = contextvars.ContextVar(
+    'gpipe_tf_whole_piece_min_flops', default=None)
+
+
+@contextlib.contextmanager
+def WholePieces(min_flops: int | None) -> Iterator[None]:
+  """Pieces cut in here that read no stash and compute at least
+  `min_flops` a call (graph_flops.Flops) are called whole (prune.KeptWhole):
+  TensorFlow optimises and places each once per device instead of once per
+  call site in the step. None: every piece is inlined."""
+  token = _MIN_FLOPS.set(min_flops)
+  try:
+    yield
+  finally:
+    _MIN_FLOPS.reset(token)
+
+
+def _Whole(reads: Sequence[Role], graph: tf.Graph) -> bool:
+  """Whether a piece reading `reads`, of `graph`, is called whole."""
+  min_flops = _MIN_FLOPS.get()
+  return (min_flops is not None and not _STASHES.intersection(reads) and
+          graph_flops.Flops(graph) >= min_flops)
 
 # The largest weight gradient a piece packs into its cell's one vector of
 # small gradients (tensor_loop.Flat; 64 KiB of float32): every weight of a
@@ -314,6 +356,11 @@ class CellProgram:
     except prune.ERRORS:
       return False
     return True
+
+  @property
+  def calls_whole(self) -> bool:
+    """Whether a piece cut so far is called whole (WholePieces)."""
+    return any(p.whole is not None for p in self._pieces.values())
 
   # ---- Tracing -------------------------------------------------------------
 
@@ -481,10 +528,14 @@ class CellProgram:
     function = prune.Prune(self._wrapped, feeds,
                            self.tensors.Present(*makes))
     num_ops = shared_trace.InlinedSize(function.graph)
+    whole = None
     if self.jit_compile:
       function = tf.function(lambda *args, f=function: f(*args),
                              jit_compile=True, autograph=False)
-    return Piece(function, reads, makes, num_ops, self.tensors, tuple(fed))
+    elif _Whole(reads, function.graph):
+      whole = prune.KeptWhole(function)
+    return Piece(function, reads, makes, num_ops, self.tensors, tuple(fed),
+                 whole)
 
   def Specs(self, role: Role) -> list:
     """The specs of a role's tensors (None where absent)."""

@@ -18,6 +18,7 @@ from gpipe_tf.layers import shared_trace
 from gpipe_tf.layers import skips as skips_lib
 from gpipe_tf.pipeline import auto_schedule
 from gpipe_tf.pipeline import cell as cell_lib
+from gpipe_tf.pipeline import cell_program
 from gpipe_tf.pipeline import cost as cost_lib
 from gpipe_tf.pipeline import engine
 from gpipe_tf.pipeline import loss as loss_lib
@@ -197,6 +198,19 @@ class PipeliningLayer(base_layer.BaseLayer):
              'small layers and tiny micro-batches pay for (the README\'s '
              'quick start: 1.09-1.16x a step; 2 sequences of 16 tokens: up '
              'to 1.6x): docs/scale.md.')
+    p.Define('whole_piece_min_flops', None,
+             'Call a piece of a cell (its forward, a backward that '
+             'recomputes it, the last stage\'s FB, its inference forward) '
+             'whole instead of inlining it into the step where it computes '
+             'at least this many FLOPs a call and reads no stashed '
+             'activations: TensorFlow optimises and places it once per '
+             'device, not once per call site, so a deep model builds '
+             'faster (128 Transformer blocks, 1F1B K=4 M=8: 0.76x the '
+             'first step at 50_000_000, cell_program.WHOLE_PIECE_MIN_FLOPS, '
+             'where a call costs a step a few percent); but an op failing '
+             'inside such a piece may come back as a CancelledError, its own '
+             'error only in TensorFlow\'s log. 0: every such piece; None '
+             '(default): none (docs/scale.md).')
     p.Define('num_virtual_stages', 1,
              'V: cells per device (interleaved schedules); the layers are cut '
              "into K x V cells, cell s on device s % K. schedule='auto' "
@@ -222,6 +236,13 @@ class PipeliningLayer(base_layer.BaseLayer):
     if not isinstance(p.num_virtual_stages, int) or p.num_virtual_stages < 1:
       raise ValueError(f"PipeliningLayer '{self.path}': num_virtual_stages "
                        f'must be an int >= 1, got {p.num_virtual_stages}.')
+    if p.whole_piece_min_flops is not None and (
+        isinstance(p.whole_piece_min_flops, bool) or
+        not isinstance(p.whole_piece_min_flops, int) or
+        p.whole_piece_min_flops < 0):
+      raise ValueError(
+          f"PipeliningLayer '{self.path}': whole_piece_min_flops must be an "
+          f'int >= 0 or None, got {p.whole_piece_min_flops!r}.')
     skips = skips_lib.Check(p.layers)
     all_devices = list(p.devices) if p.devices else (
         devices_lib.DefaultDevices())
@@ -465,12 +486,14 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   @contextlib.contextmanager
   def _Loops(self) -> Any:
-    """Where the cells' runs of identical layers are loops (layer_loops)
-    and where their layers' calls are kept whole (whole_layer_calls)."""
+    """Where the cells' runs of identical layers are loops (layer_loops),
+    where their layers' calls are kept whole (whole_layer_calls) and which
+    pieces are called whole (whole_piece_min_flops)."""
     with (shared_run.LoopsInCells() if self.p.layer_loops else
           contextlib.nullcontext()), (
               shared_trace.WholeInCells() if self.p.whole_layer_calls else
-              contextlib.nullcontext()):
+              contextlib.nullcontext()), cell_program.WholePieces(
+                  self.p.whole_piece_min_flops):
       yield
 
   def _ReplicaCells(self) -> list[cell_lib.Cell]:

@@ -183,8 +183,25 @@ def Explain(error: tf.errors.OpError, *modules: Any,
                 f'stage {receiver} taking in what was made by {where}').At(
                     where.action, where.tick, where.device)
             where.actions = tuple(acts)
-          return ticks.Explained(error, where)
+          explained = ticks.Explained(error, where)
+          if isinstance(error, tf.errors.CancelledError) and any(
+              compiled.programs[a.stage].calls_whole for a in acts):
+            explained = tf.errors.CancelledError(
+                error.node_def, error.op, explained.message + _WHOLE)
+            explained.where = where
+          return explained
   return None
+
+
+# Said of a cancelled action whose stage calls pieces whole: TensorFlow
+# reports an op failing inside a function called whole, beside other calls
+# on its device, as the cancellation of what waited for it
+# (docs/tensorflow-notes.md).
+_WHOLE = (
+    '\nThis stage calls its pieces whole (PipeliningLayer '
+    'whole_piece_min_flops): an op failing inside one is reported as this '
+    "cancellation, its own error only in TensorFlow's log. Set "
+    'whole_piece_min_flops=None to see that error here.')
 
 
 @contextlib.contextmanager

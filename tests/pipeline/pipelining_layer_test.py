@@ -15,8 +15,11 @@ from gpipe_tf.pipeline import MicroBatchError
 from gpipe_tf.pipeline import PartitionError
 from gpipe_tf.pipeline import PipeliningLayer
 from gpipe_tf.pipeline import cost as cost_lib
+from gpipe_tf.pipeline import graph_flops
 from gpipe_tf.pipeline import loss as loss_lib
 from gpipe_tf.pipeline import partition
+from gpipe_tf.pipeline.roles import Role
+
 
 def _Fc(i, din=16, dout=16, act='RELU'):
   return core.FCLayer.Params().Set(name=f'fc{i}', input_dim=din,
@@ -358,6 +361,103 @@ class LayerCallsTest(tf.test.TestCase):
         self.assertEqual(calls, 28)
     for a, b in zip(tf.nest.flatten(got[False]), tf.nest.flatten(got[True])):
       self.assertAllEqual(a, b)
+
+
+class PieceCallsTest(tf.test.TestCase):
+  """whole_piece_min_flops: which pieces a step calls whole."""
+
+  def _Pieces(self, pipe):
+    """Every piece the layer's cells cut: (its reads, its FLOPs, whole)."""
+    return [(piece.reads, graph_flops.Flops(piece.function.graph),
+             piece.whole is not None)
+            for c in pipe._cells for program in c.programs.values()  # pylint: disable=protected-access
+            for piece in program._pieces.values()]  # pylint: disable=protected-access
+
+  def _Step(self, pipe, x):
+    """A tf.function: the loss inside the pipeline (any schedule)."""
+
+    def _Square(outputs, labels):
+      del labels
+      return loss_lib.LossTerms(tf.reduce_sum(tf.square(outputs), 1), None,
+                                {})
+
+    @tf.function
+    def _Train():
+      loss, _, grads = pipe.ComputeLossAndGradients(x, tf.zeros([8]),
+                                                    _Square)
+      return loss, grads
+
+    return _Train
+
+  def _Calls(self, step):
+    return sum(node.op in ('PartitionedCall', 'StatefulPartitionedCall')
+               for graph in _PartitionGraphs(step) for node in graph.node)
+
+  def testPiecesThatReadNoStashAreCalledWholeAboveTheFlops(self):
+    """0 calls every piece that reads no stash whole (the step's partition
+    graphs hold the calls); a piece reading saved activations or W's stash
+    never is; None inlines them all; a threshold between two pieces' FLOPs
+    calls only the larger whole. The numbers do not change."""
+    x = tf.random.stateless_normal([8, 16], [3, 4])
+    stashes = {Role.SAVED, Role.WCUT}
+    got, stashed = {}, 0
+    for schedule, remat in (('gpipe', 'always'), ('1f1b', 'never'),
+                            ('zb_h1', 'always')):
+      for min_flops in (None, 0):
+        with self.subTest(schedule=schedule, remat=remat,
+                          min_flops=min_flops):
+          pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
+                       num_micro_batches=4, schedule=schedule, remat=remat,
+                       whole_piece_min_flops=min_flops)
+          step = self._Step(pipe, x)
+          calls = self._Calls(step)
+          got[min_flops] = step()
+          pieces = self._Pieces(pipe)
+          if schedule == 'gpipe':
+            gpipe_flops = sorted({f for r, f, _ in pieces
+                                  if not stashes.intersection(r)})
+          stashed += sum(bool(stashes.intersection(r)) for r, _, _ in pieces)
+          for reads, _, whole in pieces:
+            self.assertEqual(whole, min_flops is not None and
+                             not stashes.intersection(reads), reads)
+          if min_flops is None:
+            self.assertEqual(calls, 0)
+          else:
+            self.assertGreater(calls, 0)
+      for a, b in zip(tf.nest.flatten(got[None]), tf.nest.flatten(got[0])):
+        self.assertAllClose(a, b, rtol=1e-6, atol=1e-7)
+    self.assertGreater(stashed, 0)  # Pieces that read a stash were cut.
+
+    # A threshold above the smallest stash-free piece (the forward): only
+    # the larger ones (its recomputing backward) are whole.
+    pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
+                 num_micro_batches=4, schedule='gpipe', remat='always',
+                 whole_piece_min_flops=gpipe_flops[0] + 1)
+    self._Step(pipe, x).get_concrete_function()
+    for reads, f, whole in self._Pieces(pipe):
+      self.assertEqual(whole, f > gpipe_flops[0] and
+                       not stashes.intersection(reads), reads)
+    self.assertTrue(any(w for _, _, w in self._Pieces(pipe)))
+
+  def testEagerCallsRunThePiecesAsTheyAre(self):
+    """Outside a tf.function nothing is called whole (a call runs as it
+    is): the eager step works and matches the traced one."""
+    x = tf.random.stateless_normal([8, 16], [5, 6])
+    pipe = _Pipe([_Fc(i) for i in range(4)], num_partitions=2,
+                 num_micro_batches=4, schedule='1f1b',
+                 whole_piece_min_flops=0)
+    step = self._Step(pipe, x)
+    eager = step.python_function()
+    traced = step()
+    for a, b in zip(tf.nest.flatten(eager), tf.nest.flatten(traced)):
+      self.assertAllClose(a, b, rtol=1e-6, atol=1e-7)
+
+  def testAnInvalidMinimumIsRefused(self):
+    for bad in (-1, 1.5, True, '0'):
+      with self.subTest(bad=bad):
+        with self.assertRaisesRegex(ValueError, 'whole_piece_min_flops'):
+          _Pipe([_Fc(i) for i in range(2)], num_partitions=2,
+                whole_piece_min_flops=bad)
 
 
 class CheckpointInterchangeTest(tf.test.TestCase):

@@ -21,7 +21,7 @@ from gpipe_tf.pipeline.schedule import ticks
 F = action_lib.F
 
 
-def _Pipe(schedule='1f1b', execution='unrolled', m=4):
+def _Pipe(schedule='1f1b', execution='unrolled', m=4, **kw):
   """3 stages on 3 devices: FC, NoNaN, FC (4 -> 4 -> 3)."""
   fc = core.FCLayer.Params
   return PipeliningLayer.Params().Set(
@@ -29,7 +29,8 @@ def _Pipe(schedule='1f1b', execution='unrolled', m=4):
                           test_utils.NoNaN.Params().Set(name='check'),
                           fc().Set(name='b', input_dim=4, output_dim=3)],
       num_partitions=3, num_micro_batches=m, schedule=schedule,
-      balance=[1, 1, 1], remat='never', execution=execution).Instantiate()
+      balance=[1, 1, 1], remat='never', execution=execution,
+      **kw).Instantiate()
 
 
 def _Step(pipe, m=4, nan_in=None, named=True):
@@ -111,6 +112,28 @@ class PieceErrorTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('InvalidArgumentError in one of 4 actions, F of stage 1 on '
                   f'micro-batch 0, 1, 2 or 3 {ticks_said}', str(e))
     self.assertIn('\n' + row + '\n', str(e))
+
+  def testACancelledPieceCalledWholeSaysHowToSeeItsError(self):
+    """With pieces called whole, TensorFlow (2.21) reports an op failing
+    inside one, at random, as its own error or as the cancellation of what
+    waited for the call (a receipt named under the call: its error only in
+    the log). Such a cancellation, explained, names the action and says to
+    set whole_piece_min_flops=None; the same without pieces called whole
+    says nothing of it."""
+    cancelled = tf.errors.CancelledError(
+        None, None, 'Graph execution error:\n\nRecvAsync is cancelled.\n\t '
+        '[[{{node stage1_F_mb2/StatefulPartitionedCall/_24}}]] '
+        '[Op:__inference_train_step_9]')
+    said = {}
+    for min_flops in (0, None):
+      pipe = _Pipe(whole_piece_min_flops=min_flops)
+      _Step(pipe).get_concrete_function()
+      e = run_errors.Explain(cancelled, pipe, training=True)
+      self.assertIsInstance(e, tf.errors.CancelledError)
+      self.assertEqual(e.where.action, action_lib.Action(F, 1, 2))
+      self.assertIn('CancelledError in F of stage 1 on micro-batch 2', str(e))
+      said[min_flops] = 'Set whole_piece_min_flops=None' in str(e)
+    self.assertEqual(said, {0: True, None: False})
 
   def testAnEvaluationStepsErrorIsReadAgainstItsOwnStep(self):
     # The layer's op is named without its function (a named step), and a

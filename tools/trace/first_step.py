@@ -61,7 +61,7 @@ def _DefineFlags() -> None:
   """Defines the tool's flags: only when it runs as a program, so that tests
   importing several tools define no flag twice."""
   global _L, _SCHEDULES, _K, _M, _V, _SHARE, _REMAT, _LOOPS, _WHOLE, \
-      _REPOS, _DIM, _SEQ, _BATCH, _CHILD, _GRAPPLER_FLAG, _NEXT, _PARTS  # pylint: disable=global-variable-undefined
+      _MIN_FLOPS, _REPOS, _DIM, _SEQ, _BATCH, _CHILD, _GRAPPLER_FLAG, _NEXT, _PARTS  # pylint: disable=global-variable-undefined
   _L = flags.DEFINE_list('layers', ['16', '64'], 'Values of L (blocks).')
   _SCHEDULES = flags.DEFINE_list(
       'schedules', ['plain', '1f1b'],
@@ -84,6 +84,10 @@ def _DefineFlags() -> None:
   _WHOLE = flags.DEFINE_bool(
       'whole_layer_calls', False, 'Pipelined rows: PipeliningLayer '
       'whole_layer_calls (layers\' shared traces called whole, not inlined).')
+  _MIN_FLOPS = flags.DEFINE_integer(
+      'whole_piece_min_flops', None, 'Pipelined rows: PipeliningLayer '
+      'whole_piece_min_flops (pieces of at least this many FLOPs a call '
+      'that read no stash called whole; e.g. 50000000).')
   _REPOS = flags.DEFINE_list(
       'repos', ['.'], 'Source trees to run the child in (e.g. a worktree of '
       'main beside this one).')
@@ -135,6 +139,8 @@ def _Net(config: dict):
     p.Set(layer_loops=True)
   if config.get('whole_layer_calls'):
     p.Set(whole_layer_calls=True)
+  if config.get('whole_piece_min_flops') is not None:
+    p.Set(whole_piece_min_flops=config['whole_piece_min_flops'])
   return p.Instantiate()
 
 
@@ -229,6 +235,8 @@ def main(argv):
     base['layer_loops'] = True
   if _WHOLE.value:
     base['whole_layer_calls'] = True
+  if _MIN_FLOPS.value is not None:
+    base['whole_piece_min_flops'] = _MIN_FLOPS.value
   print(f'{_DIM.value}-wide Transformer blocks, {_SEQ.value} tokens, batch '
         f'{_BATCH.value}; seconds; one fresh process per row')
   print('| tree | L | schedule | K | M | remat | share | optimizer | imports | '
@@ -249,7 +257,9 @@ def main(argv):
       # The pipelined rows' layer Params, where set.
       shown = share + ''.join(
           f', {flag}' for flag in ('layer_loops', 'whole_layer_calls')
-          if base.get(flag) and not plain)
+          if base.get(flag) and not plain) + (
+              f", whole_piece_min_flops={base['whole_piece_min_flops']}"
+              if 'whole_piece_min_flops' in base and not plain else '')
       print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
             f"{'-' if plain else r.get('remat') or remat} | {shown} | "
             f"{grappler} | "

@@ -40,7 +40,7 @@ scope; and everything inside ``Off()``. A class opts in when its FProp is a
 function of its Params, its inputs and its variables only (no Python state
 that differs between two layers of the same Params), see docs/scale.md.
 Traced kinds are kept for the process (they hold the layer they were traced
-from); ``Stats.Reset()`` drops them.
+from); ``Stats.Reset()`` drops them, and their copies made to be called whole.
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ class Stats:
   def Reset(cls) -> None:
     _STATS.traces = _STATS.calls = _STATS.runs = 0
     _KINDS.clear()
+    _WHOLE_OF.clear()  # Each held a dropped kind's function, whole.
 
   @classmethod
   def Get(cls) -> 'Stats':

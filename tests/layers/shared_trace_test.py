@@ -71,6 +71,18 @@ class SharedTraceTest(tf.test.TestCase):
     for a, b in zip(shared[1], alone[1]):
       self.assertAllClose(a, b, rtol=1e-5, atol=1e-5)
 
+  def testResetDropsTheFunctionsCalledWhole(self):
+    """Stats.Reset() drops the traced kinds and the copies of their
+    functions made to be called whole (which would otherwise hold every
+    dropped kind's graphs for the process)."""
+    net = layers.SequentialLayer.Params().Set(
+        name='net', layers=Blocks(2)).Instantiate()
+    with shared_run.NoRuns(), shared_trace.CallsKeptWhole():
+      _Step(net, self._Inputs())
+    self.assertNotEmpty(shared_trace._WHOLE_OF)  # pylint: disable=protected-access
+    shared_trace.Stats.Reset()
+    self.assertEmpty(shared_trace._WHOLE_OF)  # pylint: disable=protected-access
+
   def testDropoutMasksAreEachLayersOwn(self):
     """A shared trace takes each layer's seed: the masks (and so the loss
     and gradients) equal those of every layer traced on its own, and two

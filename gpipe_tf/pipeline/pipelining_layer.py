@@ -205,7 +205,7 @@ class PipeliningLayer(base_layer.BaseLayer):
              'at least this many FLOPs a call and reads no stashed '
              'activations: TensorFlow optimises and places it once per '
              'device, not once per call site, so a deep model builds '
-             'faster (128 Transformer blocks, 1F1B K=4 M=8: 0.76x the '
+             'faster (128 Transformer blocks, 1F1B K=4 M=8: 0.76-0.96x the '
              'first step at 50_000_000, cell_program.WHOLE_PIECE_MIN_FLOPS, '
              'where a call costs a step a few percent); but an op failing '
              'inside such a piece may come back as a CancelledError, its own '

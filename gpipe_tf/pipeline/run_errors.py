@@ -199,8 +199,8 @@ def Explain(error: tf.errors.OpError, *modules: Any,
 # (docs/tensorflow-notes.md).
 _WHOLE = (
     '\nThis stage calls its pieces whole (PipeliningLayer '
-    'whole_piece_min_flops): an op failing inside one is reported as this '
-    "cancellation, its own error only in TensorFlow's log. Set "
+    'whole_piece_min_flops): an op failing inside one may be reported as '
+    "this cancellation, its own error only in TensorFlow's log. Set "
     'whole_piece_min_flops=None to see that error here.')
 
 

@@ -183,13 +183,9 @@ def Explain(error: tf.errors.OpError, *modules: Any,
                 f'stage {receiver} taking in what was made by {where}').At(
                     where.action, where.tick, where.device)
             where.actions = tuple(acts)
-          explained = ticks.Explained(error, where)
-          if isinstance(error, tf.errors.CancelledError) and any(
-              compiled.programs[a.stage].calls_whole for a in acts):
-            explained = tf.errors.CancelledError(
-                error.node_def, error.op, explained.message + _WHOLE)
-            explained.where = where
-          return explained
+          whole = isinstance(error, tf.errors.CancelledError) and any(
+              compiled.programs[a.stage].calls_whole for a in acts)
+          return ticks.Explained(error, where, _WHOLE if whole else '')
   return None
 
 

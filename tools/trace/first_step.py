@@ -256,10 +256,10 @@ def main(argv):
       first = r['trace_s'] + r['first_call_s']
       # The pipelined rows' layer Params, where set.
       shown = share + ''.join(
-          f', {flag}' for flag in ('layer_loops', 'whole_layer_calls')
-          if base.get(flag) and not plain) + (
-              f", whole_piece_min_flops={base['whole_piece_min_flops']}"
-              if 'whole_piece_min_flops' in base and not plain else '')
+          f', {flag}' if base[flag] is True else f', {flag}={base[flag]}'
+          for flag in ('layer_loops', 'whole_layer_calls',
+                       'whole_piece_min_flops')
+          if flag in base and not plain)
       print(f"| {repo} | {layers_} | {schedule} | {k} | {m} | "
             f"{'-' if plain else r.get('remat') or remat} | {shown} | "
             f"{grappler} | "

@@ -458,17 +458,21 @@ def _Or(items: Iterable[int]) -> str:
       ', '.join(items[:-1]) + ' or ' + items[-1])
 
 
-def Explained(error: Exception, where: StepError) -> Exception:
+def Explained(error: Exception, where: StepError,
+              note: str = '') -> Exception:
   """`error`, raised in the step `where` names, as the error to raise
   (from `error`): a gpipe_tf error (errors.Error, which already says what
   to change) is itself, with the place as a note; a TensorFlow OpError (an
   op that failed as it ran) a new error of its own type (so that ``except
   tf.errors.InvalidArgumentError`` still catches it) whose message starts
-  with the place, with `where` as its ``where``; any other a StepError."""
+  with the place, with `where` as its ``where``; any other a StepError.
+  `note`, if any, ends the message (or is one more note)."""
   if isinstance(error, errors.Error):
     error.add_note(f'in {where}')
+    if note:
+      error.add_note(note)
     return error
-  message = f'{type(error).__name__} in {where}\n{error}'
+  message = f'{type(error).__name__} in {where}\n{error}{note}'
   if hasattr(error, 'node_def') and hasattr(error, 'error_code'):  # OpError.
     try:
       explained = type(error)(error.node_def, error.op, message)
